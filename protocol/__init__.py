@@ -1,0 +1,72 @@
+"""The shared protocol core: pure Python + NumPy, no I/O, imported unchanged everywhere.
+
+The edge (``server``), native peers (``native_peer``) and the browser peer (``browser_peer``, in
+Pyodide) all import this package; it imports only the standard library and NumPy (a test checks).
+
+    ids          typed ids (StudyId, ExperimentId, RevisionId, HeadId, PeerId, LeaseId, ...)
+    errors       the exception tree
+    hashing      sha256 content ids over shipped bytes
+    codec        safetensors-compatible tensor artifacts
+    ed25519      pure-Python RFC 8032 signatures (what the browser signs with)
+    signing      Signer interface, peer ids from keys, canonical JSON
+    fields       strict readers for decoded JSON
+    messages     signed wire messages: Lease, Candidate, HeadDescriptor, Verdict
+    manifests    network / release / workload / experiment / dataset manifests
+    envelope     descriptor + artifact in one upload body or binary frame
+    model        model specs and the NumPy reference forward pass
+    leases       rendezvous-hash lease assignment
+    aggregation  merge rules (FedAvg and robust aggregators)
+    screening    update screening presets and the promotion rule
+"""
+
+from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge
+from .ids import (
+    ContentId,
+    DatasetId,
+    ExperimentId,
+    ExperimentKey,
+    HeadId,
+    LeaseId,
+    PeerId,
+    RevisionId,
+    ShardId,
+    StudyId,
+)
+from .manifests import (
+    ExperimentSpec,
+    FetchManifest,
+    NetworkManifest,
+    ReleaseManifest,
+    ShardEntry,
+    SupportedWorkload,
+)
+from .messages import Candidate, HeadDescriptor, Lease, Verdict
+
+__all__ = [
+    "Candidate",
+    "CodecError",
+    "ContentId",
+    "DatasetId",
+    "ExperimentId",
+    "ExperimentKey",
+    "ExperimentSpec",
+    "FetchManifest",
+    "HeadDescriptor",
+    "HeadId",
+    "IntegrityError",
+    "InvalidMessage",
+    "Lease",
+    "LeaseId",
+    "NetworkManifest",
+    "PeerId",
+    "ProtocolError",
+    "ReleaseManifest",
+    "RevisionId",
+    "ShardEntry",
+    "ShardId",
+    "SignatureError",
+    "StudyId",
+    "SupportedWorkload",
+    "TooLarge",
+    "Verdict",
+]

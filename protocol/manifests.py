@@ -1,0 +1,207 @@
+"""Manifests: what a network, a release, a workload, an experiment and a dataset look like.
+
+``NetworkManifest`` is what a peer is told before it joins: the keys of the validators (only they
+make a head canonical), the edge's key (it signs leases) and the experiments the network runs.
+``FetchManifest`` is the dataset origin's table of shards, each with its sha256, so a peer verifies
+every byte it downloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import InvalidMessage
+from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
+from .ids import DatasetId, ExperimentKey, ShardId
+from .signing import b64decode, b64encode
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ExperimentSpec",
+    "FetchManifest",
+    "NetworkManifest",
+    "ReleaseManifest",
+    "ShardEntry",
+    "SupportedWorkload",
+]
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a dataset as listed in ``fetch-manifest.json``."""
+
+    shard_id: ShardId
+    locator: str
+    sha256: str
+    size_bytes: int
+    examples: int
+
+    @classmethod
+    def from_wire(cls, value: object) -> ShardEntry:
+        d = read_object(value, "shard")
+        digest = read_str(d, "sha256", max_len=64)
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidMessage("shard sha256 must be 64 lowercase hex digits")
+        locator = read_str(d, "locator")
+        if locator.startswith("/") or ".." in locator.split("/"):
+            raise InvalidMessage(f"shard locator must be relative: {locator!r}")
+        return cls(
+            shard_id=ShardId(d.get("shard_id")),
+            locator=locator,
+            sha256=digest,
+            size_bytes=read_int(d, "size_bytes"),
+            examples=read_int(d, "examples", low=1),
+        )
+
+
+@dataclass(frozen=True)
+class FetchManifest:
+    """The shards of one dataset split that the edge serves."""
+
+    dataset_id: DatasetId
+    split: str
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    shards: tuple[ShardEntry, ...]
+
+    def shard(self, shard_id: str) -> ShardEntry:
+        for entry in self.shards:
+            if entry.shard_id == shard_id:
+                return entry
+        raise KeyError(shard_id)
+
+    @property
+    def shard_ids(self) -> tuple[ShardId, ...]:
+        return tuple(entry.shard_id for entry in self.shards)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "dataset_id": self.dataset_id,
+            "split": self.split,
+            "feature_shape": list(self.feature_shape),
+            "num_classes": self.num_classes,
+            "shards": [asdict(entry) for entry in self.shards],
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> FetchManifest:
+        d = read_object(value, "fetch manifest")
+        shards = tuple(read_list(d, "shards", ShardEntry.from_wire, max_len=100_000))
+        if len({s.shard_id for s in shards}) != len(shards):
+            raise InvalidMessage("duplicate shard ids in fetch manifest")
+        return cls(
+            dataset_id=DatasetId(d.get("dataset_id")),
+            split=read_str(d, "split", max_len=32),
+            feature_shape=tuple(read_list(d, "feature_shape", _positive_int, max_len=8)),
+            num_classes=read_int(d, "num_classes", low=2),
+            shards=shards,
+        )
+
+
+def _positive_int(value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise InvalidMessage("expected a positive integer")
+    return value
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """One experiment: its data, model and training hyperparameters, and its window policy.
+
+    ``window_timeout_s`` is an upper bound: validators close a window as soon as every lease issued
+    for it has a candidate, and otherwise after the deadline derived from observed window times.
+    """
+
+    key: ExperimentKey
+    dataset_id: DatasetId
+    model: str
+    learning_rate: float
+    batch_size: int
+    local_epochs: int
+    shards_per_lease: int
+    min_candidates: int = 1
+    window_timeout_s: float = 60.0
+    screening: str = "balanced"
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, value: object) -> ExperimentSpec:
+        d = read_object(value, "experiment")
+        return cls(
+            key=ExperimentKey.parse(d.get("key")),
+            dataset_id=DatasetId(d.get("dataset_id")),
+            model=read_str(d, "model", max_len=64),
+            learning_rate=read_float(d, "learning_rate"),
+            batch_size=read_int(d, "batch_size", low=1, high=65536),
+            local_epochs=read_int(d, "local_epochs", low=1, high=1000),
+            shards_per_lease=read_int(d, "shards_per_lease", low=1, high=256),
+            min_candidates=read_int(d, "min_candidates", low=1, high=10_000),
+            window_timeout_s=read_float(d, "window_timeout_s"),
+            screening=read_str(d, "screening", max_len=32),
+        )
+
+
+@dataclass(frozen=True)
+class NetworkManifest:
+    """Everything a peer must know before it joins a network."""
+
+    network_id: str
+    edge_key: bytes
+    validator_keys: tuple[bytes, ...]
+    experiments: tuple[ExperimentSpec, ...]
+    admission_required: bool = False
+
+    def experiment(self, key: str) -> ExperimentSpec:
+        for spec in self.experiments:
+            if spec.key == key:
+                return spec
+        raise KeyError(key)
+
+    @property
+    def validator_key_set(self) -> frozenset[bytes]:
+        return frozenset(self.validator_keys)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "network_id": self.network_id,
+            "edge_key": b64encode(self.edge_key),
+            "validator_keys": [b64encode(k) for k in self.validator_keys],
+            "experiments": [spec.to_wire() for spec in self.experiments],
+            "admission_required": self.admission_required,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> NetworkManifest:
+        d = read_object(value, "network manifest")
+        return cls(
+            network_id=read_str(d, "network_id", max_len=64),
+            edge_key=b64decode(d.get("edge_key"), size=32),
+            validator_keys=tuple(read_list(d, "validator_keys", lambda k: b64decode(k, size=32), max_len=64)),
+            experiments=tuple(read_list(d, "experiments", ExperimentSpec.from_wire, max_len=256)),
+            admission_required=read_bool(d, "admission_required") if "admission_required" in d else False,
+        )
+
+
+@dataclass(frozen=True)
+class SupportedWorkload:
+    """A workload a peer can run: a model architecture trained on a dataset."""
+
+    workload_id: str
+    model: str
+    dataset_id: DatasetId
+
+    def supports(self, spec: ExperimentSpec) -> bool:
+        return spec.model == self.model and spec.dataset_id == self.dataset_id
+
+
+@dataclass(frozen=True)
+class ReleaseManifest:
+    """The software release a peer runs; peers of another protocol version are turned away."""
+
+    release_id: str
+    protocol_version: int = PROTOCOL_VERSION

@@ -1,0 +1,280 @@
+"""Signed messages that cross the wire: ``Lease``, ``Candidate``, ``HeadDescriptor``, ``Verdict``.
+
+Each is a frozen dataclass with ``body()`` (the signed fields as JSON-ready data), ``to_wire()`` /
+``from_wire()`` (strict: unknown shapes raise ``InvalidMessage``), ``signed(signer)`` and
+``verify(public_key)``. A signature covers ``DOMAIN || canonical_json(body())``.
+
+Who signs what: the edge signs leases, a trainer signs its candidates, a validator signs heads and
+verdicts. Peer ids derive from public keys, so a candidate names its trainer verifiably.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+from .errors import InvalidMessage, SignatureError
+from .fields import opt, read_bool, read_dict, read_int, read_list, read_object, read_str
+from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
+from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
+
+__all__ = ["PEER_KINDS", "Candidate", "HeadDescriptor", "Lease", "Verdict"]
+
+PEER_KINDS = ("native", "browser", "validator", "viewer")
+
+
+class _Signed:
+    DOMAIN: ClassVar[bytes]
+    signature: bytes
+
+    def body(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**self.body(), "signature": b64encode(self.signature)}
+
+    def signed(self, signer: Signer) -> Self:
+        from .signing import canonical_json
+
+        return dataclasses.replace(self, signature=signer.sign(self.DOMAIN + canonical_json(self.body())))  # type: ignore[type-var]
+
+    def verify(self, public_key: bytes) -> None:
+        """Raise ``SignatureError`` unless this message is signed by ``public_key``."""
+        require_signature(public_key, self.DOMAIN, self.body(), self.signature)
+
+
+def _signature(data: Mapping[str, object]) -> bytes:
+    return b64decode(data.get("signature", ""), size=64)
+
+
+def _key(data: Mapping[str, object], name: str) -> bytes:
+    return b64decode(data.get(name), size=32)
+
+
+def _metrics(data: Mapping[str, object]) -> dict[str, float]:
+    return read_dict(data, "metrics") if "metrics" in data else {}
+
+
+@dataclass(frozen=True)
+class Lease(_Signed):
+    """Which shards ``peer_id`` trains on, on top of ``base_head``, for one window. Signed by the edge."""
+
+    DOMAIN: ClassVar[bytes] = b"dtn/lease/v1\n"
+
+    lease_id: LeaseId
+    experiment: ExperimentKey
+    peer_id: PeerId
+    base_head: HeadId
+    window: int
+    dataset_id: DatasetId
+    shard_ids: tuple[ShardId, ...]
+    issued_at_ms: int
+    expires_at_ms: int
+    signature: bytes = b""
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "lease_id": self.lease_id,
+            "experiment": self.experiment,
+            "peer_id": self.peer_id,
+            "base_head": self.base_head,
+            "window": self.window,
+            "dataset_id": self.dataset_id,
+            "shard_ids": list(self.shard_ids),
+            "issued_at_ms": self.issued_at_ms,
+            "expires_at_ms": self.expires_at_ms,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Lease:
+        d = read_object(value, "lease")
+        return cls(
+            lease_id=LeaseId(d.get("lease_id")),
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            peer_id=PeerId(d.get("peer_id")),
+            base_head=HeadId(d.get("base_head")),
+            window=read_int(d, "window"),
+            dataset_id=DatasetId(d.get("dataset_id")),
+            shard_ids=tuple(read_list(d, "shard_ids", ShardId, max_len=256)),
+            issued_at_ms=read_int(d, "issued_at_ms"),
+            expires_at_ms=read_int(d, "expires_at_ms"),
+            signature=_signature(d),
+        )
+
+
+@dataclass(frozen=True)
+class Candidate(_Signed):
+    """A trainer's proposed update: the artifact ``candidate_id`` trained from ``base_head``.
+
+    ``examples`` is the sample weight used by the merge; ``metrics`` are the trainer's own numbers,
+    shown to people but never used for acceptance (validators measure).
+    """
+
+    DOMAIN: ClassVar[bytes] = b"dtn/candidate/v1\n"
+
+    experiment: ExperimentKey
+    candidate_id: ContentId
+    base_head: HeadId
+    lease_id: LeaseId
+    public_key: bytes
+    peer_kind: str
+    examples: int
+    steps: int
+    created_at_ms: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    signature: bytes = b""
+
+    @property
+    def peer_id(self) -> PeerId:
+        return peer_id_from_public_key(self.public_key)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "candidate_id": self.candidate_id,
+            "base_head": self.base_head,
+            "lease_id": self.lease_id,
+            "peer_id": self.peer_id,
+            "public_key": b64encode(self.public_key),
+            "peer_kind": self.peer_kind,
+            "examples": self.examples,
+            "steps": self.steps,
+            "created_at_ms": self.created_at_ms,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Candidate:
+        d = read_object(value, "candidate")
+        candidate = cls(
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            candidate_id=ContentId(d.get("candidate_id")),
+            base_head=HeadId(d.get("base_head")),
+            lease_id=LeaseId(d.get("lease_id")),
+            public_key=_key(d, "public_key"),
+            peer_kind=read_str(d, "peer_kind", max_len=16),
+            examples=read_int(d, "examples", low=1, high=10**9),
+            steps=read_int(d, "steps", high=10**9),
+            created_at_ms=read_int(d, "created_at_ms"),
+            metrics=_metrics(d),
+            signature=_signature(d),
+        )
+        if candidate.peer_kind not in PEER_KINDS:
+            raise InvalidMessage(f"unknown peer kind {candidate.peer_kind!r}")
+        if d.get("peer_id") != candidate.peer_id:
+            raise InvalidMessage("peer_id does not match public_key")
+        return candidate
+
+    def verify_own(self) -> None:
+        """Raise ``SignatureError`` unless the trainer named in the candidate signed it."""
+        self.verify(self.public_key)
+
+
+@dataclass(frozen=True)
+class HeadDescriptor(_Signed):
+    """A head: the model artifact ``head_id`` a validator promoted at ``window`` of ``experiment``.
+
+    ``metrics`` are measured by the validator on data trainers never see. ``merged`` lists the
+    candidate ids folded into this head (empty for genesis).
+    """
+
+    DOMAIN: ClassVar[bytes] = b"dtn/head/v1\n"
+
+    experiment: ExperimentKey
+    head_id: HeadId
+    parent: HeadId | None
+    window: int
+    global_step: int
+    merged: tuple[ContentId, ...]
+    validator_key: bytes
+    created_at_ms: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    signature: bytes = b""
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "head_id": self.head_id,
+            "parent": self.parent,
+            "window": self.window,
+            "global_step": self.global_step,
+            "merged": list(self.merged),
+            "validator_key": b64encode(self.validator_key),
+            "created_at_ms": self.created_at_ms,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> HeadDescriptor:
+        d = read_object(value, "head")
+        parent = d.get("parent")
+        return cls(
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            head_id=HeadId(d.get("head_id")),
+            parent=None if parent is None else HeadId(parent),
+            window=read_int(d, "window"),
+            global_step=read_int(d, "global_step"),
+            merged=tuple(read_list(d, "merged", ContentId)),
+            validator_key=_key(d, "validator_key"),
+            created_at_ms=read_int(d, "created_at_ms"),
+            metrics=_metrics(d),
+            signature=_signature(d),
+        )
+
+    def verify_trusted(self, validator_keys: frozenset[bytes]) -> None:
+        """Raise ``SignatureError`` unless a key listed as a validator signed this head."""
+        if self.validator_key not in validator_keys:
+            raise SignatureError("head is not signed by a validator of this network")
+        self.verify(self.validator_key)
+
+
+@dataclass(frozen=True)
+class Verdict(_Signed):
+    """A validator's decision on one candidate, with the reason and what it measured."""
+
+    DOMAIN: ClassVar[bytes] = b"dtn/verdict/v1\n"
+
+    experiment: ExperimentKey
+    candidate_id: ContentId
+    base_head: HeadId
+    peer_id: PeerId
+    accepted: bool
+    reason: str
+    validator_key: bytes
+    decided_at_ms: int
+    head_id: HeadId | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    signature: bytes = b""
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "candidate_id": self.candidate_id,
+            "base_head": self.base_head,
+            "peer_id": self.peer_id,
+            "accepted": self.accepted,
+            "reason": self.reason,
+            "validator_key": b64encode(self.validator_key),
+            "decided_at_ms": self.decided_at_ms,
+            "head_id": self.head_id,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Verdict:
+        d = read_object(value, "verdict")
+        return cls(
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            candidate_id=ContentId(d.get("candidate_id")),
+            base_head=HeadId(d.get("base_head")),
+            peer_id=PeerId(d.get("peer_id")),
+            accepted=read_bool(d, "accepted"),
+            reason=read_str(d, "reason", max_len=200),
+            validator_key=_key(d, "validator_key"),
+            decided_at_ms=read_int(d, "decided_at_ms"),
+            head_id=opt(d, "head_id", lambda m, k: HeadId(m[k])),
+            metrics=_metrics(d),
+            signature=_signature(d),
+        )

