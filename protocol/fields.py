@@ -53,9 +53,7 @@ def read_bool(data: Mapping[str, object], key: str) -> bool:
     return value
 
 
-def read_list(
-    data: Mapping[str, object], key: str, item: Callable[[object], T], *, max_len: int = 1024
-) -> list[T]:
+def read_list(data: Mapping[str, object], key: str, item: Callable[[object], T], *, max_len: int = 1024) -> list[T]:
     value = _get(data, key)
     if not isinstance(value, list) or len(value) > max_len:
         raise InvalidMessage(f"field {key!r} must be a list of at most {max_len} items")

@@ -83,6 +83,9 @@ class ExperimentKey(str):
     def __new__(cls, study: StudyId, experiment: ExperimentId, revision: RevisionId) -> ExperimentKey:
         return super().__new__(cls, f"{StudyId(study)}/{ExperimentId(experiment)}/{RevisionId(revision)}")
 
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (ExperimentKey.parse, (str(self),))
+
     @classmethod
     def parse(cls, value: object) -> ExperimentKey:
         if not isinstance(value, str) or value.count("/") != 2:

@@ -127,7 +127,7 @@ class ExperimentSpec:
     screening: str = "balanced"
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "key": str(self.key)}
 
     @classmethod
     def from_wire(cls, value: object) -> ExperimentSpec:
@@ -151,9 +151,9 @@ class NetworkManifest:
     """Everything a peer must know before it joins a network."""
 
     network_id: str
-    edge_key: bytes
     validator_keys: tuple[bytes, ...]
     experiments: tuple[ExperimentSpec, ...]
+    edge_key: bytes | None = None  # filled in by the edge that serves the manifest
     admission_required: bool = False
 
     def experiment(self, key: str) -> ExperimentSpec:
@@ -169,7 +169,7 @@ class NetworkManifest:
     def to_wire(self) -> dict[str, Any]:
         return {
             "network_id": self.network_id,
-            "edge_key": b64encode(self.edge_key),
+            "edge_key": None if self.edge_key is None else b64encode(self.edge_key),
             "validator_keys": [b64encode(k) for k in self.validator_keys],
             "experiments": [spec.to_wire() for spec in self.experiments],
             "admission_required": self.admission_required,
@@ -180,7 +180,7 @@ class NetworkManifest:
         d = read_object(value, "network manifest")
         return cls(
             network_id=read_str(d, "network_id", max_len=64),
-            edge_key=b64decode(d.get("edge_key"), size=32),
+            edge_key=None if d.get("edge_key") is None else b64decode(d.get("edge_key"), size=32),
             validator_keys=tuple(read_list(d, "validator_keys", lambda k: b64decode(k, size=32), max_len=64)),
             experiments=tuple(read_list(d, "experiments", ExperimentSpec.from_wire, max_len=256)),
             admission_required=read_bool(d, "admission_required") if "admission_required" in d else False,

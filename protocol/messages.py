@@ -20,7 +20,7 @@ from .fields import opt, read_bool, read_dict, read_int, read_list, read_object,
 from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
 
-__all__ = ["PEER_KINDS", "Candidate", "HeadDescriptor", "Lease", "Verdict"]
+__all__ = ["PEER_KINDS", "Candidate", "HeadDescriptor", "Lease", "PeerProof", "Verdict"]
 
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 
@@ -278,3 +278,50 @@ class Verdict(_Signed):
             metrics=_metrics(d),
             signature=_signature(d),
         )
+
+
+@dataclass(frozen=True)
+class PeerProof(_Signed):
+    """A peer proving it holds the key behind its id: to join the relay (``purpose="join"``, with
+    the edge's challenge nonce) or to ask for a lease over HTTP (``purpose="lease"``, with a fresh
+    timestamp)."""
+
+    DOMAIN: ClassVar[bytes] = b"dtn/peer-proof/v1\n"
+
+    purpose: str
+    public_key: bytes
+    peer_kind: str
+    nonce: str
+    issued_at_ms: int
+    signature: bytes = b""
+
+    @property
+    def peer_id(self) -> PeerId:
+        return peer_id_from_public_key(self.public_key)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "purpose": self.purpose,
+            "public_key": b64encode(self.public_key),
+            "peer_kind": self.peer_kind,
+            "nonce": self.nonce,
+            "issued_at_ms": self.issued_at_ms,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> PeerProof:
+        d = read_object(value, "peer proof")
+        proof = cls(
+            purpose=read_str(d, "purpose", max_len=16),
+            public_key=_key(d, "public_key"),
+            peer_kind=read_str(d, "peer_kind", max_len=16),
+            nonce=read_str(d, "nonce", max_len=128),
+            issued_at_ms=read_int(d, "issued_at_ms"),
+            signature=_signature(d),
+        )
+        if proof.peer_kind not in PEER_KINDS:
+            raise InvalidMessage(f"unknown peer kind {proof.peer_kind!r}")
+        return proof
+
+    def verify_own(self) -> None:
+        self.verify(self.public_key)

@@ -51,9 +51,7 @@ class ModelSpec:
         for name, shape in self.shapes.items():
             array = params[name]
             if array.shape != shape or array.dtype != np.float32:
-                raise InvalidMessage(
-                    f"{name}: expected float32{list(shape)}, got {array.dtype}{list(array.shape)}"
-                )
+                raise InvalidMessage(f"{name}: expected float32{list(shape)}, got {array.dtype}{list(array.shape)}")
 
 
 MODELS: dict[str, ModelSpec] = {"mnist-mlp": ModelSpec("mnist-mlp", (784, 128, 10))}

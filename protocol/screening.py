@@ -96,9 +96,7 @@ def screen_cohort(
         if screen.accepted and centre_norm > 0 and norm > 0:
             cosine = float(delta @ centre) / (float(norm) * centre_norm)
             if cosine < policy.min_cosine:
-                screen = Screen(
-                    False, f"outlier: cosine {cosine:.3f} to cohort centre below {policy.min_cosine}"
-                )
+                screen = Screen(False, f"outlier: cosine {cosine:.3f} to cohort centre below {policy.min_cosine}")
         results.append(screen)
     return results
 

@@ -23,9 +23,7 @@ PIXEL_SCALE = 1.0 / 256.0
 def encode_shard(images: npt.NDArray[np.uint8], labels: npt.NDArray[np.integer]) -> bytes:
     if images.dtype != np.uint8 or len(images) != len(labels):
         raise CodecError("a shard holds uint8 images and one label per image")
-    return encode_tensors(
-        {"images": images, "labels": np.asarray(labels, np.uint8)}, {"format": "dtn-shard-v1"}
-    )
+    return encode_tensors({"images": images, "labels": np.asarray(labels, np.uint8)}, {"format": "dtn-shard-v1"})
 
 
 def decode_shard(data: bytes) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
@@ -43,6 +41,4 @@ def verify_shard(entry: ShardEntry, data: bytes) -> None:
         raise IntegrityError(f"shard {entry.shard_id}: {len(data)} bytes, manifest says {entry.size_bytes}")
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
-        raise IntegrityError(
-            f"shard {entry.shard_id}: sha256 {digest} does not match manifest {entry.sha256}"
-        )
+        raise IntegrityError(f"shard {entry.shard_id}: sha256 {digest} does not match manifest {entry.sha256}")

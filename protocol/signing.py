@@ -64,9 +64,7 @@ def peer_id_from_public_key(public_key: bytes) -> PeerId:
 
 def canonical_json(body: object) -> bytes:
     """Sorted-key, compact UTF-8 JSON: the bytes that signatures and ids are computed over."""
-    return json.dumps(
-        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def b64encode(data: bytes) -> str:

@@ -1,0 +1,54 @@
+"""``create_app(settings)``: the edge as an ASGI app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from . import artifact_routes, bundle, dataset_routes, portal, relay
+from .errors import install_handlers
+from .leasing import LeaseIssuer
+from .settings import Settings
+from .state import EdgeState
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = EdgeState.open(settings)
+        app.state.edge = state
+        app.state.issuer = LeaseIssuer(state)
+        app.state.bundle = bundle.PeerBundle()
+        try:
+            yield
+        finally:
+            state.store.close()
+
+    app = FastAPI(
+        title="Decentralized training network edge",
+        description="Dataset origin, head artifacts, WebSocket relay and signaling, portal.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    install_handlers(app)
+    for module in (dataset_routes, artifact_routes, relay, portal, bundle):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
+    if settings.pyodide_dir.is_dir():
+        app.mount("/pyodide", StaticFiles(directory=settings.pyodide_dir), name="pyodide")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(settings.static_dir / "index.html", headers={"cache-control": "no-cache"})
+
+    @app.get("/viewer", include_in_schema=False)
+    async def viewer() -> RedirectResponse:
+        return RedirectResponse("/#viewer")
+
+    return app

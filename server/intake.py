@@ -1,0 +1,99 @@
+"""What the edge takes in: candidates, heads and verdicts, by HTTP or WebSocket alike.
+
+Each upload is checked in the same order everywhere: size, envelope, descriptor shape, signature,
+artifact hash (while storing, fsynced), artifact decodes as tensors; then the record is committed
+and only then acknowledged and announced.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from protocol.codec import decode_tensors
+from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
+from protocol.errors import InvalidMessage, SignatureError, TooLarge
+from protocol.hashing import verify_content
+from protocol.ids import ContentId, ExperimentKey
+from protocol.messages import Candidate, HeadDescriptor, Verdict
+
+from .state import EdgeState
+
+__all__ = ["accept_candidate", "accept_head", "accept_verdict"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId) -> None:
+    def work() -> None:
+        verify_content(artifact, cid)
+        decode_tensors(artifact)
+        state.blobs.put(artifact, cid)
+
+    await anyio.to_thread.run_sync(work)
+
+
+def _open(state: EdgeState, body: bytes) -> tuple[object, bytes]:
+    if len(body) > state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES:
+        raise TooLarge(f"upload of {len(body)} bytes exceeds {state.settings.max_artifact_bytes}")
+    return unpack_envelope(body)
+
+
+def _same_experiment(claimed: ExperimentKey, route: ExperimentKey | None) -> None:
+    if route is not None and claimed != route:
+        raise InvalidMessage(f"descriptor is for {claimed}, not {route}")
+
+
+async def accept_candidate(
+    state: EdgeState, body: bytes, *, via: str, route: ExperimentKey | None = None
+) -> tuple[Candidate, bool]:
+    """Store a trainer's signed candidate; returns it and whether it was new."""
+    try:
+        descriptor, artifact = _open(state, body)
+        candidate = Candidate.from_wire(descriptor)
+        _same_experiment(candidate.experiment, route)
+        state.experiment(candidate.experiment)
+        candidate.verify_own()
+        await _store_artifact(state, artifact, candidate.candidate_id)
+    except Exception as exc:
+        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
+        raise
+    created = state.store.add_candidate(candidate, _now_ms())
+    if created:
+        state.metrics.candidates.labels(via).inc()
+        state.store.saw_peer(candidate.peer_id, candidate.peer_kind, _now_ms())
+        state.hub.publish(candidate.experiment, "candidates", candidate.to_wire())
+    return candidate, created
+
+
+async def accept_head(state: EdgeState, body: bytes, *, route: ExperimentKey | None = None) -> HeadDescriptor:
+    """Promote a validator-signed head whose parent is the current head."""
+    try:
+        descriptor, artifact = _open(state, body)
+        head = HeadDescriptor.from_wire(descriptor)
+        _same_experiment(head.experiment, route)
+        state.experiment(head.experiment)
+        head.verify_trusted(state.network.validator_key_set)
+        await _store_artifact(state, artifact, head.head_id)
+    except Exception as exc:
+        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
+        raise
+    if state.store.promote_head(head, _now_ms()):
+        state.metrics.heads.inc()
+        state.hub.publish(head.experiment, "heads", head.to_wire())
+        state.hub.head_changed(head.experiment)
+    return head
+
+
+def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:
+    verdict = Verdict.from_wire(descriptor)
+    _same_experiment(verdict.experiment, route)
+    if verdict.validator_key not in state.network.validator_key_set:
+        raise SignatureError("verdict is not signed by a validator of this network")
+    verdict.verify(verdict.validator_key)
+    if state.store.add_verdict(verdict):
+        state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
+    return verdict

@@ -1,0 +1,59 @@
+"""Issuing leases: which shards a peer trains on in the current window of an experiment.
+
+A window is identified by its base head. A peer asking twice in one window gets the same lease
+back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
+holds (``protocol.leases.assign_shards``). Leases are signed by the edge and stored durably.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from protocol.ids import ExperimentKey, LeaseId, PeerId
+from protocol.leases import assign_shards
+from protocol.messages import Lease
+
+from .errors import NotFound
+from .state import EdgeState
+
+__all__ = ["LeaseIssuer"]
+
+
+class LeaseIssuer:
+    def __init__(self, state: EdgeState) -> None:
+        self.state = state
+        self._lock = asyncio.Lock()
+
+    async def issue(self, experiment: ExperimentKey, peer_id: PeerId) -> Lease:
+        spec = self.state.experiment(experiment)
+        manifest = self.state.dataset(spec.dataset_id)
+        async with self._lock:
+            head = self.state.store.current_head(experiment)
+            if head is None:
+                raise NotFound(f"experiment {experiment} has no head yet (waiting for the validator's genesis)")
+            now_ms = int(time.time() * 1000)
+            live = [
+                lease for lease in self.state.store.leases(experiment, head.head_id) if lease.expires_at_ms > now_ms
+            ]
+            for lease in live:
+                if lease.peer_id == peer_id:
+                    return lease
+            taken = {shard for lease in live for shard in lease.shard_ids}
+            shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
+            lease = Lease(
+                lease_id=LeaseId(f"lease-{secrets.token_hex(16)}"),
+                experiment=experiment,
+                peer_id=peer_id,
+                base_head=head.head_id,
+                window=head.window,
+                dataset_id=spec.dataset_id,
+                shard_ids=shards,
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + int(self.state.settings.lease_ttl_s * 1000),
+            ).signed(self.state.signer)
+            self.state.store.add_lease(lease)
+        self.state.metrics.leases.inc()
+        self.state.hub.publish(experiment, "leases", lease.to_wire())
+        return lease

@@ -1,0 +1,27 @@
+"""Prometheus metrics of one edge (a registry per app, so tests can run several edges)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+__all__ = ["EdgeMetrics"]
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Gauge("dtn_ws_connections", "Joined WebSocket peers", ["kind"], registry=self.registry)
+        self.relay_messages = Counter(
+            "dtn_relay_messages_total", "Messages queued to subscribers", ["topic"], registry=self.registry
+        )
+        self.closes = Counter("dtn_ws_closes_total", "WebSocket closes by code", ["code"], registry=self.registry)
+        self.shard_bytes = Counter("dtn_shard_bytes_total", "Shard bytes served (full files)", registry=self.registry)
+        self.leases = Counter("dtn_leases_total", "Leases issued", registry=self.registry)
+        self.candidates = Counter("dtn_candidates_total", "Candidates stored", ["via"], registry=self.registry)
+        self.heads = Counter("dtn_heads_total", "Heads promoted", registry=self.registry)
+        self.rejected_uploads = Counter(
+            "dtn_rejected_uploads_total", "Uploads refused", ["error"], registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,81 @@
+"""Directories and the viewer's snapshot: experiments, peers, health, metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Response
+
+from .deps import State
+from .responses import JSON
+
+router = APIRouter(tags=["portal"])
+
+
+@router.get("/healthz")
+async def healthz(state: State) -> JSON:
+    return JSON({"ok": True, "network_id": state.network.network_id, "peers": len(state.hub.connections)})
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/peers")
+async def peers(state: State) -> JSON:
+    """Connected peers now, and every peer this edge has seen."""
+    connected = [
+        {"peer_id": c.peer_id, "kind": c.kind, "joined_at_ms": c.joined_at_ms} for c in state.hub.connections.values()
+    ]
+    return JSON({"connected": connected, "known": state.store.peers()})
+
+
+@router.get("/v1/experiments")
+async def experiments(state: State) -> JSON:
+    """Each experiment's spec and current head."""
+    result = []
+    for spec in state.network.experiments:
+        head = state.store.current_head(spec.key)
+        result.append({"spec": spec.to_wire(), "head": None if head is None else head.to_wire()})
+    return JSON(result)
+
+
+@router.get("/portal/snapshot")
+async def snapshot(state: State) -> JSON:
+    """Everything a viewer page needs in one request."""
+    experiments = []
+    for spec in state.network.experiments:
+        lineage = state.store.heads(spec.key)
+        experiments.append(
+            {
+                "key": spec.key,
+                "spec": spec.to_wire(),
+                "head": lineage[-1].to_wire() if lineage else None,
+                "lineage": [
+                    {
+                        "head_id": h.head_id,
+                        "parent": h.parent,
+                        "window": h.window,
+                        "merged": len(h.merged),
+                        "metrics": h.metrics,
+                        "created_at_ms": h.created_at_ms,
+                    }
+                    for h in lineage
+                ],
+                "verdicts": state.store.verdict_counts(spec.key),
+                "recent_verdicts": [v.to_wire() for v in state.store.verdicts(spec.key, limit=20)],
+            }
+        )
+    connected = [
+        {"peer_id": c.peer_id, "kind": c.kind, "joined_at_ms": c.joined_at_ms} for c in state.hub.connections.values()
+    ]
+    return JSON(
+        {
+            "network_id": state.network.network_id,
+            "now_ms": int(time.time() * 1000),
+            "experiments": experiments,
+            "peers": {"connected": connected, "by_kind": state.hub.peers_by_kind(), "known": len(state.store.peers())},
+            "events": list(state.hub.events)[-50:],
+        }
+    )

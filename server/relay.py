@@ -1,0 +1,246 @@
+"""The WebSocket relay and signaling endpoint, ``/v1/relay``.
+
+Connection states: CONNECTING → CHALLENGED (edge sent a nonce) → JOINED (peer signed it) → CLOSED.
+
+    edge → {"type": "challenge", "nonce", "protocol_version"}
+    peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>)}
+    edge → {"type": "welcome", "peer_id", "network"}
+    peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
+    peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease"}
+    peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
+    peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
+    peer → {"type": "ping"}                                             → {"type": "pong"}
+    peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
+    edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
+
+Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
+and the connection stays. Protocol violations close it with the code from ``errors``; so do a
+missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
+over the limit (4429) and frames over the size limit (1009, from the WebSocket layer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from protocol.errors import InvalidMessage, ProtocolError
+from protocol.fields import read_list, read_object, read_str
+from protocol.ids import ExperimentKey, PeerId
+from protocol.manifests import PROTOCOL_VERSION
+from protocol.messages import PeerProof
+
+from .errors import CLOSE_HEARTBEAT_TIMEOUT, CLOSE_SLOW_CONSUMER, EdgeError, RateLimited, close_code_for, status_for
+from .hub import TOPICS, Connection, ConnectionState
+from .intake import accept_candidate
+from .leasing import LeaseIssuer
+from .state import EdgeState
+
+router = APIRouter()
+log = logging.getLogger(__name__)
+
+MAX_TEXT_BYTES = 64 * 1024
+CLOSE_REPLACED = 4000
+CLOSE_TIMEOUT_S = 30.0  # a close frame queues behind what the peer has not read yet
+
+
+class _TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate, self.capacity, self.tokens, self.stamp = rate_per_s, burst, burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class _Close(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+@router.websocket("/v1/relay")
+async def relay(websocket: WebSocket) -> None:
+    state: EdgeState = websocket.app.state.edge
+    issuer: LeaseIssuer = websocket.app.state.issuer
+    await websocket.accept()
+    connection: Connection | None = None
+    sender: asyncio.Task[None] | None = None
+    try:
+        connection = await _join(websocket, state)
+        sender = asyncio.create_task(_drain(websocket, connection))
+        await _serve(websocket, state, issuer, connection, sender)
+    except _Close as close:
+        await _stop(sender)
+        await _close(websocket, state, close.code, close.reason)
+    except WebSocketDisconnect as gone:
+        state.metrics.closes.labels(str(gone.code)).inc()
+    finally:
+        await _stop(sender)
+        if connection is not None:
+            state.hub.unregister(connection)
+
+
+async def _stop(sender: asyncio.Task[None] | None) -> None:
+    if sender is not None and not sender.done():
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
+
+
+async def _close(websocket: WebSocket, state: EdgeState, code: int, reason: str) -> None:
+    state.metrics.closes.labels(str(code)).inc()
+    if websocket.client_state is WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.close(code, reason[:120]), CLOSE_TIMEOUT_S)
+
+
+async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
+    nonce = secrets.token_urlsafe(24)
+    await websocket.send_text(
+        orjson.dumps({"type": "challenge", "nonce": nonce, "protocol_version": PROTOCOL_VERSION}).decode()
+    )
+    try:
+        message = await asyncio.wait_for(websocket.receive(), state.settings.join_timeout_s)
+    except TimeoutError:
+        raise _Close(CLOSE_HEARTBEAT_TIMEOUT, "join timeout") from None
+    try:
+        data = _decode(message)
+        if data.get("type") != "join":
+            raise InvalidMessage("expected a join message")
+        proof = PeerProof.from_wire(data.get("proof"))
+        if proof.purpose != "join" or proof.nonce != nonce:
+            raise InvalidMessage("join proof must sign this connection's challenge nonce")
+        proof.verify_own()
+    except ProtocolError as exc:
+        raise _Close(close_code_for(exc), str(exc)) from None
+    connection, previous = state.hub.register(proof.peer_id, proof.peer_kind)
+    if previous is not None:
+        previous.offer(orjson.dumps({"type": "replaced"}).decode())
+        previous.overflowed.set()
+    state.store.saw_peer(proof.peer_id, proof.peer_kind, int(time.time() * 1000))
+    connection.offer(
+        orjson.dumps({"type": "welcome", "peer_id": proof.peer_id, "network": state.network.to_wire()}).decode()
+    )
+    state.hub.publish("_network", "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})
+    return connection
+
+
+def _decode(message: Any) -> dict[str, Any]:
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if text is None:
+        raise InvalidMessage("expected a text frame")
+    if len(text) > MAX_TEXT_BYTES:
+        raise InvalidMessage(f"text frames are limited to {MAX_TEXT_BYTES} bytes")
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidMessage("text frame is not JSON") from None
+    return dict(read_object(data))
+
+
+async def _drain(websocket: WebSocket, connection: Connection) -> None:
+    while True:
+        item = await connection.queue.get()
+        if isinstance(item, bytes):
+            await websocket.send_bytes(item)
+        else:
+            await websocket.send_text(item)
+
+
+async def _serve(
+    websocket: WebSocket, state: EdgeState, issuer: LeaseIssuer, connection: Connection, sender: asyncio.Task[None]
+) -> None:
+    bucket = _TokenBucket(state.settings.messages_per_s, 4 * state.settings.messages_per_s)
+    overflow = asyncio.create_task(connection.overflowed.wait())
+    try:
+        while True:
+            receive = asyncio.create_task(websocket.receive())
+            done, _ = await asyncio.wait(
+                {receive, overflow, sender}, timeout=state.settings.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if receive not in done:
+                receive.cancel()
+                if overflow in done:
+                    code = CLOSE_REPLACED if connection.state is ConnectionState.CLOSED else CLOSE_SLOW_CONSUMER
+                    raise _Close(code, "replaced by a newer session" if code == CLOSE_REPLACED else "slow consumer")
+                if sender in done:
+                    raise WebSocketDisconnect(1006)
+                raise _Close(CLOSE_HEARTBEAT_TIMEOUT, "idle timeout")
+            message = receive.result()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            if not bucket.take():
+                raise _Close(close_code_for(RateLimited()), "message rate limit exceeded")
+            try:
+                if message.get("bytes") is not None:
+                    candidate, _ = await accept_candidate(state, message["bytes"], via="ws")
+                    connection.offer(
+                        orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
+                    )
+                else:
+                    await _dispatch(state, issuer, connection, _decode(message))
+            except EdgeError as exc:
+                connection.offer(_error(exc))
+            except ProtocolError as exc:
+                if message.get("bytes") is not None:
+                    connection.offer(_error(exc))
+                else:
+                    raise _Close(close_code_for(exc), str(exc)) from None
+    finally:
+        overflow.cancel()
+
+
+def _error(exc: Exception) -> str:
+    return orjson.dumps(
+        {"type": "error", "status": status_for(exc), "error": type(exc).__name__, "detail": str(exc)}
+    ).decode()
+
+
+async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connection, data: dict[str, Any]) -> None:
+    kind = data.get("type")
+    if kind == "ping":
+        connection.offer('{"type":"pong"}')
+    elif kind == "subscribe":
+        experiment = data.get("experiment")
+        key = "_network" if experiment == "_network" else ExperimentKey.parse(experiment)
+        topics = read_list(data, "topics", lambda t: t if t in TOPICS else _bad_topic(t), max_len=len(TOPICS))
+        if key != "_network":
+            state.experiment(key)
+        state.hub.subscribe(connection, key, topics)  # type: ignore[arg-type]
+        connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())
+    elif kind == "lease.request":
+        lease = await issuer.issue(ExperimentKey.parse(data.get("experiment")), connection.peer_id)
+        connection.offer(
+            orjson.dumps({"type": "lease", "request_id": data.get("request_id"), "lease": lease.to_wire()}).decode()
+        )
+    elif kind == "signal":
+        target = PeerId(data.get("to"))
+        payload = read_object(data.get("data"), "signal data")
+        if not state.hub.send_to(target, {"type": "signal", "from": connection.peer_id, "data": payload}):
+            connection.offer(orjson.dumps({"type": "error", "status": 404, "detail": f"{target} not here"}).decode())
+    elif kind == "metrics":
+        key = ExperimentKey.parse(data.get("experiment"))
+        payload = read_object(data.get("data"), "metrics data")
+        state.hub.publish(key, "metrics", {"peer_id": connection.peer_id, "kind": connection.kind, **payload})
+    else:
+        raise InvalidMessage(f"unknown message type {read_str(data, 'type', max_len=32)!r}")
+
+
+def _bad_topic(topic: object) -> str:
+    raise InvalidMessage(f"unknown topic {topic!r}; topics: {sorted(TOPICS)}")

@@ -1,0 +1,65 @@
+"""Edge settings. Every field has a CLI flag (``--data-dir``) and an environment variable
+(``DTN_DATA_DIR``); flags win. The embedded default needs no external service: a local directory
+and SQLite."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Settings"]
+
+_HELP = {
+    "host": "interface to listen on",
+    "port": "TCP port (0 picks a free one)",
+    "data_dir": "edge state: SQLite database and artifact blobs",
+    "datasets_dir": "prepared datasets (<dir>/<dataset>/train/fetch-manifest.json); only train is served",
+    "network": "network manifest JSON (validator keys, experiments); the edge fills in its own key",
+    "static_dir": "the web app",
+    "pyodide_dir": "self-hosted Pyodide runtime prepared by `python -m server.pyodide_runtime`",
+    "max_artifact_bytes": "largest candidate or head artifact accepted",
+    "max_frame_bytes": "largest WebSocket frame; larger frames are closed with 1009",
+    "lease_ttl_s": "how long a lease stays valid",
+    "join_timeout_s": "time a WebSocket peer has to answer the join challenge",
+    "idle_timeout_s": "a joined peer silent this long (no message, no ping) is closed with 4408",
+    "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",
+    "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
+    "max_long_poll_s": "longest a head long-poll may wait",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("var/edge")
+    datasets_dir: Path = Path("var/datasets")
+    network: Path = Path("var/network.json")
+    static_dir: Path = Path(__file__).resolve().parent.parent / "static"
+    pyodide_dir: Path = Path("var/pyodide")
+    max_artifact_bytes: int = 8 * 1024 * 1024
+    max_frame_bytes: int = 9 * 1024 * 1024
+    lease_ttl_s: float = 300.0
+    join_timeout_s: float = 10.0
+    idle_timeout_s: float = 90.0
+    send_queue_size: int = 256
+    messages_per_s: float = 50.0
+    max_long_poll_s: float = 30.0
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None) -> Settings:
+        parser = argparse.ArgumentParser(prog="python -m server", description="Run the bootstrap / browser edge.")
+        for f in dataclasses.fields(cls):
+            env = f"DTN_{f.name.upper()}"
+            default = os.environ.get(env, f.default)
+            parser.add_argument(
+                f"--{f.name.replace('_', '-')}",
+                type=type(f.default),
+                default=type(f.default)(default),  # type: ignore[call-arg]
+                help=f"{_HELP[f.name]} (env {env}, default {f.default})",
+            )
+        args = parser.parse_args(argv)
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,80 @@
+"""``EdgeState``: everything one running edge holds, built once at start-up."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from protocol.ids import DatasetId, ExperimentKey
+from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
+from protocol.shards import verify_shard
+from protocol.signing import PureSigner
+
+from .blobs import BlobStore
+from .errors import NotFound
+from .hub import Hub
+from .metrics import EdgeMetrics
+from .settings import Settings
+from .store import Store
+
+__all__ = ["EdgeState", "load_datasets"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeState:
+    settings: Settings
+    store: Store
+    blobs: BlobStore
+    hub: Hub
+    metrics: EdgeMetrics
+    signer: PureSigner
+    network: NetworkManifest
+    datasets: dict[DatasetId, FetchManifest]
+
+    @classmethod
+    def open(cls, settings: Settings) -> EdgeState:
+        store = Store(settings.data_dir / "edge.sqlite3")
+        signer = PureSigner(store.edge_seed())
+        network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
+        metrics = EdgeMetrics()
+        return cls(
+            settings=settings,
+            store=store,
+            blobs=BlobStore(settings.data_dir / "blobs"),
+            hub=Hub(metrics, settings.send_queue_size),
+            metrics=metrics,
+            signer=signer,
+            network=replace(network, edge_key=signer.public_key),
+            datasets=load_datasets(settings.datasets_dir),
+        )
+
+    def experiment(self, key: ExperimentKey | str) -> ExperimentSpec:
+        try:
+            return self.network.experiment(key)
+        except KeyError:
+            raise NotFound(f"no experiment {key} on this network") from None
+
+    def dataset(self, dataset_id: str) -> FetchManifest:
+        try:
+            return self.datasets[DatasetId(dataset_id)]
+        except KeyError:
+            raise NotFound(f"no dataset {dataset_id}") from None
+
+    def shard_path(self, manifest: FetchManifest, locator: str) -> Path:
+        return self.settings.datasets_dir / manifest.dataset_id / manifest.split / locator
+
+
+def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:
+    """Every ``<root>/<dataset>/train/fetch-manifest.json``, with each shard file checked against it."""
+    datasets: dict[DatasetId, FetchManifest] = {}
+    for path in sorted(root.glob("*/train/fetch-manifest.json")):
+        manifest = FetchManifest.from_wire(json.loads(path.read_bytes()))
+        for entry in manifest.shards:
+            verify_shard(entry, (path.parent / entry.locator).read_bytes())
+        datasets[manifest.dataset_id] = manifest
+        log.info("serving dataset %s: %d shards", manifest.dataset_id, len(manifest.shards))
+    return datasets

@@ -1,0 +1,217 @@
+"""The edge's durable state in SQLite: heads, candidates, leases, verdicts, peers, its own key.
+
+Everything a peer needs after an edge restart lives here or in the blob store. Writes commit with
+``synchronous=FULL`` before the caller acknowledges anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId
+from protocol.messages import Candidate, HeadDescriptor, Lease, Verdict
+
+from .errors import Conflict
+
+__all__ = ["Store"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS heads (
+    experiment TEXT NOT NULL, head_id TEXT NOT NULL, parent TEXT, window INTEGER NOT NULL,
+    descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL, PRIMARY KEY (experiment, head_id));
+CREATE TABLE IF NOT EXISTS current_heads (experiment TEXT PRIMARY KEY, head_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS candidates (
+    experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, base_head TEXT NOT NULL, peer_id TEXT NOT NULL,
+    lease_id TEXT NOT NULL, descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (experiment, candidate_id));
+CREATE INDEX IF NOT EXISTS candidates_by_base ON candidates (experiment, base_head);
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, peer_id TEXT NOT NULL, base_head TEXT NOT NULL,
+    descriptor TEXT NOT NULL, expires_at_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS leases_by_window ON leases (experiment, base_head);
+CREATE TABLE IF NOT EXISTS verdicts (
+    experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, peer_id TEXT NOT NULL, accepted INTEGER NOT NULL,
+    descriptor TEXT NOT NULL, PRIMARY KEY (experiment, candidate_id));
+CREATE TABLE IF NOT EXISTS peers (
+    peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
+"""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, *args: object) -> list[tuple[object, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- the edge's own signing seed ------------------------------------------------------
+    def edge_seed(self) -> bytes:
+        with self._tx() as db:
+            row = db.execute("SELECT value FROM settings WHERE key = 'edge_seed'").fetchone()
+            if row is None:
+                seed = os.urandom(32)
+                db.execute("INSERT INTO settings VALUES ('edge_seed', ?)", (seed,))
+                return seed
+            return bytes(row[0])
+
+    # -- heads -----------------------------------------------------------------------------
+    def promote_head(self, head: HeadDescriptor, now_ms: int) -> bool:
+        """Make ``head`` current if its parent is the current head; False if it already is current."""
+        with self._tx() as db:
+            row = db.execute("SELECT head_id FROM current_heads WHERE experiment = ?", (head.experiment,)).fetchone()
+            current = None if row is None else row[0]
+            if current == head.head_id:
+                return False
+            if head.parent != current:
+                raise Conflict(f"head parent {head.parent} is not the current head {current}")
+            db.execute(
+                "INSERT OR IGNORE INTO heads VALUES (?, ?, ?, ?, ?, ?)",
+                (head.experiment, head.head_id, head.parent, head.window, json.dumps(head.to_wire()), now_ms),
+            )
+            db.execute("INSERT OR REPLACE INTO current_heads VALUES (?, ?)", (head.experiment, head.head_id))
+            return True
+
+    def current_head(self, experiment: ExperimentKey) -> HeadDescriptor | None:
+        rows = self._query(
+            "SELECT h.descriptor FROM current_heads c JOIN heads h ON h.experiment = c.experiment"
+            " AND h.head_id = c.head_id WHERE c.experiment = ?",
+            experiment,
+        )
+        return HeadDescriptor.from_wire(json.loads(str(rows[0][0]))) if rows else None
+
+    def heads(self, experiment: ExperimentKey) -> list[HeadDescriptor]:
+        rows = self._query("SELECT descriptor FROM heads WHERE experiment = ? ORDER BY window", experiment)
+        return [HeadDescriptor.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    def head(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
+        rows = self._query("SELECT descriptor FROM heads WHERE experiment = ? AND head_id = ?", experiment, head_id)
+        return HeadDescriptor.from_wire(json.loads(str(rows[0][0]))) if rows else None
+
+    # -- candidates ------------------------------------------------------------------------
+    def add_candidate(self, candidate: Candidate, now_ms: int) -> bool:
+        """Record a candidate; False when it was already there (an idempotent re-upload)."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    candidate.experiment,
+                    candidate.candidate_id,
+                    candidate.base_head,
+                    candidate.peer_id,
+                    candidate.lease_id,
+                    json.dumps(candidate.to_wire()),
+                    now_ms,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def candidates(self, experiment: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
+        if base_head is None:
+            rows = self._query("SELECT descriptor FROM candidates WHERE experiment = ? ORDER BY rowid", experiment)
+        else:
+            rows = self._query(
+                "SELECT descriptor FROM candidates WHERE experiment = ? AND base_head = ? ORDER BY rowid",
+                experiment,
+                base_head,
+            )
+        return [Candidate.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    # -- leases ----------------------------------------------------------------------------
+    def add_lease(self, lease: Lease) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    lease.lease_id,
+                    lease.experiment,
+                    lease.peer_id,
+                    lease.base_head,
+                    json.dumps(lease.to_wire()),
+                    lease.expires_at_ms,
+                ),
+            )
+
+    def lease(self, lease_id: LeaseId) -> Lease | None:
+        rows = self._query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)
+        return Lease.from_wire(json.loads(str(rows[0][0]))) if rows else None
+
+    def leases(self, experiment: ExperimentKey, base_head: HeadId) -> list[Lease]:
+        rows = self._query(
+            "SELECT descriptor FROM leases WHERE experiment = ? AND base_head = ? ORDER BY rowid", experiment, base_head
+        )
+        return [Lease.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    # -- verdicts --------------------------------------------------------------------------
+    def add_verdict(self, verdict: Verdict) -> bool:
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+                (
+                    verdict.experiment,
+                    verdict.candidate_id,
+                    verdict.peer_id,
+                    int(verdict.accepted),
+                    json.dumps(verdict.to_wire()),
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def verdicts(self, experiment: ExperimentKey, peer_id: PeerId | None = None, limit: int = 500) -> list[Verdict]:
+        if peer_id is None:
+            rows = self._query(
+                "SELECT descriptor FROM verdicts WHERE experiment = ? ORDER BY rowid DESC LIMIT ?", experiment, limit
+            )
+        else:
+            rows = self._query(
+                "SELECT descriptor FROM verdicts WHERE experiment = ? AND peer_id = ? ORDER BY rowid DESC LIMIT ?",
+                experiment,
+                peer_id,
+                limit,
+            )
+        return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    def verdict_counts(self, experiment: ExperimentKey) -> dict[str, int]:
+        rows = self._query("SELECT accepted, COUNT(*) FROM verdicts WHERE experiment = ? GROUP BY accepted", experiment)
+        counts = {"accepted": 0, "rejected": 0}
+        for accepted, count in rows:
+            counts["accepted" if accepted else "rejected"] = int(count)  # type: ignore[call-overload]
+        return counts
+
+    # -- peers -----------------------------------------------------------------------------
+    def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO peers VALUES (?, ?, ?, ?) ON CONFLICT(peer_id) DO UPDATE SET last_seen_ms = ?, kind = ?",
+                (peer_id, kind, now_ms, now_ms, now_ms, kind),
+            )
+
+    def peers(self) -> list[dict[str, object]]:
+        rows = self._query("SELECT peer_id, kind, first_seen_ms, last_seen_ms FROM peers ORDER BY last_seen_ms DESC")
+        return [dict(zip(("peer_id", "kind", "first_seen_ms", "last_seen_ms"), r, strict=True)) for r in rows]

@@ -1,0 +1,90 @@
+"""Helpers shared by tests: identities, a network manifest, signed heads and candidates."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from protocol.codec import encode_tensors
+from protocol.envelope import pack_envelope
+from protocol.hashing import content_id
+from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
+from protocol.manifests import ExperimentSpec, NetworkManifest
+from protocol.messages import Candidate, HeadDescriptor, PeerProof
+from protocol.model import MODELS, init_params
+from protocol.signing import PureSigner
+
+VALIDATOR = PureSigner(b"\x11" * 32)
+EXPERIMENT = ExperimentKey.parse("study/mnist/rev-1")
+SPEC = MODELS["mnist-mlp"]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def experiment_spec(key: ExperimentKey = EXPERIMENT, **overrides: object) -> ExperimentSpec:
+    options: dict[str, object] = {
+        "key": key,
+        "dataset_id": DatasetId("mnist"),
+        "model": "mnist-mlp",
+        "learning_rate": 1e-3,
+        "batch_size": 64,
+        "local_epochs": 1,
+        "shards_per_lease": 2,
+        **overrides,
+    }
+    return ExperimentSpec(**options)  # type: ignore[arg-type]
+
+
+def write_network(path: Path, *specs: ExperimentSpec) -> NetworkManifest:
+    network = NetworkManifest("test-net", (VALIDATOR.public_key,), specs or (experiment_spec(),))
+    path.write_text(json.dumps(network.to_wire()))
+    return network
+
+
+def head_envelope(
+    params: dict[str, np.ndarray] | None = None,
+    *,
+    parent: HeadId | None = None,
+    window: int = 0,
+    signer: PureSigner = VALIDATOR,
+    experiment: ExperimentKey = EXPERIMENT,
+) -> tuple[HeadDescriptor, bytes]:
+    artifact = encode_tensors(params if params is not None else init_params(SPEC, window))
+    head = HeadDescriptor(
+        experiment=experiment,
+        head_id=HeadId(content_id(artifact)),
+        parent=parent,
+        window=window,
+        global_step=0,
+        merged=(),
+        validator_key=signer.public_key,
+        created_at_ms=now_ms(),
+    ).signed(signer)
+    return head, pack_envelope(head.to_wire(), artifact)
+
+
+def candidate_envelope(
+    trainer: PureSigner, base: HeadId, lease_id: str = "lease-x", *, seed: int = 1, peer_kind: str = "native"
+) -> tuple[Candidate, bytes]:
+    artifact = encode_tensors(init_params(SPEC, seed))
+    candidate = Candidate(
+        experiment=EXPERIMENT,
+        candidate_id=content_id(artifact),
+        base_head=base,
+        lease_id=LeaseId(lease_id),
+        public_key=trainer.public_key,
+        peer_kind=peer_kind,
+        examples=1000,
+        steps=10,
+        created_at_ms=now_ms(),
+    ).signed(trainer)
+    return candidate, pack_envelope(candidate.to_wire(), artifact)
+
+
+def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "native") -> dict[str, object]:
+    return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()

@@ -1,0 +1,331 @@
+"""The edge against a real uvicorn server on a free port, with real files, SQLite and signatures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection as AsyncClientConnection
+from websockets.asyncio.client import connect as async_connect
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from protocol.envelope import pack_envelope
+from protocol.hashing import content_id
+from protocol.messages import Lease
+from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
+from server.serve import BackgroundEdge
+from server.settings import Settings
+
+from .support import EXPERIMENT, candidate_envelope, head_envelope, proof, write_network
+
+BASE = f"/v1/experiments/{EXPERIMENT}"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, dataset_root: Path) -> Settings:
+    write_network(tmp_path / "network.json")
+    return Settings(
+        host="127.0.0.1",
+        port=0,
+        data_dir=tmp_path / "edge",
+        datasets_dir=dataset_root,
+        network=tmp_path / "network.json",
+        pyodide_dir=tmp_path / "no-pyodide",
+        max_artifact_bytes=1_000_000,
+        max_frame_bytes=2_000_000,
+        send_queue_size=64,
+        messages_per_s=2000.0,
+    )
+
+
+@pytest.fixture
+def edge(settings: Settings) -> Iterator[BackgroundEdge]:
+    with BackgroundEdge(settings) as running:
+        yield running
+
+
+@pytest.fixture
+def client(edge: BackgroundEdge) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=edge.url, timeout=10) as http:
+        yield http
+
+
+def _genesis(client: httpx.Client) -> str:
+    head, body = head_envelope()
+    response = client.post(f"{BASE}/heads", content=body)
+    assert response.status_code == 201, response.text
+    return head.head_id
+
+
+def _lease(client: httpx.Client, trainer: PureSigner) -> Lease:
+    response = client.post(f"{BASE}/leases", json=proof(trainer, "lease"))
+    assert response.status_code == 200, response.text
+    return Lease.from_wire(response.json())
+
+
+_SOCKETS = ExitStack()
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets() -> Iterator[None]:
+    yield
+    _SOCKETS.close()
+
+
+def _connect(url: str) -> ClientConnection:
+    return _SOCKETS.enter_context(connect(url.replace("http", "ws") + "/v1/relay", max_size=None, open_timeout=5))
+
+
+def _join(url: str, signer: PureSigner, kind: str = "native") -> ClientConnection:
+    ws = _connect(url)
+    challenge = json.loads(ws.recv(timeout=5))
+    ws.send(json.dumps({"type": "join", "proof": proof(signer, "join", challenge["nonce"], kind)}))
+    welcome = json.loads(ws.recv(timeout=5))
+    assert welcome["type"] == "welcome", welcome
+    return ws
+
+
+def test_health_docs_and_metrics(client: httpx.Client) -> None:
+    assert client.get("/healthz").json()["ok"] is True
+    assert client.get("/docs").status_code == 200
+    assert (
+        f"{BASE.replace(str(EXPERIMENT), '{study}/{experiment}/{revision}')}/candidates"
+        in client.get("/openapi.json").text
+    )
+    assert "dtn_ws_connections" in client.get("/metrics").text
+
+
+def test_shard_fetch_with_range_etag_and_lease_scope(client: httpx.Client, dataset_root: Path) -> None:
+    manifest = client.get("/v1/datasets/mnist/fetch-manifest.json")
+    assert manifest.status_code == 200 and manifest.headers["etag"].startswith('"sha256:')
+    assert (
+        client.get(
+            "/v1/datasets/mnist/fetch-manifest.json", headers={"if-none-match": manifest.headers["etag"]}
+        ).status_code
+        == 304
+    )
+    _genesis(client)
+    lease = _lease(client, PureSigner(b"\x21" * 32))
+    assert len(lease.shard_ids) == 2
+    shard_id = lease.shard_ids[0]
+    url = f"/v1/datasets/mnist/shards/{shard_id}"
+    assert client.get(url).status_code == 401
+    outside = next(s["shard_id"] for s in manifest.json()["shards"] if s["shard_id"] not in lease.shard_ids)
+    assert client.get(f"/v1/datasets/mnist/shards/{outside}", params={"lease": lease.lease_id}).status_code == 403
+    assert client.get(url, params={"lease": "lease-forged"}).status_code == 403
+    full = client.get(url, params={"lease": lease.lease_id})
+    assert full.status_code == 200
+    on_disk = (dataset_root / "mnist/train/shards" / f"{shard_id}.safetensors").read_bytes()
+    assert full.content == on_disk
+    assert full.headers["etag"] == f'"{content_id(on_disk)}"'
+    assert "immutable" in full.headers["cache-control"]
+    part = client.get(url, params={"lease": lease.lease_id}, headers={"range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == on_disk[100:200]
+    assert part.headers["content-range"] == f"bytes 100-199/{len(on_disk)}"
+    assert (
+        client.get(url, params={"lease": lease.lease_id}, headers={"if-none-match": full.headers["etag"]}).status_code
+        == 304
+    )
+
+
+def test_validation_split_is_never_served(client: httpx.Client) -> None:
+    for path in ("/v1/datasets/mnist/shards/validation", "/v1/datasets/validation/fetch-manifest.json"):
+        assert client.get(path).status_code == 404
+    assert client.get("/v1/datasets/..%2Fmnist/fetch-manifest.json").status_code in (400, 404)
+
+
+def test_leases_are_distinct_and_idempotent(client: httpx.Client) -> None:
+    head = _genesis(client)
+    trainers = [PureSigner(bytes([i]) * 32) for i in range(40, 45)]
+    leases = [_lease(client, t) for t in trainers]
+    shards = [s for lease in leases for s in lease.shard_ids]
+    assert len(shards) == len(set(shards)) == 10
+    assert _lease(client, trainers[0]).lease_id == leases[0].lease_id
+    network = client.get("/v1/network").json()
+    edge_key = b64decode(network["edge_key"])
+    for lease in leases:
+        assert lease.base_head == head
+        lease.verify(edge_key)
+    listed = client.get(f"{BASE}/leases", params={"base_head": head}).json()
+    assert len(listed) == 5
+
+
+def test_head_upload_requires_validator_signature(client: httpx.Client) -> None:
+    _, forged = head_envelope(signer=PureSigner(b"\x66" * 32))
+    response = client.post(f"{BASE}/heads", content=forged)
+    assert response.status_code == 401 and response.json()["error"] == "SignatureError"
+    head, body = head_envelope()
+    tampered = bytearray(body)
+    tampered[-5] ^= 0xFF
+    assert client.post(f"{BASE}/heads", content=bytes(tampered)).status_code == 422
+    assert client.get(f"{BASE}/head").status_code == 404
+    assert client.post(f"{BASE}/heads", content=body).status_code == 201
+    _, orphan = head_envelope(window=1, parent=None)
+    assert client.post(f"{BASE}/heads", content=orphan).status_code == 409
+    current = client.get(f"{BASE}/head").json()
+    assert current["head_id"] == head.head_id
+    artifact = client.get(f"/v1/artifacts/{head.head_id}")
+    assert content_id(artifact.content) == head.head_id and artifact.headers["etag"] == f'"{head.head_id}"'
+
+
+def test_candidate_upload_checks_hash_signature_and_size(client: httpx.Client) -> None:
+    base = _genesis(client)
+    trainer = PureSigner(b"\x31" * 32)
+    candidate, body = candidate_envelope(trainer, base)
+    wrong_hash = pack_envelope({**candidate.to_wire()}, body[-1000:])
+    response = client.post(f"{BASE}/candidates", content=wrong_hash)
+    assert response.status_code == 422 and response.json()["error"] == "IntegrityError"
+    forged = candidate.to_wire() | {"examples": 999_999}
+    assert client.post(f"{BASE}/candidates", content=pack_envelope(forged, b"x")).status_code == 401
+    assert client.post(f"{BASE}/candidates", content=b"\x00" * 2_000_000).status_code == 413
+    assert client.post(f"{BASE}/candidates", content=b"garbage").status_code == 400
+    assert client.post(f"{BASE}/candidates", content=body).status_code == 201
+    assert client.post(f"{BASE}/candidates", content=body).status_code == 200
+    listed = client.get(f"{BASE}/candidates", params={"base_head": base}).json()
+    assert [c["candidate_id"] for c in listed] == [candidate.candidate_id]
+
+
+def test_ws_join_requires_signed_challenge(edge: BackgroundEdge) -> None:
+    ws = _connect(edge.url)
+    challenge = json.loads(ws.recv(timeout=5))
+    signer = PureSigner(b"\x41" * 32)
+    ws.send(json.dumps({"type": "join", "proof": proof(signer, "join", "not-the-nonce")}))
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+    assert challenge["type"] == "challenge"
+
+
+def test_oversize_frame_is_closed_with_1009(edge: BackgroundEdge) -> None:
+    ws = _join(edge.url, PureSigner(b"\x42" * 32))
+    ws.send(b"\x00" * 2_500_000)
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_bad_message_closes_with_4400_and_reason(edge: BackgroundEdge) -> None:
+    ws = _join(edge.url, PureSigner(b"\x43" * 32))
+    ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["nope"]}))
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+    assert "unknown topic" in closed.value.rcvd.reason
+
+
+def test_fan_out_to_many_subscribers_and_ws_candidate(edge: BackgroundEdge, client: httpx.Client) -> None:
+    subscribers = [_join(edge.url, PureSigner(bytes([50 + i]) * 32)) for i in range(20)]
+    for ws in subscribers:
+        ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["heads", "candidates"]}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "subscribed"
+    head = _genesis(client)
+    for ws in subscribers:
+        event = json.loads(ws.recv(timeout=5))
+        assert event["topic"] == "heads" and event["data"]["head_id"] == head
+    browser = PureSigner(b"\x77" * 32)
+    ws = _join(edge.url, browser, "browser")
+    ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 7}))
+    reply = json.loads(ws.recv(timeout=5))
+    assert reply["type"] == "lease" and reply["request_id"] == 7
+    candidate, body = candidate_envelope(browser, head, reply["lease"]["lease_id"], peer_kind="browser")
+    ws.send(body)
+    assert json.loads(ws.recv(timeout=5)) == {"type": "candidate.ack", "candidate_id": candidate.candidate_id}
+    ws.send(body[:-10])
+    assert json.loads(ws.recv(timeout=5))["status"] == 422
+    for sub in subscribers:
+        event = json.loads(sub.recv(timeout=5))
+        assert event["topic"] == "candidates" and event["data"]["candidate_id"] == candidate.candidate_id
+
+
+def test_signaling_relays_between_named_peers(edge: BackgroundEdge) -> None:
+    alice, bob = PureSigner(b"\x81" * 32), PureSigner(b"\x82" * 32)
+    ws_a, ws_b = _join(edge.url, alice, "browser"), _join(edge.url, bob, "browser")
+    offer = {"kind": "offer", "sdp": "v=0..."}
+    ws_a.send(json.dumps({"type": "signal", "to": peer_id_from_public_key(bob.public_key), "data": offer}))
+    message = json.loads(ws_b.recv(timeout=5))
+    assert message == {"type": "signal", "from": peer_id_from_public_key(alice.public_key), "data": offer}
+
+
+def test_slow_consumer_is_closed_without_stalling_others(edge: BackgroundEdge, client: httpx.Client) -> None:
+    _genesis(client)
+    asyncio.run(_slow_consumer_scenario(edge.url.replace("http", "ws") + "/v1/relay"))
+
+
+async def _slow_consumer_scenario(url: str) -> None:
+    async def join(seed: bytes, **options: Any) -> AsyncClientConnection:
+        ws = await async_connect(url, max_size=None, **options)
+        challenge = json.loads(await ws.recv())
+        await ws.send(json.dumps({"type": "join", "proof": proof(PureSigner(seed), "join", challenge["nonce"])}))
+        assert json.loads(await ws.recv())["type"] == "welcome"
+        return ws
+
+    # The slow peer stops reading its socket after one unread frame (max_queue=1), with a small
+    # kernel receive buffer and no compression, so unread data backs up into the edge.
+    tiny = socket.socket()
+    tiny.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    tiny.connect((urlsplit(url).hostname, urlsplit(url).port))
+    slow = await join(b"\x91" * 32, max_queue=1, sock=tiny, compression=None)
+    fast, publisher = await join(b"\x92" * 32), await join(b"\x93" * 32)
+    for ws in (slow, fast):
+        await ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["metrics"]}))
+        assert json.loads(await ws.recv())["type"] == "subscribed"
+    blob = base64.b64encode(os.urandom(30_000)).decode()  # 400 x 40 kB incompressible = 16 MB
+    for i in range(400):
+        await publisher.send(json.dumps({"type": "metrics", "experiment": EXPERIMENT, "data": {"i": i, "blob": blob}}))
+        assert json.loads(await asyncio.wait_for(fast.recv(), 10))["data"]["i"] == i
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await asyncio.wait_for(slow.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4413
+    for ws in (slow, fast, publisher):
+        await ws.close()
+
+
+def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
+    trainer = PureSigner(b"\xa1" * 32)
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
+        head = _genesis(http)
+        lease = _lease(http, trainer)
+        candidate, body = candidate_envelope(trainer, head, lease.lease_id)
+        assert http.post(f"{BASE}/candidates", content=body).status_code == 201
+        edge_key = http.get("/v1/network").json()["edge_key"]
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
+        assert http.get(f"{BASE}/head").json()["head_id"] == head
+        assert http.get(f"/v1/leases/{lease.lease_id}").json()["shard_ids"] == list(lease.shard_ids)
+        assert [c["candidate_id"] for c in http.get(f"{BASE}/candidates").json()] == [candidate.candidate_id]
+        assert content_id(http.get(f"/v1/artifacts/{candidate.candidate_id}").content) == candidate.candidate_id
+        assert http.get("/v1/network").json()["edge_key"] == edge_key
+        assert _lease(http, trainer).lease_id == lease.lease_id
+        _join(edge.url, trainer).close()
+
+
+def test_long_poll_returns_when_head_changes(client: httpx.Client, edge: BackgroundEdge) -> None:
+    genesis = _genesis(client)
+    result: dict[str, object] = {}
+
+    def poll() -> None:
+        with httpx.Client(base_url=edge.url, timeout=20) as http:
+            started = time.monotonic()
+            result["head"] = http.get(f"{BASE}/head", params={"after": genesis, "wait_s": 15}).json()["head_id"]
+            result["waited"] = time.monotonic() - started
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(0.5)
+    head, body = head_envelope(window=1, parent=genesis)
+    assert client.post(f"{BASE}/heads", content=body).status_code == 201
+    thread.join()
+    assert result["head"] == head.head_id and float(result["waited"]) < 10  # type: ignore[arg-type]
