@@ -1,0 +1,41 @@
+"""Native peers: JAX + optax trainers and validators that join a network through its edge.
+
+trainer      NodeBuilder → TrainerBuilder → Trainer: the user-facing trainer API
+learner      JaxLearner (the user's model and optimizer), BatchLoader, TrainEngine, Evaluator
+mnist        the MNIST MLP as a JaxLearner
+validator    Validator: genesis, screening, evaluation, merge, signed promotion
+edge_client  HTTP client for the edge
+dataset_client  lease-scoped shard downloads, verified and cached
+identity     Ed25519 node identity (cryptography)
+storage      StorageConfig: a node's directory layout
+networks     the demo network's experiments and manifest
+demo         the single-machine mixed-fleet MNIST sanity run
+cli          ``python -m native_peer train | validate | init-network | demo``
+"""
+
+from protocol.ids import ExperimentId, RevisionId, StudyId
+from protocol.manifests import NetworkManifest, ReleaseManifest, SupportedWorkload
+
+from .learner import BatchLoader, JaxLearner
+from .storage import StorageConfig
+from .trainer import Experiment, NodeBuilder, Trainer, WindowOutcome, WindowUnavailable
+from .validator import Validator, ValidatorConfig
+
+__all__ = [
+    "BatchLoader",
+    "Experiment",
+    "ExperimentId",
+    "JaxLearner",
+    "NetworkManifest",
+    "NodeBuilder",
+    "ReleaseManifest",
+    "RevisionId",
+    "StorageConfig",
+    "StudyId",
+    "SupportedWorkload",
+    "Trainer",
+    "Validator",
+    "ValidatorConfig",
+    "WindowOutcome",
+    "WindowUnavailable",
+]

@@ -1,0 +1,65 @@
+"""Shards, lease by lease: downloaded with the lease, verified against the fetch-manifest, cached.
+
+A cached shard is re-verified before use, so a corrupted cache is refetched, never trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from protocol.errors import IntegrityError
+from protocol.manifests import FetchManifest
+from protocol.messages import Lease
+from protocol.shards import decode_shard, verify_shard
+
+from .edge_client import EdgeClient
+from .storage import StorageConfig, write_atomic
+
+__all__ = ["ShardCache"]
+
+log = logging.getLogger(__name__)
+
+
+class ShardCache:
+    def __init__(self, edge: EdgeClient, storage: StorageConfig, pool: ThreadPoolExecutor) -> None:
+        self.edge = edge
+        self.storage = storage
+        self.pool = pool
+        self._manifests: dict[str, FetchManifest] = {}
+        self.hits = 0
+        self.downloads = 0
+
+    def manifest(self, dataset_id: str) -> FetchManifest:
+        if dataset_id not in self._manifests:
+            self._manifests[dataset_id] = self.edge.fetch_manifest(dataset_id)
+        return self._manifests[dataset_id]
+
+    def _shard_bytes(self, lease: Lease, shard_id: str) -> bytes:
+        entry = self.manifest(lease.dataset_id).shard(shard_id)
+        path = self.storage.shard_path(lease.dataset_id, shard_id)
+        if path.exists():
+            data = path.read_bytes()
+            try:
+                verify_shard(entry, data)
+                self.hits += 1
+                return data
+            except IntegrityError:
+                log.warning("cached shard %s is corrupt; fetching it again", shard_id)
+        data = self.edge.shard(lease.dataset_id, entry.shard_id, lease.lease_id)
+        verify_shard(entry, data)
+        write_atomic(path, data)
+        self.downloads += 1
+        return data
+
+    def prefetch(self, lease: Lease) -> list[Future[bytes]]:
+        """Start fetching the lease's shards in the background."""
+        return [self.pool.submit(self._shard_bytes, lease, shard_id) for shard_id in lease.shard_ids]
+
+    @staticmethod
+    def assemble(pending: list[Future[bytes]]) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for prefetched shards and concatenate them into (x, y)."""
+        parts = [decode_shard(future.result()) for future in pending]
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])

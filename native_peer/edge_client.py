@@ -1,0 +1,146 @@
+"""HTTP client for the edge, as native peers and validators use it.
+
+Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name. Downloads
+are verified against their content id and resumed with ``Range`` after a broken transfer.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from protocol.hashing import verify_content
+from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
+from protocol.manifests import FetchManifest, NetworkManifest
+from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof, Verdict
+from protocol.signing import Signer
+
+__all__ = ["EdgeClient", "EdgeRequestError"]
+
+
+class EdgeRequestError(Exception):
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(f"{status} {error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+class EdgeClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, retries: int = 3) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self._retries = retries
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
+        for attempt in range(self._retries + 1):
+            try:
+                response = self._http.request(method, path, **options)
+            except httpx.TransportError:
+                if attempt == self._retries:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+                continue
+            if response.status_code >= 400:
+                try:
+                    body = response.json()
+                    raise EdgeRequestError(response.status_code, body.get("error", ""), body.get("detail", ""))
+                except ValueError:
+                    raise EdgeRequestError(response.status_code, "", response.text[:200]) from None
+            return response
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _experiment_path(key: ExperimentKey) -> str:
+        return f"/v1/experiments/{key}"
+
+    # -- reads ------------------------------------------------------------------------------
+    def network(self) -> NetworkManifest:
+        return NetworkManifest.from_wire(self._request("GET", "/v1/network").json())
+
+    def current_head(
+        self, key: ExperimentKey, *, after: HeadId | None = None, wait_s: float = 0.0
+    ) -> HeadDescriptor | None:
+        params: dict[str, Any] = {} if after is None else {"after": after, "wait_s": wait_s}
+        try:
+            response = self._request("GET", f"{self._experiment_path(key)}/head", params=params, timeout=wait_s + 30)
+        except EdgeRequestError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return HeadDescriptor.from_wire(response.json())
+
+    def heads(self, key: ExperimentKey) -> list[HeadDescriptor]:
+        return [HeadDescriptor.from_wire(h) for h in self._request("GET", f"{self._experiment_path(key)}/heads").json()]
+
+    def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
+        params = {} if base_head is None else {"base_head": base_head}
+        response = self._request("GET", f"{self._experiment_path(key)}/candidates", params=params)
+        return [Candidate.from_wire(c) for c in response.json()]
+
+    def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:
+        response = self._request("GET", f"{self._experiment_path(key)}/leases", params={"base_head": base_head})
+        return [Lease.from_wire(lease) for lease in response.json()]
+
+    def lease(self, lease_id: LeaseId) -> Lease | None:
+        try:
+            return Lease.from_wire(self._request("GET", f"/v1/leases/{lease_id}").json())
+        except EdgeRequestError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def verdicts(self, key: ExperimentKey, peer_id: PeerId | None = None) -> list[Verdict]:
+        params = {} if peer_id is None else {"peer_id": peer_id}
+        response = self._request("GET", f"{self._experiment_path(key)}/verdicts", params=params)
+        return [Verdict.from_wire(v) for v in response.json()]
+
+    def fetch_manifest(self, dataset_id: str) -> FetchManifest:
+        return FetchManifest.from_wire(self._request("GET", f"/v1/datasets/{dataset_id}/fetch-manifest.json").json())
+
+    def shard(self, dataset_id: str, shard_id: ShardId, lease_id: LeaseId) -> bytes:
+        path = f"/v1/datasets/{dataset_id}/shards/{shard_id}"
+        return self._request("GET", path, params={"lease": lease_id}).content
+
+    def artifact(self, cid: ContentId, destination: Path) -> bytes:
+        """Download an artifact to ``destination`` (resuming a partial file), verified by content id."""
+        partial = destination.with_name(destination.name + ".part")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(self._retries + 1):
+            have = partial.stat().st_size if partial.exists() else 0
+            headers = {"range": f"bytes={have}-"} if have else {}
+            try:
+                with self._http.stream("GET", f"/v1/artifacts/{cid}", headers=headers) as response:
+                    if response.status_code >= 400:
+                        raise EdgeRequestError(response.status_code, "", f"artifact {cid}")
+                    mode = "ab" if response.status_code == 206 else "wb"
+                    with open(partial, mode) as handle:
+                        for chunk in response.iter_bytes():
+                            handle.write(chunk)
+            except httpx.TransportError:
+                continue
+            data = partial.read_bytes()
+            verify_content(data, cid)
+            partial.replace(destination)
+            return data
+        raise EdgeRequestError(0, "TransportError", f"could not download {cid}")
+
+    # -- writes -----------------------------------------------------------------------------
+    def request_lease(self, key: ExperimentKey, signer: Signer, peer_kind: str) -> Lease:
+        proof = PeerProof("lease", signer.public_key, peer_kind, "-", int(time.time() * 1000)).signed(signer)
+        return Lease.from_wire(
+            self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire()).json()
+        )
+
+    def publish_candidate(self, key: ExperimentKey, envelope: bytes) -> None:
+        self._request("POST", f"{self._experiment_path(key)}/candidates", content=envelope)
+
+    def publish_head(self, key: ExperimentKey, envelope: bytes) -> None:
+        self._request("POST", f"{self._experiment_path(key)}/heads", content=envelope)
+
+    def publish_verdict(self, verdict: Verdict) -> None:
+        self._request("POST", f"{self._experiment_path(verdict.experiment)}/verdicts", json=verdict.to_wire())

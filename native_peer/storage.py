@@ -1,0 +1,60 @@
+"""A node's storage directory: identity, cached heads and shards, per-experiment state.
+
+<root>/identity.key                       32-byte Ed25519 seed (0600)
+<root>/heads/<hex>.safetensors            downloaded head artifacts
+<root>/datasets/<dataset>/<shard>.safetensors   verified shard cache
+<root>/experiments/<study>__<exp>__<rev>/state.json, optimizer.safetensors
+<root>/outcomes.jsonl                     one line per published candidate
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.ids import ContentId, ExperimentKey
+
+__all__ = ["StorageConfig", "write_atomic"]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    root: Path
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def identity_path(self) -> Path:
+        return self.root / "identity.key"
+
+    def head_path(self, cid: ContentId) -> Path:
+        return self.root / "heads" / f"{cid.removeprefix('sha256:')}.safetensors"
+
+    def shard_path(self, dataset_id: str, shard_id: str) -> Path:
+        return self.root / "datasets" / dataset_id / f"{shard_id}.safetensors"
+
+    def experiment_dir(self, key: ExperimentKey) -> Path:
+        return self.root / "experiments" / key.replace("/", "__")
+
+    @property
+    def outcomes_path(self) -> Path:
+        return self.root / "outcomes.jsonl"
+
+    def read_json(self, path: Path, default: dict[str, Any]) -> dict[str, Any]:
+        return json.loads(path.read_bytes()) if path.exists() else default
+
+    def append_outcome(self, record: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.outcomes_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,333 @@
+"""Native trainers: the builder API and the train-window loop.
+
+    project = NodeBuilder(mlp_learner(), train_loader=BatchLoader(64))
+    trainer = (project.trainer(release, workload)
+               .with_network(network).with_storage(StorageConfig("./node"))
+               .with_bootstrap_peer("http://127.0.0.1:8000").spawn())
+    experiment = trainer.experiment(StudyId("study"), ExperimentId("mnist"), RevisionId("rev-1"))
+    outcome = trainer.train_window_once(experiment)
+    print(outcome.head_id)
+
+One window: read the current head (verified against the network's validator keys), lease shards
+from the edge, fetch the shards in the background while the head artifact downloads, train
+``local_epochs`` over the leased examples with the user's optimizer (its state stays on this
+machine, saved in the storage dir), then sign and publish the candidate. If a newer head appeared
+while training, the work is dropped and the next window starts from that head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import jax
+import numpy as np
+
+from protocol.codec import decode_tensors, encode_tensors
+from protocol.envelope import pack_envelope
+from protocol.hashing import content_id
+from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
+from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
+from protocol.messages import Candidate, HeadDescriptor
+
+from .dataset_client import ShardCache
+from .edge_client import EdgeClient
+from .identity import NodeIdentity
+from .learner import BatchLoader, JaxLearner, TrainEngine
+from .storage import StorageConfig, write_atomic
+
+__all__ = ["Experiment", "NodeBuilder", "Trainer", "TrainerBuilder", "WindowOutcome", "WindowUnavailable"]
+
+log = logging.getLogger(__name__)
+
+
+class WindowUnavailable(Exception):
+    """No window to train right now (no head yet, no newer head in time, or the head moved on)."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    key: ExperimentKey
+    spec: ExperimentSpec
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    """What one train window produced. ``head_id`` is the id of the candidate head it published."""
+
+    experiment: str
+    window: int
+    base_head_id: HeadId
+    candidate_id: ContentId
+    lease_id: str
+    shard_ids: tuple[str, ...]
+    examples: int
+    steps: int
+    train_loss: float
+    samples_per_s: float
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def head_id(self) -> ContentId:
+        return self.candidate_id
+
+
+@dataclass(frozen=True)
+class NodeBuilder:
+    """A user's project: learner plus loaders. ``eval_loader`` gives local (x, y) for self-reports."""
+
+    learner: JaxLearner
+    train_loader: BatchLoader = field(default_factory=lambda: BatchLoader(64))
+    eval_loader: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+
+    def trainer(self, release: ReleaseManifest, workload: SupportedWorkload) -> TrainerBuilder:
+        if release.protocol_version != PROTOCOL_VERSION:
+            raise ValueError(f"release speaks protocol {release.protocol_version}, this code {PROTOCOL_VERSION}")
+        if workload.model != self.learner.model.name:
+            raise ValueError(f"workload {workload.workload_id} needs model {workload.model}")
+        return TrainerBuilder(self, release, workload)
+
+
+@dataclass(frozen=True)
+class TrainerBuilder:
+    project: NodeBuilder
+    release: ReleaseManifest
+    workload: SupportedWorkload
+    network: NetworkManifest | None = None
+    storage: StorageConfig | None = None
+    bootstrap_url: str | None = None
+
+    def with_network(self, network: NetworkManifest) -> TrainerBuilder:
+        return replace(self, network=network)
+
+    def with_storage(self, storage: StorageConfig) -> TrainerBuilder:
+        return replace(self, storage=storage)
+
+    def with_bootstrap_peer(self, url: str) -> TrainerBuilder:
+        return replace(self, bootstrap_url=url)
+
+    def spawn(self) -> Trainer:
+        if self.network is None or self.storage is None or self.bootstrap_url is None:
+            raise ValueError("a trainer needs with_network(), with_storage() and with_bootstrap_peer() before spawn()")
+        return Trainer(self.project, self.workload, self.network, self.storage, self.bootstrap_url)
+
+
+class Trainer:
+    peer_kind = "native"
+
+    def __init__(
+        self,
+        project: NodeBuilder,
+        workload: SupportedWorkload,
+        network: NetworkManifest,
+        storage: StorageConfig,
+        bootstrap_url: str,
+    ) -> None:
+        self.project = project
+        self.workload = workload
+        self.storage = storage
+        self.identity = NodeIdentity.load_or_create(storage.identity_path)
+        self.edge = EdgeClient(bootstrap_url)
+        served = self.edge.network()
+        if set(served.validator_keys) != set(network.validator_keys):
+            raise ValueError("the bootstrap edge serves a network with other validators than the manifest given")
+        self.network = replace(network, edge_key=network.edge_key or served.edge_key)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
+        self.shards = ShardCache(self.edge, storage, self._pool)
+        self._engines: dict[str, TrainEngine] = {}
+        self._opt_states: dict[str, Any] = {}
+        log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.edge.close()
+
+    def experiment(self, study: StudyId, experiment: ExperimentId, revision: RevisionId) -> Experiment:
+        key = ExperimentKey(study, experiment, revision)
+        try:
+            spec = self.network.experiment(key)
+        except KeyError:
+            raise ValueError(f"the network runs no experiment {key}") from None
+        if not self.workload.supports(spec):
+            raise ValueError(f"experiment {key} needs {spec.model} on {spec.dataset_id}; workload cannot run it")
+        return Experiment(key, spec)
+
+    # -- state kept in the storage dir ------------------------------------------------------
+    def _state_path(self, key: ExperimentKey) -> Any:
+        return self.storage.experiment_dir(key) / "state.json"
+
+    def state(self, key: ExperimentKey) -> dict[str, Any]:
+        return self.storage.read_json(self._state_path(key), {"windows_done": 0, "last_base_head": None})
+
+    def _engine(self, experiment: Experiment) -> TrainEngine:
+        if experiment.key not in self._engines:
+            optimizer = self.project.learner.make_optimizer(experiment.spec)
+            self._engines[experiment.key] = TrainEngine(self.project.learner, optimizer)
+        return self._engines[experiment.key]
+
+    def _optimizer_state(self, experiment: Experiment, params: Any) -> Any:
+        if experiment.key in self._opt_states:
+            return self._opt_states[experiment.key]
+        fresh = self._engine(experiment).init_optimizer(params)
+        path = self.storage.experiment_dir(experiment.key) / "optimizer.safetensors"
+        if path.exists():
+            leaves, treedef = jax.tree_util.tree_flatten(fresh)
+            saved, _ = decode_tensors(path.read_bytes())
+            if len(saved) == len(leaves) and all(
+                saved[f"leaf{i:05d}"].shape == np.shape(leaf) for i, leaf in enumerate(leaves)
+            ):
+                log.info("resuming optimizer state for %s from %s", experiment.key, path)
+                return jax.tree_util.tree_unflatten(treedef, [saved[f"leaf{i:05d}"] for i in range(len(leaves))])
+        return fresh
+
+    def _save(self, experiment: Experiment, opt_state: Any, state: dict[str, Any]) -> None:
+        self._opt_states[experiment.key] = opt_state
+        leaves = jax.tree_util.tree_leaves(opt_state)
+        directory = self.storage.experiment_dir(experiment.key)
+        write_atomic(
+            directory / "optimizer.safetensors",
+            encode_tensors({f"leaf{i:05d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}),
+        )
+        write_atomic(directory / "state.json", json.dumps(state).encode())
+
+    # -- one window -------------------------------------------------------------------------
+    def _head_to_train(self, experiment: Experiment, wait_s: float) -> HeadDescriptor:
+        last = self.state(experiment.key)["last_base_head"]
+        head = self.edge.current_head(experiment.key)
+        if head is not None and head.head_id == last and wait_s > 0:
+            head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
+        if head is None:
+            raise WindowUnavailable(f"{experiment.key} has no head yet")
+        if head.head_id == last:
+            raise WindowUnavailable(f"no head newer than {last} yet")
+        head.verify_trusted(self.network.validator_key_set)
+        return head
+
+    def _head_params(self, head: HeadDescriptor) -> Any:
+        path = self.storage.head_path(head.head_id)
+        data = path.read_bytes() if path.exists() else b""
+        if content_id(data) != head.head_id:
+            data = self.edge.artifact(head.head_id, path)
+        tensors, _ = decode_tensors(data)
+        return self.project.learner.from_tensors(tensors)
+
+    def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
+        """Train one window on the current head and publish the candidate.
+
+        If this trainer already trained on the current head, waits up to ``wait_s`` for a newer one;
+        raises ``WindowUnavailable`` when there is none."""
+        started = time.perf_counter()
+        head = self._head_to_train(experiment, wait_s)
+        lease = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        if self.network.edge_key is not None:
+            lease.verify(self.network.edge_key)
+        if lease.base_head != head.head_id:
+            raise WindowUnavailable("the head moved on while leasing")
+        pending = self.shards.prefetch(lease)
+        params = self._head_params(head)
+        opt_state = self._optimizer_state(experiment, params)
+        x, y = ShardCache.assemble(pending)
+        engine = self._engine(experiment)
+        loader = replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
+        train_started = time.perf_counter()
+        steps, loss = 0, float("nan")
+        for epoch in range(experiment.spec.local_epochs):
+            seed = int.from_bytes(hashlib.sha256(f"{lease.lease_id}/{epoch}".encode()).digest()[:8], "big")
+            xb, yb = loader.batches(x, y, seed)
+            params, opt_state, loss = engine.train_epoch(params, opt_state, xb, yb)
+            steps += len(xb)
+        train_seconds = time.perf_counter() - train_started
+        examples = steps * loader.batch_size
+        metrics = {"train_loss": loss, "samples_per_s": examples / max(train_seconds, 1e-9)}
+        if self.project.eval_loader is not None:
+            ex, ey = self.project.eval_loader()
+            metrics.update({f"self_{k}": v for k, v in engine.evaluate(params, ex, ey).items()})
+        latest = self.edge.current_head(experiment.key)
+        if latest is None or latest.head_id != head.head_id:
+            self._opt_states[experiment.key] = opt_state
+            raise WindowUnavailable("a newer head was promoted while training; dropping this window")
+        artifact = encode_tensors(
+            self.project.learner.to_tensors(params), {"model": experiment.spec.model, "base_head": head.head_id}
+        )
+        candidate = Candidate(
+            experiment=experiment.key,
+            candidate_id=content_id(artifact),
+            base_head=head.head_id,
+            lease_id=lease.lease_id,
+            public_key=self.identity.public_key,
+            peer_kind=self.peer_kind,
+            examples=examples,
+            steps=steps,
+            created_at_ms=int(time.time() * 1000),
+            metrics=metrics,
+        ).signed(self.identity)
+        self.edge.publish_candidate(experiment.key, pack_envelope(candidate.to_wire(), artifact))
+        state = self.state(experiment.key)
+        state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
+        self._save(experiment, opt_state, state)
+        outcome = WindowOutcome(
+            experiment=experiment.key,
+            window=head.window,
+            base_head_id=head.head_id,
+            candidate_id=candidate.candidate_id,
+            lease_id=lease.lease_id,
+            shard_ids=lease.shard_ids,
+            examples=examples,
+            steps=steps,
+            train_loss=loss,
+            samples_per_s=metrics["samples_per_s"],
+            seconds=time.perf_counter() - started,
+            metrics=metrics,
+        )
+        self.storage.append_outcome(
+            {
+                **asdict(outcome),
+                "peer_id": self.peer_id,
+                "windows_done": state["windows_done"],
+                "shard_cache_hits": self.shards.hits,
+                "shard_downloads": self.shards.downloads,
+                "at_ms": int(time.time() * 1000),
+            }
+        )
+        log.info(
+            "%s window %d: candidate %s (%d examples, loss %.4f)",
+            experiment.key,
+            head.window,
+            candidate.candidate_id[:19],
+            examples,
+            loss,
+        )
+        return outcome
+
+    def run(
+        self,
+        experiments: Sequence[Experiment],
+        *,
+        max_windows: int | None = None,
+        stop: threading.Event | None = None,
+        poll_s: float = 2.0,
+    ) -> list[WindowOutcome]:
+        """Keep training across windows, round-robin over ``experiments``, following newer heads."""
+        outcomes: list[WindowOutcome] = []
+        stop = stop or threading.Event()
+        while not stop.is_set() and (max_windows is None or len(outcomes) < max_windows):
+            for experiment in experiments:
+                if stop.is_set():
+                    break
+                try:
+                    outcomes.append(self.train_window_once(experiment, wait_s=poll_s / len(experiments)))
+                except WindowUnavailable as exc:
+                    log.debug("%s: %s", experiment.key, exc)
+        return outcomes

@@ -1,0 +1,123 @@
+"""Native trainers and a validator against a real edge: windows, promotion, screening, restart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from native_peer import NodeBuilder, StorageConfig, Validator, WindowUnavailable
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import mlp_learner
+from native_peer.networks import BASELINE, RELEASE, WORKLOAD, demo_network
+from native_peer.trainer import Trainer
+from protocol.hashing import content_id
+from server.serve import BackgroundEdge
+from server.settings import Settings
+
+
+@pytest.fixture
+def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[BackgroundEdge, Validator, Path]]:
+    validator_storage = StorageConfig(tmp_path / "validator")
+    identity = NodeIdentity.load_or_create(validator_storage.identity_path)
+    network = demo_network(identity.public_key)
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    settings = Settings(
+        port=0,
+        data_dir=tmp_path / "edge",
+        datasets_dir=dataset_root,
+        network=tmp_path / "network.json",
+        pyodide_dir=tmp_path / "none",
+    )
+    with BackgroundEdge(settings) as edge:
+        validator = Validator(mlp_learner(), network, validator_storage, edge.url, dataset_root)
+        yield edge, validator, tmp_path
+        validator.close()
+
+
+def _trainer(edge: BackgroundEdge, root: Path, name: str) -> Trainer:
+    network = demo_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
+    return (
+        NodeBuilder(mlp_learner())
+        .trainer(RELEASE, WORKLOAD)
+        .with_network(network)
+        .with_storage(StorageConfig(root / name))
+        .with_bootstrap_peer(edge.url)
+        .spawn()
+    )
+
+
+def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    trainers = [_trainer(edge, root, f"t{i}") for i in range(2)]
+    experiment = trainers[0].experiment(*BASELINE.parts)
+    heads = [genesis]
+    for _ in range(3):
+        outcomes = [t.train_window_once(experiment) for t in trainers]
+        assert {o.base_head_id for o in outcomes} == {heads[-1].head_id}
+        assert not set(outcomes[0].shard_ids) & set(outcomes[1].shard_ids)
+        report = validator.poll(spec)
+        assert report is not None and report.promoted is not None, report
+        assert all(v.accepted for v in report.verdicts), [v.reason for v in report.verdicts]
+        assert report.promoted.parent == heads[-1].head_id
+        assert set(report.promoted.merged) == {o.candidate_id for o in outcomes}
+        heads.append(report.promoted)
+    assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
+    assert trainers[0].train_window_once(experiment).base_head_id == heads[-1].head_id
+    with pytest.raises(WindowUnavailable):  # nothing new to train on until the next head
+        trainers[0].train_window_once(experiment, wait_s=0.2)
+    for trainer in trainers:
+        trainer.close()
+
+
+def test_restarted_trainer_resumes_identity_cache_and_optimizer(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    first = _trainer(edge, root, "restart")
+    experiment = first.experiment(*BASELINE.parts)
+    outcome = first.train_window_once(experiment)
+    peer_id = first.peer_id
+    first.close()
+    validator.poll(spec)
+    again = _trainer(edge, root, "restart")
+    assert again.peer_id == peer_id
+    assert again.state(BASELINE)["windows_done"] == 1
+    second = again.train_window_once(experiment)
+    assert second.base_head_id != outcome.base_head_id
+    assert (root / "restart/experiments/study__mnist__rev-1/optimizer.safetensors").exists()
+    again.close()
+
+
+def test_stale_and_replayed_candidates_are_rejected_with_reasons(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    slow, fast = _trainer(edge, root, "slow"), _trainer(edge, root, "fast")
+    experiment = fast.experiment(*BASELINE.parts)
+    fast.train_window_once(experiment)
+    # slow leases in the same window but publishes only after the validator has moved on
+    lease = slow.edge.request_lease(BASELINE, slow.identity, "native")
+    assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
+    validator._window_opened.clear()
+    validator._window_opened[lease.base_head] = -1e9  # deadline passed
+    report = validator.poll(spec)
+    assert report is not None and report.promoted is not None
+    from tests.support import candidate_envelope
+
+    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id)  # type: ignore[arg-type]
+    slow.edge.publish_candidate(BASELINE, body)
+    validator.poll(spec)
+    verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
+    assert verdicts[stale.candidate_id].reason.startswith("stale_base")
+    assert content_id(b"") not in verdicts
+    slow.close()
+    fast.close()
