@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import httpx
 import jax
 import numpy as np
 
@@ -38,7 +39,7 @@ from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor
 
 from .dataset_client import ShardCache
-from .edge_client import EdgeClient
+from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
 from .learner import BatchLoader, JaxLearner, TrainEngine
 from .storage import StorageConfig, write_atomic
@@ -322,12 +323,19 @@ class Trainer:
         """Keep training across windows, round-robin over ``experiments``, following newer heads."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
+        failures = 0
         while not stop.is_set() and (max_windows is None or len(outcomes) < max_windows):
             for experiment in experiments:
                 if stop.is_set():
                     break
                 try:
                     outcomes.append(self.train_window_once(experiment, wait_s=poll_s / len(experiments)))
+                    failures = 0
                 except WindowUnavailable as exc:
                     log.debug("%s: %s", experiment.key, exc)
+                except (httpx.TransportError, EdgeRequestError) as exc:
+                    failures += 1
+                    backoff_s = min(30.0, 0.5 * 2**failures)
+                    log.warning("edge unavailable (%s); retrying in %.1f s", exc, backoff_s)
+                    stop.wait(backoff_s)
         return outcomes

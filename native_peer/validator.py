@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jax
 import numpy as np
 
@@ -376,9 +377,15 @@ class Validator:
 
     def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
         """Validate ``specs`` until ``stop`` is set."""
-        for spec in specs:
-            self.ensure_genesis(spec)
+        failures = 0
         while not stop.is_set():
-            for spec in specs:
-                self.poll(spec)
+            try:
+                for spec in specs:
+                    self.poll(spec)
+                failures = 0
+            except (httpx.TransportError, EdgeRequestError) as exc:
+                failures += 1
+                backoff_s = min(30.0, 0.5 * 2**failures)
+                log.warning("edge unavailable (%s); retrying in %.1f s", exc, backoff_s)
+                stop.wait(backoff_s)
             stop.wait(self.config.poll_s)

@@ -75,7 +75,25 @@ async def snapshot(state: State) -> JSON:
             "network_id": state.network.network_id,
             "now_ms": int(time.time() * 1000),
             "experiments": experiments,
-            "peers": {"connected": connected, "by_kind": state.hub.peers_by_kind(), "known": len(state.store.peers())},
+            "peers": {
+                "connected": connected,
+                "by_kind": state.hub.peers_by_kind(),
+                "active_by_kind": _active_by_kind(state.store.peers()),
+                "known": len(state.store.peers()),
+            },
             "events": list(state.hub.events)[-50:],
         }
     )
+
+
+ACTIVE_WITHIN_MS = 60_000
+
+
+def _active_by_kind(peers: list[dict[str, object]]) -> dict[str, int]:
+    """Peers seen (relay, lease or upload) within the last minute, by kind."""
+    cutoff = time.time() * 1000 - ACTIVE_WITHIN_MS
+    counts: dict[str, int] = {}
+    for peer in peers:
+        if int(peer["last_seen_ms"]) >= cutoff:  # type: ignore[call-overload]
+            counts[str(peer["kind"])] = counts.get(str(peer["kind"]), 0) + 1
+    return counts

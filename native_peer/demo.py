@@ -1,0 +1,355 @@
+"""The single-machine mixed-fleet MNIST sanity run.
+
+One command starts a real network on this machine, each node its own process: the edge
+(``python -m server``), a validator, three native trainers, a late joiner, a trainer that is
+stopped and restarted on its storage, and a headless Chromium running the browser peer. Two
+experiments share the network (a baseline and a low learning rate). A live status line shows
+progress; at the end ``summary.json`` (and ``accuracy.svg``) record what the run proved.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from datasets import mnist
+from protocol.hashing import content_id
+from protocol.manifests import NetworkManifest
+
+from .charts import accuracy_svg
+from .edge_client import EdgeClient
+from .identity import NodeIdentity
+from .networks import BASELINE, LOW_LR, demo_network
+from .storage import StorageConfig
+
+__all__ = ["run_demo"]
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+RESTART_AFTER_WINDOWS = 3
+LATE_JOIN_AT_WINDOW = 5
+
+
+@dataclass
+class Fleet:
+    out: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str]) -> None:
+        log = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child process
+        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> int | None:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def stop_all(self, *, keep: tuple[str, ...] = ()) -> None:
+        """Stop every process but ``keep``, newest first (the edge, started first, goes last)."""
+        for name in reversed(list(self.processes)):
+            if name not in keep:
+                self.stop(name)
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {process.returncode}; see {self.out / 'logs' / (name + '.log')}"
+                )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _outcomes(storage: Path) -> list[dict[str, Any]]:
+    path = StorageConfig(storage).outcomes_path
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _trainer_argv(url: str, network: Path, storage: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "native_peer",
+        "train",
+        "--edge",
+        url,
+        "--network",
+        str(network),
+        "--storage",
+        str(storage),
+    ]
+
+
+def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: float) -> dict[str, Any]:
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "logs").mkdir(parents=True)
+    started = time.monotonic()
+    datasets = out / "datasets"
+    mnist.prepare(datasets)
+    validator_storage = out / "validator"
+    identity = NodeIdentity.load_or_create(StorageConfig(validator_storage).identity_path)
+    network = demo_network(identity.public_key)
+    network_path = out / "network.json"
+    network_path.write_text(json.dumps(network.to_wire(), indent=1))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    fleet = Fleet(out)
+    browser = browser and CHROMIUM.exists() and (REPO / "var/pyodide/pyodide.js").exists()
+    chromium_profile = Path(tempfile.mkdtemp(prefix="dtn-chromium-"))
+    try:
+        fleet.start(
+            "edge",
+            [
+                sys.executable,
+                "-m",
+                "server",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(out / "edge"),
+                "--datasets-dir",
+                str(datasets),
+                "--network",
+                str(network_path),
+                "--pyodide-dir",
+                str(REPO / "var/pyodide"),
+            ],
+        )
+        _wait_healthy(url, fleet)
+        fleet.start(
+            "validator",
+            [
+                sys.executable,
+                "-m",
+                "native_peer",
+                "validate",
+                "--edge",
+                url,
+                "--network",
+                str(network_path),
+                "--storage",
+                str(validator_storage),
+                "--datasets",
+                str(datasets),
+            ],
+        )
+        for i in (1, 2, 3):
+            fleet.start(f"trainer-{i}", _trainer_argv(url, network_path, out / f"trainer-{i}"))
+        if browser:
+            fleet.start(
+                "browser",
+                [
+                    str(CHROMIUM),
+                    *CHROMIUM_FLAGS,
+                    f"--user-data-dir={chromium_profile}",
+                    f"{url}/?contribute=1&experiment={BASELINE}",
+                ],
+            )
+        summary = _supervise(out, url, fleet, network, network_path, started, max_minutes, browser, target_accuracy)
+    finally:
+        fleet.stop_all()
+        shutil.rmtree(chromium_profile, ignore_errors=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nsummary written to {out / 'summary.json'}; chart {out / 'accuracy.svg'}")
+    for name, passed in summary["checks"].items():
+        print(f"  {'PASS' if passed else 'FAIL'}  {name}")
+    return summary
+
+
+def _wait_healthy(url: str, fleet: Fleet, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fleet.check_alive()
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("edge did not become healthy")
+
+
+def _supervise(
+    out: Path,
+    url: str,
+    fleet: Fleet,
+    network: NetworkManifest,
+    network_path: Path,
+    started: float,
+    max_minutes: float,
+    browser: bool,
+    target_accuracy: float,
+) -> dict[str, Any]:
+    restart: dict[str, Any] = {}
+    late_started = False
+    deadline = started + max_minutes * 60
+    edge = EdgeClient(url)
+    snapshot: dict[str, Any] = {}
+    try:
+        while time.monotonic() < deadline:
+            fleet.check_alive()
+            snapshot = edge._request("GET", "/portal/snapshot").json()
+            heads = {e["key"]: e["head"] for e in snapshot["experiments"]}
+            baseline = heads.get(BASELINE) or {"window": 0, "metrics": {}}
+            window = baseline["window"]
+            if not restart and len(_outcomes(out / "trainer-2")) >= RESTART_AFTER_WINDOWS:
+                fleet.stop("trainer-2")
+                before = _outcomes(out / "trainer-2")
+                restart = {
+                    "peer_id_before": before[-1]["peer_id"],
+                    "outcomes_before": len(before),
+                    "windows_before": {o["experiment"]: o["windows_done"] for o in before},
+                }
+                fleet.start("trainer-2", _trainer_argv(url, network_path, out / "trainer-2"))
+            if not late_started and window >= LATE_JOIN_AT_WINDOW:
+                fleet.start("late-joiner", _trainer_argv(url, network_path, out / "late-joiner"))
+                late_started = True
+            _print_status(started, snapshot)
+            done = (
+                baseline["metrics"].get("test_accuracy", 0.0) >= target_accuracy
+                and late_started
+                and restart
+                and len(_outcomes(out / "late-joiner")) >= 2
+                and len(_outcomes(out / "trainer-2")) > restart["outcomes_before"] + 1
+                and (not browser or _browser_accepted(snapshot, edge))
+            )
+            if done:
+                break
+            time.sleep(1.0)
+        wall_s = time.monotonic() - started
+        fleet.stop_all(keep=("edge",))
+        return _summarize(out, edge, network, restart, browser, wall_s, target_accuracy)
+    finally:
+        edge.close()
+
+
+def _browser_accepted(snapshot: dict[str, Any], edge: EdgeClient) -> bool:
+    browsers = {p["peer_id"] for p in edge._request("GET", "/v1/peers").json()["known"] if p["kind"] == "browser"}
+    return any(v.accepted and v.peer_id in browsers for v in edge.verdicts(BASELINE))
+
+
+def _print_status(started: float, snapshot: dict[str, Any]) -> None:
+    parts = [f"{time.monotonic() - started:6.0f}s"]
+    for experiment in snapshot["experiments"]:
+        head = experiment["head"] or {"window": "-", "metrics": {}}
+        accuracy = head["metrics"].get("test_accuracy")
+        name = experiment["key"].split("/")[1]
+        parts.append(f"{name}: window {head['window']} test acc {accuracy if accuracy is None else f'{accuracy:.4f}'}")
+        parts.append(f"({experiment['verdicts']['accepted']} ok/{experiment['verdicts']['rejected']} rej)")
+    kinds = snapshot["peers"]["active_by_kind"]
+    parts.append("peers " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
+    line = " | ".join(parts)
+    if sys.stdout.isatty():
+        print("\r" + line[:200].ljust(200), end="", flush=True)
+    else:
+        print(line, flush=True)
+
+
+def _summarize(
+    out: Path,
+    edge: EdgeClient,
+    network: NetworkManifest,
+    restart: dict[str, Any],
+    browser: bool,
+    wall_s: float,
+    target_accuracy: float,
+) -> dict[str, Any]:
+    validators = network.validator_key_set
+    lineage: dict[str, list[dict[str, Any]]] = {}
+    lineage_ok = True
+    distinct_ok = True
+    for spec in network.experiments:
+        heads = edge.heads(spec.key)
+        previous = None
+        for head in heads:
+            head.verify_trusted(validators)
+            data = edge.artifact(head.head_id, out / "verify" / head.head_id.removeprefix("sha256:"))
+            lineage_ok &= content_id(data) == head.head_id
+            lineage_ok &= head.parent == (None if previous is None else previous.head_id)
+            lineage_ok &= head.window == (0 if previous is None else previous.window + 1)
+            shard_sets = [set(lease.shard_ids) for lease in edge.leases(spec.key, head.head_id)]
+            distinct_ok &= sum(len(s) for s in shard_sets) == len(set().union(*shard_sets)) if shard_sets else True
+            previous = head
+        lineage[spec.key] = [
+            {"head_id": h.head_id, "parent": h.parent, "window": h.window, "merged": len(h.merged), **h.metrics}
+            for h in heads
+        ]
+    final = {key: heads[-1] for key, heads in lineage.items() if heads}
+    verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
+    accepted_peers = {v.peer_id for vs in verdicts.values() for v in vs if v.accepted}
+    peers = edge._request("GET", "/v1/peers").json()["known"]
+    kinds = {p["peer_id"]: p["kind"] for p in peers}
+    late = _outcomes(out / "late-joiner")
+    trainer2 = _outcomes(out / "trainer-2")
+    after_restart = trainer2[restart.get("outcomes_before", len(trainer2)) :]
+    checks = {
+        "distinct_shard_assignments": distinct_ok,
+        "late_joiner_synced": bool(late)
+        and late[0]["window"] > 0
+        and late[0]["peer_id"] in accepted_peers
+        and any(late[0]["base_head_id"] == h["head_id"] for h in lineage[late[0]["experiment"]]),
+        "restart_resumed": bool(after_restart)
+        and all(o["peer_id"] == restart["peer_id_before"] for o in after_restart)
+        and after_restart[0]["windows_done"] == restart["windows_before"].get(after_restart[0]["experiment"], 0) + 1
+        and any(o["peer_id"] in accepted_peers for o in after_restart),
+        "baseline_beat_low_lr": final[BASELINE]["test_accuracy"] > final[LOW_LR]["test_accuracy"],
+        "baseline_reached_target": final[BASELINE]["test_accuracy"] >= target_accuracy,
+        "head_lineage_valid": lineage_ok,
+        "every_verdict_has_a_reason": all(v.reason for vs in verdicts.values() for v in vs),
+    }
+    if browser:
+        checks["browser_candidate_accepted"] = any(kinds.get(p) == "browser" for p in accepted_peers)
+    (out / "accuracy.svg").write_text(accuracy_svg(lineage, target_accuracy))
+    return {
+        "wall_time_s": round(wall_s, 1),
+        "final_test_accuracy": {key: head["test_accuracy"] for key, head in final.items()},
+        "windows": {key: len(heads) - 1 for key, heads in lineage.items()},
+        "verdicts": {
+            key: {
+                "accepted": sum(v.accepted for v in vs),
+                "rejected": sum(not v.accepted for v in vs),
+                "rejection_reasons": sorted({v.reason.split(":")[0] for v in vs if not v.accepted}),
+            }
+            for key, vs in verdicts.items()
+        },
+        "peers": [{"peer_id": p["peer_id"], "kind": p["kind"]} for p in peers],
+        "restart": {
+            **restart,
+            "windows_after": trainer2[-1]["windows_done"] if trainer2 else None,
+            "shard_cache_hits": trainer2[-1]["shard_cache_hits"] if trainer2 else 0,
+        },
+        "late_joiner_first_window": late[0]["window"] if late else None,
+        "checks": checks,
+        "all_checks_passed": all(checks.values()),
+        "lineage": lineage,
+    }
