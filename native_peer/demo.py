@@ -345,8 +345,8 @@ def _summarize(
         "peers": [{"peer_id": p["peer_id"], "kind": p["kind"]} for p in peers],
         "restart": {
             **restart,
-            "windows_after": trainer2[-1]["windows_done"] if trainer2 else None,
-            "shard_cache_hits": trainer2[-1]["shard_cache_hits"] if trainer2 else 0,
+            "outcomes_after": len(after_restart),
+            "shard_cache_hits_after_restart": after_restart[-1]["shard_cache_hits"] if after_restart else 0,
         },
         "late_joiner_first_window": late[0]["window"] if late else None,
         "checks": checks,
