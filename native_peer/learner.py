@@ -8,7 +8,7 @@ builds the user's optax transformation (schedule included) for an experiment's h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from protocol.batches import make_batches
 from protocol.manifests import ExperimentSpec
 from protocol.model import ModelSpec
 
@@ -42,23 +43,12 @@ class JaxLearner:
 
 @dataclass(frozen=True)
 class BatchLoader:
-    """Turns the examples of a lease into shuffled, equal-sized batches (the remainder is dropped).
-
-    The shuffle is seeded from the lease, so a window's batches are reproducible."""
+    """Turns the examples of a lease into shuffled, equal-sized batches (``protocol.batches``)."""
 
     batch_size: int
 
     def batches(self, x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        order = np.random.default_rng(seed).permutation(len(x))
-        usable = len(x) // self.batch_size * self.batch_size
-        if usable == 0:
-            raise ValueError(f"{len(x)} examples do not fill one batch of {self.batch_size}")
-        idx = order[:usable].reshape(-1, self.batch_size)
-        return x[idx], y[idx]
-
-    def iterate(self, x: np.ndarray, y: np.ndarray, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        xb, yb = self.batches(x, y, seed)
-        yield from zip(xb, yb, strict=True)
+        return make_batches(x, y, self.batch_size, seed)
 
 
 class TrainEngine:

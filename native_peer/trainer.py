@@ -17,7 +17,6 @@ while training, the work is dropped and the next window starts from that head.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -31,6 +30,7 @@ import httpx
 import jax
 import numpy as np
 
+from protocol.batches import window_seed
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
@@ -245,8 +245,7 @@ class Trainer:
         train_started = time.perf_counter()
         steps, loss = 0, float("nan")
         for epoch in range(experiment.spec.local_epochs):
-            seed = int.from_bytes(hashlib.sha256(f"{lease.lease_id}/{epoch}".encode()).digest()[:8], "big")
-            xb, yb = loader.batches(x, y, seed)
+            xb, yb = loader.batches(x, y, window_seed(lease.lease_id, epoch))
             params, opt_state, loss = engine.train_epoch(params, opt_state, xb, yb)
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started

@@ -15,6 +15,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     envelope     descriptor + artifact in one upload body or binary frame
     model        model specs and the NumPy reference forward pass
     leases       rendezvous-hash lease assignment
+    batches      seeded batching of a window's examples
+    shards       dataset shard encoding and verification
     aggregation  merge rules (FedAvg and robust aggregators)
     screening    update screening presets and the promotion rule
 """

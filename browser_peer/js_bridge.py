@@ -1,0 +1,96 @@
+"""The browser host: the only module that imports ``js`` and ``pyodide``.
+
+It implements ``bridge.Bridge`` with ``pyfetch`` and the worker's ``WebSocket``, posts status
+objects to the page with ``postMessage``, and exposes ``start(config)`` for ``static/worker.js``.
+Only plain data crosses the boundary: JSON-like dicts, strings and byte arrays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
+from pyodide.http import pyfetch  # type: ignore[import-not-found]
+
+from .bridge import HttpError, SocketClosed
+from .peer import BrowserPeer, PeerConfig
+
+__all__ = ["JsBridge", "start"]
+
+
+class JsSocket:
+    def __init__(self, url: str) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._opened: asyncio.Future[None] = asyncio.get_event_loop().create_future()
+        self._closed: tuple[int, str] | None = None
+        self._ws = js.WebSocket.new(url)
+        self._ws.binaryType = "arraybuffer"
+        self._proxies = [
+            create_proxy(self._on_open),
+            create_proxy(self._on_message),
+            create_proxy(self._on_close),
+        ]
+        self._ws.onopen, self._ws.onmessage, self._ws.onclose = self._proxies
+
+    def _on_open(self, _event: Any) -> None:
+        if not self._opened.done():
+            self._opened.set_result(None)
+
+    def _on_message(self, event: Any) -> None:
+        data = event.data
+        self._queue.put_nowait(data if isinstance(data, str) else bytes(js.Uint8Array.new(data).to_py()))
+
+    def _on_close(self, event: Any) -> None:
+        self._closed = (int(event.code), str(event.reason))
+        if not self._opened.done():
+            self._opened.set_exception(SocketClosed(*self._closed))
+        self._queue.put_nowait(None)
+
+    async def opened(self) -> JsSocket:
+        await self._opened
+        return self
+
+    async def send_text(self, text: str) -> None:
+        self._ws.send(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self._ws.send(to_js(memoryview(data)))
+
+    async def recv(self) -> str | bytes:
+        item = await self._queue.get()
+        if item is None:
+            self._queue.put_nowait(None)
+            raise SocketClosed(*(self._closed or (1006, "closed")))
+        return item  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        if self._closed is None:
+            self._ws.close(1000, "bye")
+        for proxy in self._proxies:
+            proxy.destroy()
+
+
+class JsBridge:
+    async def fetch_bytes(self, url: str) -> bytes:
+        response = await pyfetch(url)
+        if response.status >= 400:
+            raise HttpError(response.status, url)
+        return await response.bytes()  # type: ignore[no-any-return]
+
+    async def connect(self, url: str) -> JsSocket:
+        return await JsSocket(url).opened()
+
+    def post_status(self, status: dict[str, Any]) -> None:
+        js.postMessage(to_js({"type": "status", "status": status}, dict_converter=js.Object.fromEntries))
+
+
+def start(edge_url: str, experiment: str, seed_hex: str) -> BrowserPeer:
+    """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""
+    peer = BrowserPeer(JsBridge(), PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex)))
+    _RUNNING.add(asyncio.ensure_future(peer.run()))
+    return peer
+
+
+_RUNNING: set[asyncio.Future[None]] = set()

@@ -1,0 +1,88 @@
+"""The browser's trainer: the MLP's forward, backward and Adam in plain NumPy (no I/O).
+
+Numerically it mirrors the native JAX trainer (``optax.adam`` defaults: b1=0.9, b2=0.999,
+eps=1e-8, bias-corrected; mean softmax cross-entropy); ``tests/test_parity.py`` holds them to a
+stated tolerance from the same head, batch and step. Everything is float32, like the artifacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from protocol.model import ModelSpec, Params
+
+__all__ = ["Adam", "gradients", "train_epoch"]
+
+F32 = npt.NDArray[np.float32]
+
+
+def gradients(spec: ModelSpec, params: Mapping[str, F32], x: F32, y: npt.NDArray[np.integer]) -> tuple[float, Params]:
+    """Mean softmax cross-entropy of a batch and its gradient for every parameter."""
+    activations = [np.asarray(x, np.float32)]
+    pre_activations = []
+    h = activations[0]
+    for i in range(spec.num_layers):
+        z = h @ params[f"dense{i}.kernel"] + params[f"dense{i}.bias"]
+        pre_activations.append(z)
+        h = np.maximum(z, 0.0) if i < spec.num_layers - 1 else z
+        activations.append(h)
+    logits = activations[-1]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    total = exp.sum(axis=1, keepdims=True)
+    batch = len(y)
+    loss = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(batch), y]))
+    delta = exp / total
+    delta[np.arange(batch), y] -= 1.0
+    delta /= np.float32(batch)
+    grads: Params = {}
+    for i in reversed(range(spec.num_layers)):
+        grads[f"dense{i}.kernel"] = activations[i].T @ delta
+        grads[f"dense{i}.bias"] = delta.sum(axis=0)
+        if i > 0:
+            delta = (delta @ params[f"dense{i}.kernel"].T) * (pre_activations[i - 1] > 0)
+    return loss, grads
+
+
+@dataclass
+class Adam:
+    """Adam with bias correction, state kept per parameter name (it stays in the browser)."""
+
+    learning_rate: float
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    count: int = 0
+    mu: Params = field(default_factory=dict)
+    nu: Params = field(default_factory=dict)
+
+    def step(self, params: Params, grads: Mapping[str, F32]) -> Params:
+        self.count += 1
+        c1 = np.float32(1.0 - self.b1**self.count)
+        c2 = np.float32(1.0 - self.b2**self.count)
+        updated: Params = {}
+        for name, grad in grads.items():
+            mu = self.mu.get(name, np.zeros_like(grad))
+            nu = self.nu.get(name, np.zeros_like(grad))
+            mu = np.float32(self.b1) * mu + np.float32(1.0 - self.b1) * grad
+            nu = np.float32(self.b2) * nu + np.float32(1.0 - self.b2) * grad * grad
+            self.mu[name], self.nu[name] = mu, nu
+            step = (mu / c1) / (np.sqrt(nu / c2) + np.float32(self.eps))
+            updated[name] = (params[name] - np.float32(self.learning_rate) * step).astype(np.float32)
+        return updated
+
+
+def train_epoch(
+    spec: ModelSpec, params: Params, optimizer: Adam, xb: F32, yb: npt.NDArray[np.integer]
+) -> tuple[Params, float]:
+    """One pass over pre-batched data ``xb [n, batch, features]``; returns params and mean loss."""
+    losses = []
+    for x, y in zip(xb, yb, strict=True):
+        loss, grads = gradients(spec, params, x, y)
+        params = optimizer.step(params, grads)
+        losses.append(loss)
+    return params, float(np.mean(losses))

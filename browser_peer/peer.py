@@ -1,0 +1,272 @@
+"""``BrowserPeer``: a training peer built for a browser tab, pure Python + NumPy over a ``Bridge``.
+
+A session: open the relay WebSocket, sign the edge's challenge with the tab's key, subscribe to
+the experiment's heads and verdicts. A window: ask for a lease over the WebSocket, read the
+current head over HTTP and check the validator's signature, download the head artifact and only
+the leased shards (each verified against its content id / the fetch-manifest's sha256), train one
+window with Adam in NumPy (optimizer state stays in the tab), sign the candidate and send it as a
+binary frame, then wait for the next head. If the socket drops (edge restart), reconnect with
+backoff and carry on. Progress goes to the page through ``bridge.post_status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from protocol.batches import make_batches, window_seed
+from protocol.codec import decode_tensors, encode_tensors
+from protocol.envelope import pack_envelope
+from protocol.errors import ProtocolError
+from protocol.hashing import content_id, verify_content
+from protocol.ids import ExperimentKey
+from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
+from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
+from protocol.model import MODELS
+from protocol.shards import decode_shard, verify_shard
+from protocol.signing import PureSigner
+
+from .bridge import Bridge, HttpError, Socket, SocketClosed
+from .numpy_trainer import Adam, gradients
+
+__all__ = ["BrowserPeer", "PeerConfig"]
+
+STATUS_EVERY_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    edge_url: str
+    experiment: str
+    seed: bytes
+    max_windows: int | None = None
+    reconnect_max_s: float = 15.0
+
+
+class _Retry(Exception):
+    """The window could not start now (no head yet, head moved on); try again shortly."""
+
+
+class BrowserPeer:
+    peer_kind = "browser"
+
+    def __init__(self, bridge: Bridge, config: PeerConfig) -> None:
+        self.bridge = bridge
+        self.config = config
+        self.key = ExperimentKey.parse(config.experiment)
+        self.signer = PureSigner(config.seed)
+        self.peer_id = PeerProof("join", self.signer.public_key, self.peer_kind, "", 0).peer_id
+        self.running = True
+        self.status: dict[str, Any] = {
+            "peer_id": self.peer_id,
+            "experiment": self.key,
+            "phase": "starting",
+            "windows_done": 0,
+            "samples_per_s": 0.0,
+            "accepted": 0,
+            "rejected": 0,
+            "last_verdict": None,
+            "head_window": None,
+            "connected": False,
+        }
+        self._optimizer: Adam | None = None
+        self._manifest: FetchManifest | None = None
+        self._network: NetworkManifest | None = None
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._head_changed = asyncio.Event()
+        self._last_base: str | None = None
+
+    # -- status ----------------------------------------------------------------------------
+    def _report(self, **changes: Any) -> None:
+        self.status.update(changes)
+        self.bridge.post_status(dict(self.status))
+
+    def stop(self) -> None:
+        self.running = False
+        self._head_changed.set()
+        self._report(phase="stopping")
+
+    # -- sessions --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Contribute until ``stop()`` (or ``max_windows``), reconnecting when the edge goes away."""
+        backoff_s = 0.5
+        while self.running:
+            try:
+                await self._session()
+                backoff_s = 0.5
+            except (SocketClosed, HttpError, ProtocolError, OSError, ConnectionError) as exc:
+                self._report(phase=f"reconnecting in {backoff_s:.0f} s ({exc})", connected=False)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.config.reconnect_max_s)
+        self._report(phase="stopped", connected=False)
+
+    async def _session(self) -> None:
+        socket = await self.bridge.connect(self.config.edge_url.replace("http", "ws", 1) + "/v1/relay")
+        reader: asyncio.Task[None] | None = None
+        try:
+            challenge = json.loads(await socket.recv())
+            proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], _now_ms())
+            await socket.send_text(json.dumps({"type": "join", "proof": proof.signed(self.signer).to_wire()}))
+            welcome = json.loads(await socket.recv())
+            if welcome.get("type") != "welcome":
+                raise SocketClosed(4400, f"unexpected {welcome.get('type')}")
+            self._network = NetworkManifest.from_wire(welcome["network"])
+            spec = self._network.experiment(self.key)
+            await socket.send_text(
+                json.dumps({"type": "subscribe", "experiment": self.key, "topics": ["heads", "verdicts"]})
+            )
+            self._report(phase="joined", connected=True)
+            reader = asyncio.ensure_future(self._read(socket))
+            while self.running and (
+                self.config.max_windows is None or self.status["windows_done"] < self.config.max_windows
+            ):
+                try:
+                    await self._window(socket, spec, reader)
+                except _Retry as retry:
+                    self._report(phase=f"waiting: {retry}")
+                    await self._wait_for_head(5.0, reader)
+            if self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows:
+                self.running = False
+        finally:
+            if reader is not None:
+                reader.cancel()
+            await socket.close()
+
+    async def _read(self, socket: Socket) -> None:
+        while True:
+            message = json.loads(await socket.recv())
+            if message.get("type") == "event" and message.get("topic") == "heads":
+                self._head_changed.set()
+                self._report(head_window=message["data"]["window"])
+            elif message.get("type") == "event" and message.get("topic") == "verdicts":
+                verdict = message["data"]
+                if verdict["peer_id"] == self.peer_id:
+                    field = "accepted" if verdict["accepted"] else "rejected"
+                    self._report(
+                        **{field: self.status[field] + 1},
+                        last_verdict={"accepted": verdict["accepted"], "reason": verdict["reason"]},
+                    )
+            else:
+                await self._inbox.put(message)
+
+    async def _reply(self, reader: asyncio.Task[None], *types: str) -> dict[str, Any]:
+        getter = asyncio.ensure_future(self._inbox.get())
+        done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if getter not in done:
+            getter.cancel()
+            reader.result()  # re-raises SocketClosed
+            raise SocketClosed(1006, "reader stopped")
+        message = getter.result()
+        if message.get("type") == "error":
+            if message.get("status") == 404:
+                raise _Retry(message.get("detail", "not found"))
+            raise SocketClosed(4400, f"edge refused: {message.get('detail')}")
+        if message.get("type") not in types:
+            return await self._reply(reader, *types)
+        return message
+
+    async def _wait_for_head(self, timeout_s: float, reader: asyncio.Task[None]) -> None:
+        self._head_changed.clear()
+        waiter = asyncio.ensure_future(self._head_changed.wait())
+        done, _ = await asyncio.wait({waiter, reader}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if reader in done:
+            reader.result()
+
+    # -- one window ------------------------------------------------------------------------
+    async def _fetch_json(self, path: str) -> Any:
+        return json.loads(await self.bridge.fetch_bytes(self.config.edge_url + path))
+
+    async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
+        assert self._network is not None
+        try:
+            head = HeadDescriptor.from_wire(await self._fetch_json(f"/v1/experiments/{self.key}/head"))
+        except HttpError as exc:
+            if exc.status == 404:
+                raise _Retry("no head yet") from None
+            raise
+        head.verify_trusted(self._network.validator_key_set)
+        if head.head_id == self._last_base:
+            raise _Retry(f"already trained on window {head.window}")
+        self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
+        await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
+        lease = Lease.from_wire((await self._reply(reader, "lease"))["lease"])
+        if self._network.edge_key is not None:
+            lease.verify(self._network.edge_key)
+        if lease.base_head != head.head_id:
+            raise _Retry("the head moved on while leasing")
+        self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")
+        artifact = await self.bridge.fetch_bytes(f"{self.config.edge_url}/v1/artifacts/{head.head_id}")
+        verify_content(artifact, head.head_id)
+        params, _ = decode_tensors(artifact)
+        model = MODELS[spec.model]
+        model.check(params)
+        if self._manifest is None:
+            self._manifest = FetchManifest.from_wire(
+                await self._fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
+            )
+        xs, ys = [], []
+        for shard_id in lease.shard_ids:
+            data = await self.bridge.fetch_bytes(
+                f"{self.config.edge_url}/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}"
+            )
+            verify_shard(self._manifest.shard(shard_id), data)
+            x, y = decode_shard(data)
+            xs.append(x)
+            ys.append(y)
+        x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+        if self._optimizer is None:
+            self._optimizer = Adam(spec.learning_rate)
+        started = time.perf_counter()
+        steps, losses = 0, []
+        for epoch in range(spec.local_epochs):
+            xb, yb = make_batches(x_all, y_all, spec.batch_size, window_seed(lease.lease_id, epoch))
+            for x, y in zip(xb, yb, strict=True):
+                loss, grads = gradients(model, params, x, y)
+                params = self._optimizer.step(params, grads)
+                losses.append(loss)
+                steps += 1
+                if steps % STATUS_EVERY_BATCHES == 0:
+                    rate = steps * spec.batch_size / (time.perf_counter() - started)
+                    self._report(
+                        phase=f"training window {head.window}: batch {steps}/{len(xb) * spec.local_epochs}",
+                        samples_per_s=rate,
+                    )
+                    await asyncio.sleep(0)
+        seconds = time.perf_counter() - started
+        examples = steps * spec.batch_size
+        rate = examples / max(seconds, 1e-9)
+        artifact = encode_tensors(params, {"model": spec.model, "base_head": head.head_id})
+        candidate = Candidate(
+            experiment=self.key,
+            candidate_id=content_id(artifact),
+            base_head=head.head_id,
+            lease_id=lease.lease_id,
+            public_key=self.signer.public_key,
+            peer_kind=self.peer_kind,
+            examples=examples,
+            steps=steps,
+            created_at_ms=_now_ms(),
+            metrics={"train_loss": float(np.mean(losses)), "samples_per_s": rate},
+        ).signed(self.signer)
+        self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate)
+        await socket.send_bytes(pack_envelope(candidate.to_wire(), artifact))
+        ack = await self._reply(reader, "candidate.ack")
+        if ack["candidate_id"] != candidate.candidate_id:
+            raise ProtocolError("edge acknowledged another candidate")
+        self._last_base = head.head_id
+        self._report(
+            phase=f"window {head.window} published; waiting for the validator",
+            windows_done=self.status["windows_done"] + 1,
+            last_candidate=candidate.candidate_id,
+        )
+        await self._wait_for_head(60.0, reader)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,61 @@
+"""A ``browser_peer.bridge.Bridge`` for CPython (httpx + websockets), so the browser peer's code
+runs in tests exactly as in Pyodide, minus the JS glue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from browser_peer.bridge import HttpError, SocketClosed
+
+
+class NativeSocket:
+    def __init__(self, connection: ClientConnection) -> None:
+        self._connection = connection
+
+    async def send_text(self, text: str) -> None:
+        await self._send(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._send(data)
+
+    async def _send(self, message: str | bytes) -> None:
+        try:
+            await self._connection.send(message)
+        except ConnectionClosed as exc:
+            raise SocketClosed(exc.rcvd.code if exc.rcvd else 1006, exc.rcvd.reason if exc.rcvd else "") from None
+
+    async def recv(self) -> str | bytes:
+        try:
+            return await self._connection.recv()
+        except ConnectionClosed as exc:
+            raise SocketClosed(exc.rcvd.code if exc.rcvd else 1006, exc.rcvd.reason if exc.rcvd else "") from None
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+class NativeBridge:
+    def __init__(self) -> None:
+        self.statuses: list[dict[str, Any]] = []
+        self.fetched: list[str] = []
+        self._http = httpx.AsyncClient(timeout=30)
+
+    async def fetch_bytes(self, url: str) -> bytes:
+        self.fetched.append(url)
+        response = await self._http.get(url)
+        if response.status_code >= 400:
+            raise HttpError(response.status_code, url)
+        return response.content
+
+    async def connect(self, url: str) -> NativeSocket:
+        return NativeSocket(await connect(url, max_size=None))
+
+    def post_status(self, status: dict[str, Any]) -> None:
+        self.statuses.append(status)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

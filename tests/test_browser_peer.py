@@ -1,0 +1,112 @@
+"""The browser peer's Python (the code Pyodide runs) against a real edge and validator, under
+CPython through a native bridge: lease-scoped fetches, a signed candidate over the WebSocket,
+acceptance into a promoted head, and reconnection after the edge restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from browser_peer.peer import BrowserPeer, PeerConfig
+from native_peer import StorageConfig, Validator
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import mlp_learner
+from native_peer.networks import BASELINE, demo_network
+from server.serve import BackgroundEdge
+from server.settings import Settings
+
+from .native_bridge import NativeBridge
+
+
+@pytest.fixture
+def stack(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Settings, StorageConfig]]:
+    storage = StorageConfig(tmp_path / "validator")
+    network = demo_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    settings = Settings(
+        port=0,
+        data_dir=tmp_path / "edge",
+        datasets_dir=dataset_root,
+        network=tmp_path / "network.json",
+        pyodide_dir=tmp_path,
+    )
+    yield settings, storage
+
+
+def _validate(
+    edge: BackgroundEdge, storage: StorageConfig, dataset_root: Path, stop: threading.Event
+) -> threading.Thread:
+    network = demo_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    validator = Validator(mlp_learner(), network, storage, edge.url, dataset_root)
+    validator.ensure_genesis(network.experiment(BASELINE))
+
+    def run() -> None:
+        try:
+            validator.run([network.experiment(BASELINE)], stop)
+        finally:
+            validator.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_browser_peer_candidate_is_accepted(stack: tuple[Settings, StorageConfig], dataset_root: Path) -> None:
+    settings, storage = stack
+    stop = threading.Event()
+    with BackgroundEdge(settings) as edge:
+        validator = _validate(edge, storage, dataset_root, stop)
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x42" * 32, max_windows=2))
+
+        async def contribute() -> None:
+            await asyncio.wait_for(peer.run(), 120)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+        stop.set()
+        validator.join(10)
+    assert peer.status["windows_done"] == 2
+    assert peer.status["accepted"] >= 1, peer.status
+    shard_urls = [u for u in bridge.fetched if "/shards/" in u]
+    assert len(shard_urls) == 8 and all("?lease=lease-" in u for u in shard_urls)
+    assert not any("validation" in u or "test" in u for u in bridge.fetched)
+    phases = [s["phase"] for s in bridge.statuses]
+    assert any(p.startswith("training window") for p in phases) and phases[-1] == "stopped"
+
+
+def test_browser_peer_reconnects_after_edge_restart(stack: tuple[Settings, StorageConfig], dataset_root: Path) -> None:
+    settings, storage = stack
+    stop = threading.Event()
+    bridge = NativeBridge()
+    peer = BrowserPeer(bridge, PeerConfig("", BASELINE, b"\x43" * 32, max_windows=2, reconnect_max_s=1.0))
+    edge = BackgroundEdge(settings).start()
+    settings = edge.settings  # keep the port for the restart
+    validator = _validate(edge, storage, dataset_root, stop)
+    object.__setattr__(peer, "config", PeerConfig(edge.url, BASELINE, b"\x43" * 32, max_windows=2, reconnect_max_s=1.0))
+
+    async def scenario() -> None:
+        nonlocal edge
+        task = asyncio.ensure_future(peer.run())
+        while peer.status["windows_done"] < 1:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(edge.stop)
+        while peer.status["connected"]:
+            await asyncio.sleep(0.05)
+        edge = await asyncio.to_thread(lambda: BackgroundEdge(settings).start())
+        await asyncio.wait_for(task, 120)
+        await bridge.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop.set()
+        validator.join(10)
+        edge.stop()
+    assert peer.status["windows_done"] == 2
+    assert any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
