@@ -35,7 +35,8 @@ var/pyodide/.installed: node_modules/.installed $(VENV)/.installed server/pyodid
 demo: setup
 	$(PY) -m native_peer demo --out var/demo
 
-test: setup lint test-python test-browser
+# Browser tests first, so pytest's summary is the run's closing line.
+test: setup lint test-browser test-python
 
 lint:
 	$(VENV)/bin/ruff check .

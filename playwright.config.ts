@@ -1,0 +1,38 @@
+import { defineConfig } from "@playwright/test";
+
+// Browser tests on Debian's Chromium (apt), never a downloaded browser. The web server is the real
+// stack: edge (uvicorn) + validator, serving the self-hosted Pyodide runtime.
+const port = Number(process.env.DTN_E2E_PORT ?? 8765);
+
+export default defineConfig({
+  testDir: "./tests/browser",
+  outputDir: "./test-results",
+  timeout: 240_000,
+  expect: { timeout: 30_000 },
+  workers: 1,
+  reporter: [["list"]],
+  use: {
+    baseURL: `http://127.0.0.1:${port}`,
+    browserName: "chromium",
+    launchOptions: {
+      executablePath: "/usr/bin/chromium",
+      args: [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+      ],
+    },
+  },
+  webServer: {
+    command: `.venv/bin/python -m tests.e2e_stack --port ${port} --out var/e2e`,
+    url: `http://127.0.0.1:${port}/healthz`,
+    timeout: 180_000,
+    reuseExistingServer: false,
+    stdout: "ignore",
+    stderr: "pipe",
+  },
+});

@@ -1,0 +1,154 @@
+// The page: "contribute compute" drives the worker; the viewer polls /portal/snapshot.
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const state = { worker: null, running: false, snapshot: null, status: {} };
+window.dtn = state; // read by the browser tests
+
+function setText(id, value) {
+  $(id).textContent = value;
+}
+
+function renderStatus(status) {
+  state.status = { ...state.status, ...status };
+  const s = state.status;
+  setText("phase", s.phase ?? "idle");
+  setText("rate", s.samples_per_s ? `${Math.round(s.samples_per_s).toLocaleString()}` : "–");
+  setText("windows", s.windows_done ?? 0);
+  setText("accepted", s.accepted ?? 0);
+  setText("rejected", s.rejected ?? 0);
+  if (s.last_verdict) {
+    const { accepted, reason } = s.last_verdict;
+    $("verdict").textContent = accepted ? "accepted" : `rejected: ${reason}`;
+    $("verdict").className = s.last_verdict.accepted ? "ok" : "bad";
+  }
+  if (s.peer_id) setText("peer-id", s.peer_id);
+}
+
+function toggle() {
+  if (!state.running) {
+    state.worker ??= new Worker("/static/worker.js");
+    state.worker.onmessage = (event) => {
+      if (event.data.type === "status") renderStatus(event.data.status);
+      else renderStatus({ phase: `error: ${event.data.message}` });
+    };
+    state.worker.postMessage({ type: "start", edgeUrl: location.origin, experiment: $("experiment").value });
+    state.running = true;
+  } else {
+    state.worker.postMessage({ type: "stop" });
+    state.running = false;
+  }
+  $("toggle").textContent = state.running ? "Stop" : "Start contributing";
+  $("toggle").className = state.running ? "stop" : "";
+}
+
+const COLOURS = ["#2f6fed", "#c4320a", "#12805c", "#7a5af8"];
+
+function drawChart(experiments) {
+  const canvas = $("chart");
+  const ctx = canvas.getContext("2d");
+  const [w, h, left, bottom, top] = [canvas.width, canvas.height, 44, 28, 12];
+  ctx.clearRect(0, 0, w, h);
+  ctx.font = "12px system-ui";
+  const maxWindow = Math.max(1, ...experiments.map((e) => e.lineage.length - 1));
+  const x = (i) => left + ((w - left - 12) * i) / maxWindow;
+  const y = (a) => top + (h - top - bottom) * (1 - a);
+  ctx.strokeStyle = "#e4e7ec";
+  ctx.fillStyle = "#667085";
+  for (const tick of [0, 0.25, 0.5, 0.75, 1]) {
+    ctx.beginPath();
+    ctx.moveTo(left, y(tick));
+    ctx.lineTo(w - 12, y(tick));
+    ctx.stroke();
+    ctx.fillText(tick.toFixed(2), 6, y(tick) + 4);
+  }
+  ctx.fillText("test accuracy by head (window)", left, h - 8);
+  experiments.forEach((experiment, i) => {
+    ctx.strokeStyle = COLOURS[i % COLOURS.length];
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    experiment.lineage.forEach((head, j) => {
+      const acc = head.metrics.test_accuracy ?? 0;
+      j === 0 ? ctx.moveTo(x(head.window), y(acc)) : ctx.lineTo(x(head.window), y(acc));
+    });
+    ctx.stroke();
+    ctx.fillStyle = COLOURS[i % COLOURS.length];
+    for (const head of experiment.lineage) {
+      ctx.beginPath();
+      ctx.arc(x(head.window), y(head.metrics.test_accuracy ?? 0), 2.5, 0, 2 * Math.PI);
+      ctx.fill();
+    }
+    ctx.fillText(experiment.key, left + 8, top + 14 + 14 * i);
+  });
+}
+
+function renderSnapshot(snapshot) {
+  state.snapshot = snapshot;
+  setText("network-id", `network ${snapshot.network_id}`);
+  const select = $("experiment");
+  if (select.options.length === 0) {
+    for (const experiment of snapshot.experiments) select.add(new Option(experiment.key, experiment.key));
+    if (params.get("experiment")) select.value = params.get("experiment");
+  }
+  $("heads").replaceChildren(
+    ...snapshot.experiments.map((experiment) => {
+      const card = document.createElement("div");
+      card.className = "head";
+      card.dataset.experiment = experiment.key;
+      const head = experiment.head;
+      const acc = head?.metrics.test_accuracy;
+      card.innerHTML = `<div class="muted small"></div><div class="big"></div>
+        <div class="small"></div><code></code>`;
+      card.children[0].textContent = experiment.key;
+      card.children[1].textContent = acc === undefined ? "no head yet" : `${(acc * 100).toFixed(2)} %`;
+      card.children[2].textContent = head
+        ? `window ${head.window} · ${experiment.verdicts.accepted} accepted / ${experiment.verdicts.rejected} rejected`
+        : "";
+      card.children[3].textContent = head ? head.head_id : "";
+      return card;
+    }),
+  );
+  drawChart(snapshot.experiments);
+  const kinds = { ...snapshot.peers.active_by_kind };
+  $("peers").replaceChildren(
+    ...Object.entries(kinds).map(([kind, count]) => {
+      const li = document.createElement("li");
+      li.textContent = `${kind}: ${count}`;
+      return li;
+    }),
+  );
+  $("events").replaceChildren(
+    ...snapshot.events
+      .slice()
+      .reverse()
+      .slice(0, 30)
+      .map((event) => {
+        const li = document.createElement("li");
+        const d = event.data;
+        const time = new Date(event.at_ms).toLocaleTimeString();
+        let text = `${event.topic}`;
+        if (event.topic === "heads") text = `new head, window ${d.window}, test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
+        else if (event.topic === "verdicts") {
+          text = `verdict ${d.accepted ? "accepted" : "rejected"} (${d.reason})`;
+          li.className = d.accepted ? "ok" : "bad";
+        } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
+        else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
+        else if (event.topic === "peers") text = `${d.kind} peer joined`;
+        li.textContent = `${time} ${event.experiment === "_network" ? "" : event.experiment.split("/")[1] + ": "}${text}`;
+        return li;
+      }),
+  );
+}
+
+async function poll() {
+  try {
+    const response = await fetch("/portal/snapshot", { cache: "no-store" });
+    if (response.ok) renderSnapshot(await response.json());
+  } catch (error) {
+    setText("network-id", "edge unreachable, retrying…");
+  }
+  setTimeout(poll, 1500);
+}
+
+$("toggle").addEventListener("click", toggle);
+await poll();
+if (params.get("contribute") === "1") toggle();

@@ -1,0 +1,57 @@
+import { expect, test } from "@playwright/test";
+
+const EXPERIMENT = "study/mnist/rev-1";
+
+test.beforeEach(async ({ context, baseURL }) => {
+  // Anything not addressed to the local edge is blocked and recorded: the page must not need it.
+  const origin = new URL(baseURL!).origin;
+  const outside: string[] = [];
+  (context as any).outside = outside;
+  await context.route(
+    (url) => url.origin !== origin,
+    (route) => {
+      outside.push(route.request().url());
+      return route.abort();
+    },
+  );
+});
+
+test("page loads offline: every request stays on the local edge", async ({ page, context }) => {
+  const requests: string[] = [];
+  context.on("request", (request) => requests.push(request.url()));
+  await page.goto("/");
+  await expect(page.locator(".head").first()).toBeVisible();
+  await expect(page.locator("#experiment option")).toHaveCount(2);
+  expect((context as any).outside).toEqual([]);
+  expect(requests.length).toBeGreaterThan(2);
+});
+
+test("a browser window is trained in a worker, accepted by the validator, and shown by the viewer", async ({
+  page,
+  context,
+}, testInfo) => {
+  const requests: string[] = [];
+  context.on("request", (request) => requests.push(request.url()));
+  await page.goto(`/?experiment=${EXPERIMENT}`);
+  await expect(page.locator(`.head[data-experiment="${EXPERIMENT}"]`)).toContainText("window 0");
+  await page.locator("#toggle").click();
+  await expect
+    .poll(async () => page.evaluate(() => (window as any).dtn.status.accepted ?? 0), { timeout: 180_000 })
+    .toBeGreaterThanOrEqual(1);
+  const status = await page.evaluate(() => (window as any).dtn.status);
+  expect(status.windows_done).toBeGreaterThanOrEqual(1);
+  expect(status.samples_per_s).toBeGreaterThan(0);
+  await expect(page.locator("#verdict")).toContainText("accepted");
+  // the viewer shows the head that merged the browser's candidate
+  await expect(page.locator(`.head[data-experiment="${EXPERIMENT}"]`)).not.toContainText("window 0 ", {
+    timeout: 10_000,
+  });
+  await expect(page.locator("#peers")).toContainText("browser");
+  const shardRequests = requests.filter((url) => url.includes("/shards/"));
+  expect(shardRequests.length).toBeGreaterThanOrEqual(4);
+  for (const url of shardRequests) expect(url).toMatch(/\?lease=lease-[0-9a-f]+$/);
+  expect((context as any).outside).toEqual([]);
+  const screenshot = testInfo.outputPath("contribute-and-viewer.png");
+  await page.screenshot({ path: screenshot, fullPage: true });
+  await testInfo.attach("contribute-and-viewer", { path: screenshot, contentType: "image/png" });
+});
