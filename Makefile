@@ -52,6 +52,7 @@ test-browser:
 bench: setup
 	$(PY) -m benchmarks.edge_throughput
 	$(PY) -m benchmarks.trainer_throughput
+	npx playwright test --config benchmarks/playwright.bench.config.ts
 
 attack-suite: setup
 	$(PY) -m native_peer attack-suite --out var/attack-suite

@@ -31,6 +31,7 @@ export default defineConfig({
     command: `.venv/bin/python -m tests.e2e_stack --port ${port} --out var/e2e`,
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 180_000,
+    cwd: __dirname,
     reuseExistingServer: false,
     stdout: "ignore",
     stderr: "pipe",

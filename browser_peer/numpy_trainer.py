@@ -7,7 +7,7 @@ stated tolerance from the same head, batch and step. Everything is float32, like
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,18 +15,39 @@ import numpy.typing as npt
 
 from protocol.model import ModelSpec, Params
 
-__all__ = ["Adam", "gradients", "train_epoch"]
+__all__ = ["Adam", "Matmul", "fastest_matmul", "gradients", "train_epoch"]
 
 F32 = npt.NDArray[np.float32]
+Matmul = Callable[[F32, F32], F32]
 
 
-def gradients(spec: ModelSpec, params: Mapping[str, F32], x: F32, y: npt.NDArray[np.integer]) -> tuple[float, Params]:
+def fastest_matmul() -> tuple[Matmul, str]:
+    """BLAS ``sgemm`` from SciPy when it is importable, else NumPy's ``matmul``.
+
+    Pyodide's NumPy is built without BLAS; its SciPy ships a wasm OpenBLAS that multiplies the
+    MLP's matrices about 4x faster. Transposed views make both operands Fortran-ordered, so
+    ``sgemm`` copies nothing: ``A @ B == (Bᵀ Aᵀ)ᵀ``.
+    """
+    try:
+        from scipy.linalg.blas import sgemm
+    except ImportError:
+        return np.matmul, "numpy"
+
+    def matmul(a: F32, b: F32) -> F32:
+        return sgemm(1.0, b.T, a.T).T  # type: ignore[no-any-return]
+
+    return matmul, "blas"
+
+
+def gradients(
+    spec: ModelSpec, params: Mapping[str, F32], x: F32, y: npt.NDArray[np.integer], matmul: Matmul = np.matmul
+) -> tuple[float, Params]:
     """Mean softmax cross-entropy of a batch and its gradient for every parameter."""
     activations = [np.asarray(x, np.float32)]
     pre_activations = []
     h = activations[0]
     for i in range(spec.num_layers):
-        z = h @ params[f"dense{i}.kernel"] + params[f"dense{i}.bias"]
+        z = matmul(h, params[f"dense{i}.kernel"]) + params[f"dense{i}.bias"]
         pre_activations.append(z)
         h = np.maximum(z, 0.0) if i < spec.num_layers - 1 else z
         activations.append(h)
@@ -41,10 +62,10 @@ def gradients(spec: ModelSpec, params: Mapping[str, F32], x: F32, y: npt.NDArray
     delta /= np.float32(batch)
     grads: Params = {}
     for i in reversed(range(spec.num_layers)):
-        grads[f"dense{i}.kernel"] = activations[i].T @ delta
+        grads[f"dense{i}.kernel"] = matmul(activations[i].T, delta)
         grads[f"dense{i}.bias"] = delta.sum(axis=0)
         if i > 0:
-            delta = (delta @ params[f"dense{i}.kernel"].T) * (pre_activations[i - 1] > 0)
+            delta = matmul(delta, params[f"dense{i}.kernel"].T) * (pre_activations[i - 1] > 0)
     return loss, grads
 
 
@@ -77,12 +98,12 @@ class Adam:
 
 
 def train_epoch(
-    spec: ModelSpec, params: Params, optimizer: Adam, xb: F32, yb: npt.NDArray[np.integer]
+    spec: ModelSpec, params: Params, optimizer: Adam, xb: F32, yb: npt.NDArray[np.integer], matmul: Matmul = np.matmul
 ) -> tuple[Params, float]:
     """One pass over pre-batched data ``xb [n, batch, features]``; returns params and mean loss."""
     losses = []
     for x, y in zip(xb, yb, strict=True):
-        loss, grads = gradients(spec, params, x, y)
+        loss, grads = gradients(spec, params, x, y, matmul)
         params = optimizer.step(params, grads)
         losses.append(loss)
     return params, float(np.mean(losses))

@@ -32,7 +32,7 @@ from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
-from .numpy_trainer import Adam, gradients
+from .numpy_trainer import Adam, fastest_matmul, gradients
 
 __all__ = ["BrowserPeer", "PeerConfig"]
 
@@ -74,6 +74,8 @@ class BrowserPeer:
             "head_window": None,
             "connected": False,
         }
+        self._matmul, backend = fastest_matmul()
+        self.status["matmul"] = backend
         self._optimizer: Adam | None = None
         self._manifest: FetchManifest | None = None
         self._network: NetworkManifest | None = None
@@ -227,7 +229,7 @@ class BrowserPeer:
         for epoch in range(spec.local_epochs):
             xb, yb = make_batches(x_all, y_all, spec.batch_size, window_seed(lease.lease_id, epoch))
             for x, y in zip(xb, yb, strict=True):
-                loss, grads = gradients(model, params, x, y)
+                loss, grads = gradients(model, params, x, y, self._matmul)
                 params = self._optimizer.step(params, grads)
                 losses.append(loss)
                 steps += 1

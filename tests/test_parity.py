@@ -59,3 +59,18 @@ def test_numpy_gradients_match_jax_autodiff(batches: tuple[np.ndarray, np.ndarra
     assert abs(float(jax_loss) - loss) < 1e-5
     for name, value in learner.to_tensors(jax_grads).items():
         np.testing.assert_allclose(grads[name], value, atol=1e-6, rtol=1e-4)
+
+
+def test_blas_matmul_path_matches_numpy(batches: tuple[np.ndarray, np.ndarray]) -> None:
+    from browser_peer.numpy_trainer import fastest_matmul
+
+    matmul, backend = fastest_matmul()
+    assert backend == "blas"  # scipy is installed natively (a JAX dependency)
+    head = _head()
+    x, y = batches[0][0], batches[1][0]
+    loss, grads = gradients(SPEC, head, x, y)
+    blas_loss, blas_grads = gradients(SPEC, head, x, y, matmul)
+    assert abs(loss - blas_loss) < 1e-6
+    for name, value in grads.items():
+        np.testing.assert_allclose(blas_grads[name], value, atol=1e-6, rtol=1e-5)
+        assert blas_grads[name].flags.c_contiguous or blas_grads[name].ndim == 1
