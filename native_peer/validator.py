@@ -7,17 +7,21 @@ window durations, clamped to [``min_deadline_s``, the experiment's ``window_time
 
 Every candidate is judged on what the validator measures itself, never on reported metrics:
 
-1. trainer signature                      → ``bad_signature``
-2. base is the current head               → ``stale_base``
-3. artifact not seen before               → ``replay``
+1. base is the current head               → ``stale_base``
+2. artifact id not seen before            → (judged once; a re-sent artifact is never judged again)
+3. trainer signature                      → ``bad_signature``
 4. lease exists, is the trainer's, is for this base, covers the claimed examples
                                           → ``wrong_lease`` / ``out_of_lease``
-5. one candidate per peer per window      → ``replay``
-6. artifact decodes, names/shapes/dtype   → ``undecodable`` / ``wrong_shape`` / ``non_finite``
-7. update norm and direction vs. cohort   → ``norm_too_large`` / ``free_rider`` / ``outlier``
-8. validation loss vs. the base head      → ``regression``
+5. artifact downloads and decodes         → ``undecodable``
+then, in ``protocol.judging.judge_window`` (pure, shared with the attack suite):
+6. peer not quarantined                   → ``quarantined`` (``protocol.trust``)
+7. one candidate per peer per window      → ``replay``
+8. names, shapes, dtype, finite values    → ``wrong_shape`` / ``non_finite``
+9. update norm and direction vs. cohort   → ``norm_too_large`` / ``free_rider`` / ``outlier``
+10. validation loss vs. the base head     → ``regression``
 
-Accepted candidates are merged with the preset's aggregator, weighted by examples (weighted mean:
+Accepted candidates are merged with the preset's aggregator, weighted by examples capped per peer
+kind (weighted mean:
 ``base + Σ nᵢ(θᵢ − base) / Σ nᵢ``, accumulated in float64, candidates ordered by content id). The
 merged model is evaluated on the validation split; if its loss exceeds the current head's by more
 than the preset's margin, promotion is blocked. Otherwise the head is signed and published, and a
@@ -42,15 +46,16 @@ import jax
 import numpy as np
 
 from datasets.mnist import load_split
-from protocol.aggregation import AGGREGATORS, merge_params
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
 from protocol.hashing import content_id
 from protocol.ids import HeadId
+from protocol.judging import Submission, judge_window, precheck
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
-from protocol.screening import PRESETS, Screen, judge_promotion, screen_cohort, screen_schema
+from protocol.screening import PRESETS, Screen
+from protocol.trust import TrustBook
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
@@ -108,6 +113,7 @@ class Validator:
         self._splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         self._state_path = storage.root / "validator-state.json"
         self._state: dict[str, Any] = storage.read_json(self._state_path, {"judged": {}, "durations": {}})
+        self.trust = TrustBook.from_wire(self._state["trust"]) if "trust" in self._state else TrustBook()
         self._window_opened: dict[str, float] = {}
 
     def close(self) -> None:
@@ -189,17 +195,13 @@ class Validator:
         head = self.ensure_genesis(spec)
         judged: dict[str, str] = self._state["judged"]
         fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in judged]
-        verdicts: list[Verdict] = []
-        for candidate in fresh:
-            if candidate.base_head != head.head_id:
-                verdicts.append(
-                    self._verdict(
-                        candidate,
-                        Screen(
-                            False, f"stale_base: trained on {candidate.base_head[:19]}, current is {head.head_id[:19]}"
-                        ),
-                    )
-                )
+        verdicts = [
+            self._verdict(
+                c, Screen(False, f"stale_base: trained on {c.base_head[:19]}, current is {head.head_id[:19]}")
+            )
+            for c in fresh
+            if c.base_head != head.head_id
+        ]
         window = [c for c in fresh if c.base_head == head.head_id]
         opened = self._window_opened.setdefault(head.head_id, time.monotonic())
         if verdicts:
@@ -221,54 +223,31 @@ class Validator:
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         policy = PRESETS[spec.screening]
-        base = self._head_params(head)
-        screens: dict[str, Screen] = {}
-        loaded: dict[str, dict[str, np.ndarray]] = {}
-        weights: dict[str, float] = {}
-        contributed: set[str] = set()
-        for candidate in sorted(window, key=lambda c: c.candidate_id):
-            screen, tensors, weight = self._check(spec, head, candidate, contributed)
-            screens[candidate.candidate_id] = screen
-            if screen.accepted and tensors is not None:
-                loaded[candidate.candidate_id] = tensors
-                weights[candidate.candidate_id] = weight
-                contributed.add(candidate.peer_id)
-        ids = sorted(loaded)
-        for cid, screen in zip(
-            ids, screen_cohort(self.learner.model, base, [loaded[i] for i in ids], policy), strict=True
-        ):
-            screens[cid] = screen
-        base_metrics = {"loss": head.metrics["val_loss"]}
-        measured: dict[str, dict[str, float]] = {}
-        for cid in ids:
-            if not screens[cid].accepted:
-                continue
-            measured[cid] = self._measure(spec, self.learner.from_tensors(loaded[cid]))
-            verdict = judge_promotion(base_metrics, {"loss": measured[cid]["val_loss"]}, policy.promotion_margin)
-            if not verdict.accepted:
-                screens[cid] = verdict
-        accepted = [cid for cid in ids if screens[cid].accepted]
+        val_x, val_y = self._split(spec, "validation")
+        decision = judge_window(
+            self.learner.model,
+            self._head_params(head),
+            {"loss": head.metrics["val_loss"]},
+            [self._precheck(spec, head, candidate) for candidate in window],
+            policy,
+            lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
+            self.trust,
+        )
         promoted: HeadDescriptor | None = None
-        if accepted:
-            merged = merge_params(
-                self.learner.model,
-                base,
-                [(cid, loaded[cid], weights[cid]) for cid in accepted],
-                AGGREGATORS[policy.aggregator],
-            )
-            steps = sum(c.steps for c in window if c.candidate_id in accepted)
-            proposed, artifact = self._sign_head(spec, self.learner.from_tensors(merged), head, accepted, steps)
-            outcome = judge_promotion(base_metrics, {"loss": proposed.metrics["val_loss"]}, policy.promotion_margin)
-            if outcome.accepted:
-                promoted = proposed
-                write_atomic(self.storage.head_path(proposed.head_id), artifact)
-                self._state["pending_head"] = proposed.to_wire()
-            else:
-                for cid in accepted:
-                    screens[cid] = Screen(False, f"merged head blocked: {outcome.reason}")
+        if decision.merged is not None:
+            steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)
+            params = self.learner.from_tensors(decision.merged)
+            promoted, artifact = self._sign_head(spec, params, head, decision.accepted, steps)
+            write_atomic(self.storage.head_path(promoted.head_id), artifact)
+            self._state["pending_head"] = promoted.to_wire()
+        metrics = {
+            cid: {"val_loss": m["loss"], "val_accuracy": m["accuracy"]} for cid, m in decision.candidate_metrics.items()
+        }
         verdicts = [
-            self._verdict(c, screens[c.candidate_id], promoted, measured.get(c.candidate_id, {})) for c in window
+            self._verdict(c, decision.screens[c.candidate_id], promoted, metrics.get(c.candidate_id, {}))
+            for c in window
         ]
+        self._state["trust"] = self.trust.to_wire()
         self._record(verdicts)
         self._flush()
         if promoted is not None:
@@ -276,7 +255,7 @@ class Validator:
                 "%s: window %d closed, %d/%d accepted, head %s val acc %.4f test acc %.4f",
                 spec.key,
                 promoted.window,
-                len(accepted),
+                len(decision.accepted),
                 len(window),
                 promoted.head_id[:19],
                 promoted.metrics["val_accuracy"],
@@ -284,49 +263,31 @@ class Validator:
             )
         return WindowReport(spec.key, head.window, promoted, tuple(verdicts))
 
-    def _check(
-        self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate, contributed: set[str]
-    ) -> tuple[Screen, dict[str, np.ndarray] | None, float]:
-        try:
-            candidate.verify_own()
-        except ProtocolError as exc:
-            return Screen(False, f"bad_signature: {exc}"), None, 0.0
+    def _precheck(self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate) -> Submission:
+        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact."""
         lease = self.edge.lease(candidate.lease_id)
-        if (
-            lease is None
-            or lease.peer_id != candidate.peer_id
-            or lease.base_head != candidate.base_head
-            or lease.experiment != spec.key
-        ):
-            return Screen(False, "wrong_lease: lease is missing or not this peer's lease for this window"), None, 0.0
-        if self.network.edge_key is not None:
+        leased = 0
+        if lease is not None:
+            manifest = self.edge.fetch_manifest(lease.dataset_id)
+            leased = sum(manifest.shard(s).examples for s in lease.shard_ids) * spec.local_epochs
+        screen = precheck(
+            candidate,
+            current_head=head.head_id,
+            judged=self._state["judged"],
+            lease=lease,
+            leased_examples=leased,
+            edge_key=self.network.edge_key,
+        )
+        tensors = None
+        if screen.accepted:
+            path = self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:")
             try:
-                lease.verify(self.network.edge_key)
-            except ProtocolError:
-                return Screen(False, "wrong_lease: lease not signed by the edge"), None, 0.0
-        manifest = self.edge.fetch_manifest(lease.dataset_id)
-        leased = sum(manifest.shard(s).examples for s in lease.shard_ids) * spec.local_epochs
-        if candidate.examples > leased:
-            return (
-                Screen(False, f"out_of_lease: claims {candidate.examples} examples, lease covers {leased}"),
-                None,
-                0.0,
-            )
-        if candidate.peer_id in contributed:
-            return Screen(False, "replay: this peer already contributed to this window"), None, 0.0
-        try:
-            tensors, _ = decode_tensors(
-                self.edge.artifact(
-                    candidate.candidate_id,
-                    self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:"),
-                )
-            )
-        except (ProtocolError, EdgeRequestError) as exc:
-            return Screen(False, f"undecodable: {exc}"), None, 0.0
-        schema = screen_schema(self.learner.model, tensors)
-        if not schema.accepted:
-            return schema, None, 0.0
-        return schema, tensors, float(candidate.examples)
+                tensors, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
+            except (ProtocolError, EdgeRequestError) as exc:
+                screen = Screen(False, f"undecodable: {exc}")
+        return Submission(
+            candidate.candidate_id, candidate.peer_id, candidate.peer_kind, float(candidate.examples), tensors, screen
+        )
 
     def _verdict(
         self,

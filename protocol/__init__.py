@@ -19,6 +19,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     shards       dataset shard encoding and verification
     aggregation  merge rules (FedAvg and robust aggregators)
     screening    update screening presets and the promotion rule
+    trust        per-peer strikes and quarantine
+    judging      judge_window: the whole decision for one window, pure
 """
 
 from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge

@@ -24,7 +24,7 @@ from .aggregation import flatten
 from .errors import InvalidMessage
 from .model import ModelSpec
 
-__all__ = ["PRESETS", "Screen", "ScreeningPolicy", "judge_promotion", "screen_cohort", "screen_schema"]
+__all__ = ["ACCEPT", "PRESETS", "Screen", "ScreeningPolicy", "judge_promotion", "screen_cohort", "screen_schema"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class ScreeningPolicy:
     min_relative_norm: float  # small cohorts: free rider when ‖Δ‖ < this × ‖base‖
     min_cohort: int = 3
     promotion_margin: float = 0.02  # block a head whose val loss rises by more than this
+    max_examples_by_kind: tuple[tuple[str, float], ...] = (("browser", 8000.0), ("native", 32000.0))
 
 
 PRESETS: dict[str, ScreeningPolicy] = {
@@ -110,7 +111,7 @@ def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: flo
 
 
 def judge_promotion(current: Mapping[str, float], merged: Mapping[str, float], margin: float) -> Screen:
-    """Promote unless the merged model's validation loss exceeds the current head's by ``margin``."""
+    """Accept unless ``merged``'s validation loss exceeds ``current``'s by more than ``margin``."""
     if merged["loss"] > current["loss"] + margin:
         return Screen(False, f"regression: val loss {merged['loss']:.4f} > {current['loss']:.4f} + {margin}")
     return ACCEPT
