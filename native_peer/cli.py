@@ -76,6 +76,21 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.out, max_minutes=args.max_minutes, browser=not args.no_browser, target_accuracy=args.target_accuracy)
 
 
+def cmd_attack_suite(args: argparse.Namespace) -> None:
+    from .attacks import ATTACKS, run_suite, scorecard_table, write_scorecard
+
+    scorecard = run_suite(
+        args.datasets,
+        presets=tuple(args.presets),
+        attacks=tuple(args.attacks or ATTACKS),
+        windows=args.windows,
+        peers=args.peers,
+    )
+    write_scorecard(args.out, scorecard)
+    print(scorecard_table(scorecard))
+    print(f"scorecard written to {args.out / 'scorecard.json'} and {args.out / 'scorecard.md'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m native_peer", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -108,6 +123,15 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--target-accuracy", type=float, default=0.95)
     demo.add_argument("--no-browser", action="store_true", help="skip the headless-browser trainer")
     demo.set_defaults(run=cmd_demo)
+
+    suite = sub.add_parser("attack-suite", help="score the screening presets against attacks on real MNIST updates")
+    suite.add_argument("--out", type=Path, default=Path("var/attack-suite"))
+    suite.add_argument("--datasets", type=Path, default=Path("var/datasets"))
+    suite.add_argument("--presets", nargs="+", default=["minimal", "balanced", "strict"])
+    suite.add_argument("--attacks", nargs="*", default=None, help="default: all")
+    suite.add_argument("--windows", type=int, default=4)
+    suite.add_argument("--peers", type=int, default=10)
+    suite.set_defaults(run=cmd_attack_suite)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

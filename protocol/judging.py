@@ -126,7 +126,7 @@ def judge_window(
         if screen.accepted:
             metrics[sub.candidate_id] = evaluate(sub.params)  # type: ignore[arg-type]
             screens[sub.candidate_id] = judge_promotion(
-                base_metrics, metrics[sub.candidate_id], policy.promotion_margin
+                base_metrics, metrics[sub.candidate_id], policy.candidate_margin
             )
     accepted = [s for s in valid if screens[s.candidate_id].accepted]
     merged: Params | None = None

@@ -9,8 +9,10 @@ large is rejected, near zero is a free rider) and the cosine to the cohort's rob
 (coordinate median). With fewer than ``min_cohort`` candidates the norm is bounded relative to the
 base parameters' norm instead, and the cosine check is skipped.
 
-``PRESETS`` name documented threshold sets; ``judge_promotion`` blocks a merged head that is worse
-than the current head by more than a margin on the validator's own validation split.
+``PRESETS`` name documented threshold sets; ``judge_promotion`` rejects a single update whose
+validation loss is worse than the base's by more than ``candidate_margin`` (a single small-shard
+update is noisy, so this margin is loose) and blocks a merged head worse than the current head by
+more than ``promotion_margin``, both on the validator's own validation split.
 """
 
 from __future__ import annotations
@@ -48,17 +50,20 @@ class ScreeningPolicy:
     max_relative_norm: float  # small cohorts: reject ‖Δ‖ > this × ‖base‖
     min_relative_norm: float  # small cohorts: free rider when ‖Δ‖ < this × ‖base‖
     min_cohort: int = 3
+    candidate_margin: float = 0.1  # reject a single update whose val loss rises by more than this
     promotion_margin: float = 0.02  # block a head whose val loss rises by more than this
     max_examples_by_kind: tuple[tuple[str, float], ...] = (("browser", 8000.0), ("native", 32000.0))
 
 
 PRESETS: dict[str, ScreeningPolicy] = {
     # schema + finiteness + zero-update free riders only; FedAvg.
-    "minimal": ScreeningPolicy("minimal", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 1e-9),
+    "minimal": ScreeningPolicy("minimal", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 1e-9, candidate_margin=np.inf),
     # the default: catches scaled, sign-flipped and free-riding updates; norm-clipped mean.
-    "balanced": ScreeningPolicy("balanced", "norm_clipped_mean", 3.0, 0.1, 0.0, 0.5, 1e-6),
+    "balanced": ScreeningPolicy("balanced", "norm_clipped_mean", 3.0, 0.1, 0.2, 0.5, 1e-6),
     # tighter bounds and a robust aggregator for open networks with many anonymous peers.
-    "strict": ScreeningPolicy("strict", "trimmed_mean", 2.0, 0.25, 0.2, 0.25, 1e-5, promotion_margin=0.0),
+    "strict": ScreeningPolicy(
+        "strict", "trimmed_mean", 2.0, 0.25, 0.3, 0.25, 1e-5, candidate_margin=0.05, promotion_margin=0.0
+    ),
 }
 
 

@@ -87,6 +87,7 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
     if proof.purpose != "lease" or abs(proof.issued_at_ms - time.time() * 1000) > LEASE_PROOF_MAX_AGE_MS:
         raise InvalidMessage("lease proof must have purpose 'lease' and a current timestamp")
     proof.verify_own()
+    state.peer_limits.check(proof.peer_id)
     state.store.saw_peer(proof.peer_id, proof.peer_kind, int(time.time() * 1000))
     lease = await issuer.issue(key, proof.peer_id)
     return JSON(lease.to_wire())

@@ -57,6 +57,7 @@ async def accept_candidate(
         _same_experiment(candidate.experiment, route)
         state.experiment(candidate.experiment)
         candidate.verify_own()
+        state.peer_limits.check(candidate.peer_id)
         await _store_artifact(state, artifact, candidate.candidate_id)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()

@@ -42,6 +42,7 @@ from .errors import CLOSE_HEARTBEAT_TIMEOUT, CLOSE_SLOW_CONSUMER, EdgeError, Rat
 from .hub import TOPICS, Connection, ConnectionState
 from .intake import accept_candidate
 from .leasing import LeaseIssuer
+from .ratelimit import TokenBucket
 from .state import EdgeState
 
 router = APIRouter()
@@ -50,20 +51,6 @@ log = logging.getLogger(__name__)
 MAX_TEXT_BYTES = 64 * 1024
 CLOSE_REPLACED = 4000
 CLOSE_TIMEOUT_S = 30.0  # a close frame queues behind what the peer has not read yet
-
-
-class _TokenBucket:
-    def __init__(self, rate_per_s: float, burst: float) -> None:
-        self.rate, self.capacity, self.tokens, self.stamp = rate_per_s, burst, burst, time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 class _Close(Exception):
@@ -166,7 +153,7 @@ async def _drain(websocket: WebSocket, connection: Connection) -> None:
 async def _serve(
     websocket: WebSocket, state: EdgeState, issuer: LeaseIssuer, connection: Connection, sender: asyncio.Task[None]
 ) -> None:
-    bucket = _TokenBucket(state.settings.messages_per_s, 4 * state.settings.messages_per_s)
+    bucket = TokenBucket(state.settings.messages_per_s, 4 * state.settings.messages_per_s)
     overflow = asyncio.create_task(connection.overflowed.wait())
     try:
         while True:
@@ -225,6 +212,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         state.hub.subscribe(connection, key, topics)  # type: ignore[arg-type]
         connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())
     elif kind == "lease.request":
+        state.peer_limits.check(connection.peer_id)
         lease = await issuer.issue(ExperimentKey.parse(data.get("experiment")), connection.peer_id)
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), "lease": lease.to_wire()}).decode()

@@ -28,6 +28,7 @@ _HELP = {
     "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",
     "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
     "max_long_poll_s": "longest a head long-poll may wait",
+    "peer_requests_per_min": "lease requests and candidate uploads per minute one peer may make (burst: a quarter)",
 }
 
 
@@ -48,6 +49,7 @@ class Settings:
     send_queue_size: int = 256
     messages_per_s: float = 50.0
     max_long_poll_s: float = 30.0
+    peer_requests_per_min: float = 240.0
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:

@@ -16,6 +16,7 @@ from .blobs import BlobStore
 from .errors import NotFound
 from .hub import Hub
 from .metrics import EdgeMetrics
+from .ratelimit import PeerRateLimiter
 from .settings import Settings
 from .store import Store
 
@@ -34,6 +35,7 @@ class EdgeState:
     signer: PureSigner
     network: NetworkManifest
     datasets: dict[DatasetId, FetchManifest]
+    peer_limits: PeerRateLimiter
 
     @classmethod
     def open(cls, settings: Settings) -> EdgeState:
@@ -50,6 +52,9 @@ class EdgeState:
             signer=signer,
             network=replace(network, edge_key=signer.public_key),
             datasets=load_datasets(settings.datasets_dir),
+            peer_limits=PeerRateLimiter(
+                settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4)
+            ),
         )
 
     def experiment(self, key: ExperimentKey | str) -> ExperimentSpec:

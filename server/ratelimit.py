@@ -1,0 +1,42 @@
+"""Rate limits: a token bucket, and one bucket per peer for HTTP requests that cost the edge work."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from .errors import RateLimited
+
+__all__ = ["PeerRateLimiter", "TokenBucket"]
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate, self.capacity, self.tokens, self.stamp = rate_per_s, burst, burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class PeerRateLimiter:
+    """``check(peer_id)`` raises ``RateLimited`` past ``rate_per_s`` (burst ``burst``) for that peer.
+
+    Remembers the most recent ``max_peers`` peers; a forgotten peer starts with a full bucket."""
+
+    def __init__(self, rate_per_s: float, burst: float, max_peers: int = 100_000) -> None:
+        self.rate_per_s, self.burst, self.max_peers = rate_per_s, burst, max_peers
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    def check(self, peer_id: str) -> None:
+        bucket = self._buckets.pop(peer_id, None) or TokenBucket(self.rate_per_s, self.burst)
+        self._buckets[peer_id] = bucket
+        if len(self._buckets) > self.max_peers:
+            self._buckets.popitem(last=False)
+        if not bucket.take():
+            raise RateLimited(f"peer {peer_id} is over {self.rate_per_s * 60:.0f} requests per minute")

@@ -1,0 +1,116 @@
+"""Identity and input hardening against a real edge: forged heads and candidates, replayed
+signatures, a non-validator trying to promote, per-peer rate limits."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from protocol.envelope import pack_envelope, unpack_envelope
+from protocol.messages import HeadDescriptor, PeerProof
+from protocol.signing import PureSigner
+from server.serve import BackgroundEdge
+from server.settings import Settings
+
+from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, proof, write_network
+
+BASE = f"/v1/experiments/{EXPERIMENT}"
+TRAINER = PureSigner(b"\x51" * 32)
+
+
+@pytest.fixture
+def edge(tmp_path: Path, dataset_root: Path) -> Iterator[BackgroundEdge]:
+    write_network(tmp_path / "network.json")
+    settings = Settings(
+        port=0,
+        data_dir=tmp_path / "edge",
+        datasets_dir=dataset_root,
+        network=tmp_path / "network.json",
+        pyodide_dir=tmp_path,
+        peer_requests_per_min=60,
+    )
+    with BackgroundEdge(settings) as running:
+        yield running
+
+
+@pytest.fixture
+def http(edge: BackgroundEdge) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=edge.url) as client:
+        head, body = head_envelope()
+        assert client.post(f"{BASE}/heads", content=body).status_code == 201
+        client.headers["x-genesis"] = head.head_id
+        yield client
+
+
+def test_non_validator_cannot_promote(http: httpx.Client) -> None:
+    genesis = http.headers["x-genesis"]
+    lease = http.post(f"{BASE}/leases", json=proof(TRAINER, "lease")).json()
+    assert lease["peer_id"]  # a known, leased trainer
+    _, own_key = head_envelope(window=1, parent=genesis, signer=TRAINER)
+    assert http.post(f"{BASE}/heads", content=own_key).status_code == 401
+    head, _ = head_envelope(window=1, parent=genesis, signer=TRAINER)
+    claims_validator = replace(head, validator_key=VALIDATOR.public_key).signed(TRAINER)
+    _, artifact = unpack_envelope(head_envelope(window=1, parent=genesis)[1])
+    response = http.post(f"{BASE}/heads", content=pack_envelope(claims_validator.to_wire(), artifact))
+    assert response.status_code == 401 and response.json()["error"] == "SignatureError"
+    assert http.get(f"{BASE}/head").json()["head_id"] == genesis
+
+
+def test_forged_candidates_are_rejected(http: httpx.Client) -> None:
+    genesis = http.headers["x-genesis"]
+    candidate, body = candidate_envelope(TRAINER, genesis)
+    impostor = PureSigner(b"\x52" * 32)
+    stolen_identity = replace(candidate, examples=50_000).signed(impostor).to_wire() | {
+        "public_key": candidate.to_wire()["public_key"],
+        "peer_id": candidate.to_wire()["peer_id"],
+    }
+    _, artifact = unpack_envelope(body)
+    assert http.post(f"{BASE}/candidates", content=pack_envelope(stolen_identity, artifact)).status_code == 401
+    tampered = candidate.to_wire() | {"base_head": "sha256:" + "0" * 64}
+    assert http.post(f"{BASE}/candidates", content=pack_envelope(tampered, artifact)).status_code == 401
+    assert http.get(f"{BASE}/candidates").json() == []
+
+
+def test_replayed_signatures_do_not_work(http: httpx.Client, edge: BackgroundEdge) -> None:
+    genesis = http.headers["x-genesis"]
+    # a join proof captured from one session cannot open another (new nonce per connection)
+    with connect(edge.url.replace("http", "ws") + "/v1/relay") as first:
+        nonce = json.loads(first.recv(timeout=5))["nonce"]
+        captured = {"type": "join", "proof": proof(TRAINER, "join", nonce)}
+        first.send(json.dumps(captured))
+        assert json.loads(first.recv(timeout=5))["type"] == "welcome"
+    with connect(edge.url.replace("http", "ws") + "/v1/relay") as second:
+        second.recv(timeout=5)
+        second.send(json.dumps(captured))
+        with pytest.raises(ConnectionClosed) as closed:
+            second.recv(timeout=5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+    # an old lease proof is refused even though its signature is valid
+    stale = PeerProof("lease", TRAINER.public_key, "native", "-", int(time.time() * 1000) - 600_000).signed(TRAINER)
+    assert http.post(f"{BASE}/leases", json=stale.to_wire()).status_code == 400
+    # a join proof is not a lease proof (the purpose is signed)
+    assert http.post(f"{BASE}/leases", json=captured["proof"]).status_code == 400
+    # a candidate's signature does not carry over to other bytes
+    candidate, _ = candidate_envelope(TRAINER, genesis)
+    _, other_artifact = unpack_envelope(candidate_envelope(TRAINER, genesis, seed=9)[1])
+    assert (
+        http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), other_artifact)).status_code == 422
+    )
+    # a signed head replayed on another experiment's route is refused
+    head = HeadDescriptor.from_wire(http.get(f"{BASE}/head").json())
+    assert head.head_id == genesis
+    assert http.post("/v1/experiments/study/other/rev-1/heads", content=head_envelope()[1]).status_code in (400, 404)
+
+
+def test_per_peer_rate_limit(http: httpx.Client) -> None:
+    codes = [http.post(f"{BASE}/leases", json=proof(TRAINER, "lease")).status_code for _ in range(20)]
+    assert codes[0] == 200 and 429 in codes
+    assert http.post(f"{BASE}/leases", json=proof(PureSigner(b"\x53" * 32), "lease")).status_code == 200
