@@ -86,9 +86,9 @@ class JsBridge:
         js.postMessage(to_js({"type": "status", "status": status}, dict_converter=js.Object.fromEntries))
 
 
-def start(edge_url: str, experiment: str, seed_hex: str) -> BrowserPeer:
+def start(edge_url: str, experiment: str, seed_hex: str, token: str | None = None) -> BrowserPeer:
     """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""
-    peer = BrowserPeer(JsBridge(), PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex)))
+    peer = BrowserPeer(JsBridge(), PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None))
     _RUNNING.add(asyncio.ensure_future(peer.run()))
     return peer
 

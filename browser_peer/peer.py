@@ -46,6 +46,7 @@ class PeerConfig:
     seed: bytes
     max_windows: int | None = None
     reconnect_max_s: float = 15.0
+    token: str | None = None  # admission token, for networks that require one
 
 
 class _Retry(Exception):
@@ -113,7 +114,8 @@ class BrowserPeer:
         try:
             challenge = json.loads(await socket.recv())
             proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], _now_ms())
-            await socket.send_text(json.dumps({"type": "join", "proof": proof.signed(self.signer).to_wire()}))
+            join = {"type": "join", "proof": proof.signed(self.signer).to_wire(), "token": self.config.token}
+            await socket.send_text(json.dumps(join))
             welcome = json.loads(await socket.recv())
             if welcome.get("type") != "welcome":
                 raise SocketClosed(4400, f"unexpected {welcome.get('type')}")

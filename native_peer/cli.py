@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -43,14 +44,14 @@ def cmd_init_network(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     network = _network(args.network)
-    trainer = (
+    builder = (
         NodeBuilder(mlp_learner())
         .trainer(RELEASE, WORKLOAD)
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
         .with_bootstrap_peer(args.edge)
-        .spawn()
     )
+    trainer = (builder.with_admission_token(args.token) if args.token else builder).spawn()
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     experiments = [trainer.experiment(*key.parts) for key in keys]
     try:
@@ -63,7 +64,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> None:
     network = _network(args.network)
-    validator = Validator(mlp_learner(), network, StorageConfig(args.storage), args.edge, args.datasets)
+    validator = Validator(
+        mlp_learner(), network, StorageConfig(args.storage), args.edge, args.datasets, admission_token=args.token
+    )
     try:
         validator.run(network.experiments, _stop_on_signals())
     finally:
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--storage", type=Path, required=True, help="this node's storage directory")
     train.add_argument("--experiment", action="append", default=[], help="study/experiment/revision (repeatable)")
     train.add_argument("--windows", type=int, default=None, help="stop after this many windows")
+    train.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     train.set_defaults(run=cmd_train)
 
     validate = sub.add_parser("validate", help="run a validator / authority node")
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     validate.add_argument("--network", type=Path, required=True)
     validate.add_argument("--storage", type=Path, required=True)
     validate.add_argument("--datasets", type=Path, required=True, help="prepared datasets (validation split)")
+    validate.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     validate.set_defaults(run=cmd_validate)
 
     demo = sub.add_parser("demo", help="single-machine mixed-fleet MNIST sanity run")

@@ -28,9 +28,10 @@ class EdgeRequestError(Exception):
 
 
 class EdgeClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, retries: int = 3) -> None:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        headers = {} if token is None else {"authorization": f"Bearer {token}"}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self._retries = retries
 
     def close(self) -> None:

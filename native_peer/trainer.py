@@ -105,6 +105,7 @@ class TrainerBuilder:
     network: NetworkManifest | None = None
     storage: StorageConfig | None = None
     bootstrap_url: str | None = None
+    admission_token: str | None = None
 
     def with_network(self, network: NetworkManifest) -> TrainerBuilder:
         return replace(self, network=network)
@@ -115,10 +116,16 @@ class TrainerBuilder:
     def with_bootstrap_peer(self, url: str) -> TrainerBuilder:
         return replace(self, bootstrap_url=url)
 
+    def with_admission_token(self, token: str) -> TrainerBuilder:
+        """For networks with ``admission_required``: a token the edge operator issued."""
+        return replace(self, admission_token=token)
+
     def spawn(self) -> Trainer:
         if self.network is None or self.storage is None or self.bootstrap_url is None:
             raise ValueError("a trainer needs with_network(), with_storage() and with_bootstrap_peer() before spawn()")
-        return Trainer(self.project, self.workload, self.network, self.storage, self.bootstrap_url)
+        return Trainer(
+            self.project, self.workload, self.network, self.storage, self.bootstrap_url, self.admission_token
+        )
 
 
 class Trainer:
@@ -131,12 +138,13 @@ class Trainer:
         network: NetworkManifest,
         storage: StorageConfig,
         bootstrap_url: str,
+        admission_token: str | None = None,
     ) -> None:
         self.project = project
         self.workload = workload
         self.storage = storage
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
-        self.edge = EdgeClient(bootstrap_url)
+        self.edge = EdgeClient(bootstrap_url, token=admission_token)
         served = self.edge.network()
         if set(served.validator_keys) != set(network.validator_keys):
             raise ValueError("the bootstrap edge serves a network with other validators than the manifest given")

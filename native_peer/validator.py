@@ -92,6 +92,8 @@ class Validator:
         edge_url: str,
         datasets_dir: Path,
         config: ValidatorConfig = ValidatorConfig(),
+        *,
+        admission_token: str | None = None,
     ) -> None:
         self.learner = learner
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
@@ -100,7 +102,7 @@ class Validator:
         self.network = network
         self.storage = storage
         self.config = config
-        self.edge = EdgeClient(edge_url)
+        self.edge = EdgeClient(edge_url, token=admission_token)
         self.network = NetworkManifest(
             network.network_id,
             network.validator_keys,

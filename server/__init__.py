@@ -15,6 +15,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     relay          the WebSocket relay/signaling endpoint and its connection state machine
     portal         peer and experiment directories, /portal/snapshot for viewers
     metrics        Prometheus metrics
+    admission      optional operator-issued bearer tokens with roles
     ratelimit      token buckets: per connection (relay) and per peer (leases, uploads)
     pyodide_runtime  prepares the self-hosted Pyodide + NumPy runtime (a setup step)
     bundle         the browser peer's Python bundle (protocol + browser_peer as a zip)

@@ -57,6 +57,7 @@ async def head_lineage(key: Experiment, state: State) -> JSON:
 @router.post("/experiments/{study}/{experiment}/{revision}/heads", status_code=201)
 async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
     """Promote a head: DTN1 envelope of a validator-signed HeadDescriptor and the artifact."""
+    state.admission.check_header(request.headers.get("authorization"), "head")
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
     head = await accept_head(state, body, route=key)
     return JSON(head.to_wire(), status_code=201)
@@ -67,6 +68,7 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
     """Upload a candidate: DTN1 envelope of a trainer-signed Candidate and the artifact.
 
     201 when stored (durably, before this answer), 200 when it was already there."""
+    state.admission.check_header(request.headers.get("authorization"), "candidate")
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
     candidate, created = await accept_candidate(state, body, via="http", route=key)
     return JSON(candidate.to_wire(), status_code=201 if created else 200)
@@ -83,6 +85,7 @@ async def list_candidates(
 @router.post("/experiments/{study}/{experiment}/{revision}/leases")
 async def request_lease(key: Experiment, state: State, issuer: Issuer, request: Request) -> JSON:
     """Lease shards for the current window; the body is a ``PeerProof`` with purpose ``lease``."""
+    state.admission.check_header(request.headers.get("authorization"), "lease")
     proof = PeerProof.from_wire(_json(await read_body(request, 4096)))
     if proof.purpose != "lease" or abs(proof.issued_at_ms - time.time() * 1000) > LEASE_PROOF_MAX_AGE_MS:
         raise InvalidMessage("lease proof must have purpose 'lease' and a current timestamp")
@@ -109,6 +112,7 @@ async def get_lease(lease_id: str, state: State) -> JSON:
 
 @router.post("/experiments/{study}/{experiment}/{revision}/verdicts", status_code=201)
 async def publish_verdict(key: Experiment, state: State, request: Request) -> JSON:
+    state.admission.check_header(request.headers.get("authorization"), "verdict")
     verdict = accept_verdict(state, _json(await read_body(request, 16384)), route=key)
     return JSON(verdict.to_wire(), status_code=201)
 

@@ -41,6 +41,7 @@ class Connection:
     topics: set[tuple[str, str]] = field(default_factory=set)
     overflowed: asyncio.Event = field(default_factory=asyncio.Event)
     state: ConnectionState = ConnectionState.JOINED
+    token: str | None = None
 
     def offer(self, item: str | bytes) -> bool:
         """Queue ``item`` without waiting; on a full queue flag the connection and drop the item."""

@@ -3,7 +3,7 @@
 Connection states: CONNECTING → CHALLENGED (edge sent a nonce) → JOINED (peer signed it) → CLOSED.
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
-    peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>)}
+    peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
     edge → {"type": "welcome", "peer_id", "network"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease"}
@@ -112,9 +112,12 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         if proof.purpose != "join" or proof.nonce != nonce:
             raise InvalidMessage("join proof must sign this connection's challenge nonce")
         proof.verify_own()
-    except ProtocolError as exc:
+        token = data.get("token")
+        state.admission.check(token if isinstance(token, str) else None, "join")
+    except (ProtocolError, EdgeError) as exc:
         raise _Close(close_code_for(exc), str(exc)) from None
     connection, previous = state.hub.register(proof.peer_id, proof.peer_kind)
+    connection.token = token if isinstance(token, str) else None
     if previous is not None:
         previous.offer(orjson.dumps({"type": "replaced"}).decode())
         previous.overflowed.set()
@@ -176,6 +179,7 @@ async def _serve(
                 raise _Close(close_code_for(RateLimited()), "message rate limit exceeded")
             try:
                 if message.get("bytes") is not None:
+                    state.admission.check(connection.token, "candidate")
                     candidate, _ = await accept_candidate(state, message["bytes"], via="ws")
                     connection.offer(
                         orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
@@ -212,6 +216,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         state.hub.subscribe(connection, key, topics)  # type: ignore[arg-type]
         connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())
     elif kind == "lease.request":
+        state.admission.check(connection.token, "lease")
         state.peer_limits.check(connection.peer_id)
         lease = await issuer.issue(ExperimentKey.parse(data.get("experiment")), connection.peer_id)
         connection.offer(

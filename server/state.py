@@ -12,6 +12,7 @@ from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.shards import verify_shard
 from protocol.signing import PureSigner
 
+from .admission import Admission
 from .blobs import BlobStore
 from .errors import NotFound
 from .hub import Hub
@@ -36,6 +37,7 @@ class EdgeState:
     network: NetworkManifest
     datasets: dict[DatasetId, FetchManifest]
     peer_limits: PeerRateLimiter
+    admission: Admission
 
     @classmethod
     def open(cls, settings: Settings) -> EdgeState:
@@ -52,6 +54,7 @@ class EdgeState:
             signer=signer,
             network=replace(network, edge_key=signer.public_key),
             datasets=load_datasets(settings.datasets_dir),
+            admission=Admission(store, network.admission_required),
             peer_limits=PeerRateLimiter(
                 settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4)
             ),

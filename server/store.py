@@ -39,6 +39,9 @@ CREATE INDEX IF NOT EXISTS leases_by_window ON leases (experiment, base_head);
 CREATE TABLE IF NOT EXISTS verdicts (
     experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, peer_id TEXT NOT NULL, accepted INTEGER NOT NULL,
     descriptor TEXT NOT NULL, PRIMARY KEY (experiment, candidate_id));
+CREATE TABLE IF NOT EXISTS tokens (
+    digest TEXT PRIMARY KEY, role TEXT NOT NULL, label TEXT NOT NULL, issued_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
 """
@@ -203,6 +206,15 @@ class Store:
         for accepted, count in rows:
             counts["accepted" if accepted else "rejected"] = int(count)  # type: ignore[call-overload]
         return counts
+
+    # -- admission tokens (sha256 digests only) ----------------------------------------------
+    def add_token(self, digest: str, role: str, label: str, issued_at_ms: int, expires_at_ms: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?, ?)", (digest, role, label, issued_at_ms, expires_at_ms))
+
+    def token(self, digest: str) -> tuple[str, int] | None:
+        rows = self._query("SELECT role, expires_at_ms FROM tokens WHERE digest = ?", digest)
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None  # type: ignore[call-overload]
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:

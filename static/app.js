@@ -31,7 +31,12 @@ function toggle() {
       if (event.data.type === "status") renderStatus(event.data.status);
       else renderStatus({ phase: `error: ${event.data.message}` });
     };
-    state.worker.postMessage({ type: "start", edgeUrl: location.origin, experiment: $("experiment").value });
+    state.worker.postMessage({
+      type: "start",
+      edgeUrl: location.origin,
+      experiment: $("experiment").value,
+      token: params.get("token"), // admission token, for networks that require one
+    });
     state.running = true;
   } else {
     state.worker.postMessage({ type: "stop" });

@@ -1,6 +1,6 @@
 // The browser peer's Web Worker: loads Pyodide, NumPy and the peer's Python bundle (in parallel),
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
-// Messages in: {type: "start", edgeUrl, experiment} | {type: "stop"}.
+// Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"}.
 // Messages out: {type: "status", status} | {type: "error", message}.
 importScripts("/pyodide/pyodide.js");
 
@@ -53,7 +53,8 @@ onmessage = async (event) => {
     if (message.type === "start" && peer === null) {
       postMessage({ type: "status", status: { phase: "loading Python runtime" } });
       const [pyodide, seed] = await Promise.all([runtime, identitySeed()]);
-      peer = pyodide.pyimport("browser_peer.js_bridge").start(message.edgeUrl, message.experiment, seed);
+      const bridge = pyodide.pyimport("browser_peer.js_bridge");
+      peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null);
     } else if (message.type === "stop" && peer !== null) {
       peer.stop();
       peer.destroy();

@@ -114,3 +114,53 @@ def test_per_peer_rate_limit(http: httpx.Client) -> None:
     codes = [http.post(f"{BASE}/leases", json=proof(TRAINER, "lease")).status_code for _ in range(20)]
     assert codes[0] == 200 and 429 in codes
     assert http.post(f"{BASE}/leases", json=proof(PureSigner(b"\x53" * 32), "lease")).status_code == 200
+
+
+def test_admission_tokens_and_roles(tmp_path: Path, dataset_root: Path) -> None:
+    from server.admission import issue_token
+    from server.store import Store
+
+    network = write_network(tmp_path / "plain.json")
+    )
+    (tmp_path / "network.json").write_text(json.dumps(replace(network, admission_required=True).to_wire()))
+    store = Store(tmp_path / "edge" / "edge.sqlite3")
+    tokens = {role: issue_token(store, role, role, 3600) for role in ("viewer", "trainer", "validator")}
+    store.close()
+    settings = Settings(
+        port=0,
+        data_dir=tmp_path / "edge",
+        datasets_dir=dataset_root,
+        network=tmp_path / "network.json",
+        pyodide_dir=tmp_path,
+    )
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
+
+        def bearer(role: str) -> dict[str, str]:
+            return {"authorization": f"Bearer {tokens[role]}"}
+
+        head, body = head_envelope()
+        assert http.post(f"{BASE}/heads", content=body).status_code == 401
+        assert http.post(f"{BASE}/heads", content=body, headers=bearer("trainer")).status_code == 403
+        assert http.post(f"{BASE}/heads", content=body, headers=bearer("validator")).status_code == 201
+        lease_body = proof(TRAINER, "lease")
+        assert http.post(f"{BASE}/leases", json=lease_body).status_code == 401
+        assert (
+            http.post(f"{BASE}/leases", json=lease_body, headers={"authorization": "Bearer dtn_forged"}).status_code
+            == 401
+        )
+        assert http.post(f"{BASE}/leases", json=lease_body, headers=bearer("viewer")).status_code == 403
+        assert http.post(f"{BASE}/leases", json=lease_body, headers=bearer("trainer")).status_code == 200
+        with connect(edge.url.replace("http", "ws") + "/v1/relay") as ws:
+            nonce = json.loads(ws.recv(timeout=5))["nonce"]
+            ws.send(json.dumps({"type": "join", "proof": proof(TRAINER, "join", nonce)}))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        with connect(edge.url.replace("http", "ws") + "/v1/relay") as ws:
+            nonce = json.loads(ws.recv(timeout=5))["nonce"]
+            ws.send(json.dumps({"type": "join", "proof": proof(TRAINER, "join", nonce), "token": tokens["viewer"]}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+            ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
+            reply = json.loads(ws.recv(timeout=5))
+            assert reply["type"] == "error" and reply["status"] == 403
+        assert head.head_id == http.get(f"{BASE}/head").json()["head_id"]

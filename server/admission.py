@@ -1,0 +1,84 @@
+"""Optional admission: bearer tokens issued by the edge operator, each with a role.
+
+When the network manifest sets ``admission_required``, every write needs a token whose role allows
+it: HTTP requests carry ``Authorization: Bearer <token>``, relay peers put ``"token"`` in their join
+message. Only the sha256 of a token is stored. Signatures still decide what a message *is*; tokens
+decide who may send it at all (e.g. only operator-approved trainers may lease data).
+
+    python -m server.admission issue --data-dir var/edge --role trainer --label alice [--ttl-days 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import secrets
+import time
+from pathlib import Path
+
+from .errors import Forbidden, Unauthorized
+from .store import Store
+
+__all__ = ["ROLES", "Admission", "issue_token"]
+
+# what each role may do; "validator" may do everything a trainer or viewer may
+ROLES: dict[str, frozenset[str]] = {
+    "viewer": frozenset({"join"}),
+    "trainer": frozenset({"join", "lease", "candidate"}),
+    "validator": frozenset({"join", "lease", "candidate", "head", "verdict"}),
+}
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_token(store: Store, role: str, label: str, ttl_s: float) -> str:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {sorted(ROLES)}")
+    token = "dtn_" + secrets.token_urlsafe(24)
+    now_ms = int(time.time() * 1000)
+    store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000))
+    return token
+
+
+class Admission:
+    def __init__(self, store: Store, required: bool) -> None:
+        self.store = store
+        self.required = required
+
+    def check(self, token: str | None, action: str) -> None:
+        """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (role lacks ``action``)."""
+        if not self.required:
+            return
+        if not token:
+            raise Unauthorized("this network requires an admission token (Authorization: Bearer ...)")
+        found = self.store.token(_digest(token))
+        if found is None or found[1] <= time.time() * 1000:
+            raise Unauthorized("unknown or expired admission token")
+        if action not in ROLES[found[0]]:
+            raise Forbidden(f"role {found[0]!r} may not {action}")
+
+    def check_header(self, authorization: str | None, action: str) -> None:
+        token = authorization.removeprefix("Bearer ").strip() if authorization else None
+        self.check(token, action)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Issue admission tokens for an edge.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    issue = sub.add_parser("issue")
+    issue.add_argument("--data-dir", type=Path, default=Path("var/edge"))
+    issue.add_argument("--role", choices=sorted(ROLES), required=True)
+    issue.add_argument("--label", default="")
+    issue.add_argument("--ttl-days", type=float, default=30.0)
+    args = parser.parse_args()
+    store = Store(args.data_dir / "edge.sqlite3")
+    try:
+        print(issue_token(store, args.role, args.label, args.ttl_days * 86400))
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
