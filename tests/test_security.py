@@ -17,8 +17,10 @@ from websockets.sync.client import connect
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.messages import HeadDescriptor, PeerProof
 from protocol.signing import PureSigner
+from server.admission import issue_token
 from server.serve import BackgroundEdge
 from server.settings import Settings
+from server.store import Store
 
 from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, proof, write_network
 
@@ -117,11 +119,7 @@ def test_per_peer_rate_limit(http: httpx.Client) -> None:
 
 
 def test_admission_tokens_and_roles(tmp_path: Path, dataset_root: Path) -> None:
-    from server.admission import issue_token
-    from server.store import Store
-
     network = write_network(tmp_path / "plain.json")
-    )
     (tmp_path / "network.json").write_text(json.dumps(replace(network, admission_required=True).to_wire()))
     store = Store(tmp_path / "edge" / "edge.sqlite3")
     tokens = {role: issue_token(store, role, role, 3600) for role in ("viewer", "trainer", "validator")}
