@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -55,10 +55,11 @@ LATE_JOIN_AT_WINDOW = 5
 class Fleet:
     out: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, BinaryIO] = field(default_factory=dict)
 
     def start(self, name: str, argv: list[str]) -> None:
-        log = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child process
-        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.logs[name] = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.processes[name] = subprocess.Popen(argv, stdout=self.logs[name], stderr=subprocess.STDOUT, cwd=REPO)
 
     def stop(self, name: str, timeout_s: float = 20.0) -> int | None:
         process = self.processes.pop(name)
@@ -68,6 +69,8 @@ class Fleet:
         except subprocess.TimeoutExpired:
             process.kill()
             return process.wait()
+        finally:
+            self.logs.pop(name).close()
 
     def stop_all(self, *, keep: tuple[str, ...] = ()) -> None:
         """Stop every process but ``keep``, newest first (the edge, started first, goes last)."""
