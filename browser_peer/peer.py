@@ -23,7 +23,7 @@ from protocol.batches import make_batches, window_seed
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
-from protocol.hashing import content_id, verify_content
+from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
@@ -246,18 +246,16 @@ class BrowserPeer:
         examples = steps * spec.batch_size
         rate = examples / max(seconds, 1e-9)
         artifact = encode_tensors(params, {"model": spec.model, "base_head": head.head_id})
-        candidate = Candidate(
-            experiment=self.key,
-            candidate_id=content_id(artifact),
-            base_head=head.head_id,
-            lease_id=lease.lease_id,
-            public_key=self.signer.public_key,
+        candidate = Candidate.for_lease(
+            lease,
+            artifact,
+            self.signer,
             peer_kind=self.peer_kind,
             examples=examples,
             steps=steps,
             created_at_ms=_now_ms(),
             metrics={"train_loss": float(np.mean(losses)), "samples_per_s": rate},
-        ).signed(self.signer)
+        )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate)
         await socket.send_bytes(pack_envelope(candidate.to_wire(), artifact))
         ack = await self._reply(reader, "candidate.ack")

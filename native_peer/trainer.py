@@ -269,18 +269,16 @@ class Trainer:
         artifact = encode_tensors(
             self.project.learner.to_tensors(params), {"model": experiment.spec.model, "base_head": head.head_id}
         )
-        candidate = Candidate(
-            experiment=experiment.key,
-            candidate_id=content_id(artifact),
-            base_head=head.head_id,
-            lease_id=lease.lease_id,
-            public_key=self.identity.public_key,
+        candidate = Candidate.for_lease(
+            lease,
+            artifact,
+            self.identity,
             peer_kind=self.peer_kind,
             examples=examples,
             steps=steps,
             created_at_ms=int(time.time() * 1000),
             metrics=metrics,
-        ).signed(self.identity)
+        )
         self.edge.publish_candidate(experiment.key, pack_envelope(candidate.to_wire(), artifact))
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Self
 
 from .errors import InvalidMessage, SignatureError
 from .fields import opt, read_bool, read_dict, read_int, read_list, read_object, read_str
+from .hashing import content_id
 from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
 
@@ -43,6 +44,26 @@ class _Signed:
     def verify(self, public_key: bytes) -> None:
         """Raise ``SignatureError`` unless this message is signed by ``public_key``."""
         require_signature(public_key, self.DOMAIN, self.body(), self.signature)
+
+
+class _SelfSigned(_Signed):
+    """A message signed by the key it carries: the sender's own identity."""
+
+    public_key: bytes
+    peer_kind: str
+
+    @property
+    def peer_id(self) -> PeerId:
+        return peer_id_from_public_key(self.public_key)
+
+    def verify_own(self) -> None:
+        """Raise ``SignatureError`` unless the peer named in the message signed it."""
+        self.verify(self.public_key)
+
+    def _checked(self) -> Self:
+        if self.peer_kind not in PEER_KINDS:
+            raise InvalidMessage(f"unknown peer kind {self.peer_kind!r}")
+        return self
 
 
 def _signature(data: Mapping[str, object]) -> bytes:
@@ -105,7 +126,7 @@ class Lease(_Signed):
 
 
 @dataclass(frozen=True)
-class Candidate(_Signed):
+class Candidate(_SelfSigned):
     """A trainer's proposed update: the artifact ``candidate_id`` trained from ``base_head``.
 
     ``examples`` is the sample weight used by the merge; ``metrics`` are the trainer's own numbers,
@@ -126,10 +147,6 @@ class Candidate(_Signed):
     metrics: dict[str, float] = field(default_factory=dict)
     signature: bytes = b""
 
-    @property
-    def peer_id(self) -> PeerId:
-        return peer_id_from_public_key(self.public_key)
-
     def body(self) -> dict[str, Any]:
         return {
             "experiment": self.experiment,
@@ -146,6 +163,33 @@ class Candidate(_Signed):
         }
 
     @classmethod
+    def for_lease(
+        cls,
+        lease: Lease,
+        artifact: bytes,
+        signer: Signer,
+        *,
+        peer_kind: str,
+        examples: int,
+        steps: int,
+        created_at_ms: int,
+        metrics: dict[str, float] | None = None,
+    ) -> Candidate:
+        """The signed candidate for ``artifact``, trained on ``lease`` (its base head and shards)."""
+        return cls(
+            experiment=lease.experiment,
+            candidate_id=content_id(artifact),
+            base_head=lease.base_head,
+            lease_id=lease.lease_id,
+            public_key=signer.public_key,
+            peer_kind=peer_kind,
+            examples=examples,
+            steps=steps,
+            created_at_ms=created_at_ms,
+            metrics=metrics or {},
+        ).signed(signer)
+
+    @classmethod
     def from_wire(cls, value: object) -> Candidate:
         d = read_object(value, "candidate")
         candidate = cls(
@@ -160,16 +204,10 @@ class Candidate(_Signed):
             created_at_ms=read_int(d, "created_at_ms"),
             metrics=_metrics(d),
             signature=_signature(d),
-        )
-        if candidate.peer_kind not in PEER_KINDS:
-            raise InvalidMessage(f"unknown peer kind {candidate.peer_kind!r}")
+        )._checked()
         if d.get("peer_id") != candidate.peer_id:
             raise InvalidMessage("peer_id does not match public_key")
         return candidate
-
-    def verify_own(self) -> None:
-        """Raise ``SignatureError`` unless the trainer named in the candidate signed it."""
-        self.verify(self.public_key)
 
 
 @dataclass(frozen=True)
@@ -281,7 +319,7 @@ class Verdict(_Signed):
 
 
 @dataclass(frozen=True)
-class PeerProof(_Signed):
+class PeerProof(_SelfSigned):
     """A peer proving it holds the key behind its id: to join the relay (``purpose="join"``, with
     the edge's challenge nonce) or to ask for a lease over HTTP (``purpose="lease"``, with a fresh
     timestamp)."""
@@ -295,10 +333,6 @@ class PeerProof(_Signed):
     issued_at_ms: int
     signature: bytes = b""
 
-    @property
-    def peer_id(self) -> PeerId:
-        return peer_id_from_public_key(self.public_key)
-
     def body(self) -> dict[str, Any]:
         return {
             "purpose": self.purpose,
@@ -311,17 +345,11 @@ class PeerProof(_Signed):
     @classmethod
     def from_wire(cls, value: object) -> PeerProof:
         d = read_object(value, "peer proof")
-        proof = cls(
+        return cls(
             purpose=read_str(d, "purpose", max_len=16),
             public_key=_key(d, "public_key"),
             peer_kind=read_str(d, "peer_kind", max_len=16),
             nonce=read_str(d, "nonce", max_len=128),
             issued_at_ms=read_int(d, "issued_at_ms"),
             signature=_signature(d),
-        )
-        if proof.peer_kind not in PEER_KINDS:
-            raise InvalidMessage(f"unknown peer kind {proof.peer_kind!r}")
-        return proof
-
-    def verify_own(self) -> None:
-        self.verify(self.public_key)
+        )._checked()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,9 +14,10 @@ from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, PeerProof
+from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
 from protocol.model import MODELS, init_params
-from protocol.signing import PureSigner
+from protocol.signing import PureSigner, peer_id_from_public_key
+from server.settings import Settings
 
 VALIDATOR = PureSigner(b"\x11" * 32)
 EXPERIMENT = ExperimentKey.parse("study/mnist/rev-1")
@@ -72,19 +74,35 @@ def candidate_envelope(
     trainer: PureSigner, base: HeadId, lease_id: str = "lease-x", *, seed: int = 1, peer_kind: str = "native"
 ) -> tuple[Candidate, bytes]:
     artifact = encode_tensors(init_params(SPEC, seed))
-    candidate = Candidate(
-        experiment=EXPERIMENT,
-        candidate_id=content_id(artifact),
-        base_head=base,
-        lease_id=LeaseId(lease_id),
-        public_key=trainer.public_key,
-        peer_kind=peer_kind,
-        examples=1000,
-        steps=10,
-        created_at_ms=now_ms(),
-    ).signed(trainer)
+    lease = Lease(
+        LeaseId(lease_id),
+        EXPERIMENT,
+        peer_id_from_public_key(trainer.public_key),
+        base,
+        0,
+        DatasetId("mnist"),
+        (),
+        0,
+        1,
+    )
+    candidate = Candidate.for_lease(
+        lease, artifact, trainer, peer_kind=peer_kind, examples=1000, steps=10, created_at_ms=now_ms()
+    )
     return candidate, pack_envelope(candidate.to_wire(), artifact)
 
 
 def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "native") -> dict[str, object]:
     return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()
+
+
+def edge_settings(root: Path, datasets: Path, **overrides: Any) -> Settings:
+    """Settings for a test edge on a free port, its state under ``root``, network at ``root/network.json``."""
+    options: dict[str, Any] = {
+        "port": 0,
+        "data_dir": root / "edge",
+        "datasets_dir": datasets,
+        "network": root / "network.json",
+        "pyodide_dir": root / "no-pyodide",
+        **overrides,
+    }
+    return Settings(**options)

@@ -21,6 +21,7 @@ from server.serve import BackgroundEdge
 from server.settings import Settings
 
 from .native_bridge import NativeBridge
+from .support import edge_settings
 
 
 @pytest.fixture
@@ -28,13 +29,7 @@ def stack(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Settings, Storag
     storage = StorageConfig(tmp_path / "validator")
     network = demo_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
-    settings = Settings(
-        port=0,
-        data_dir=tmp_path / "edge",
-        datasets_dir=dataset_root,
-        network=tmp_path / "network.json",
-        pyodide_dir=tmp_path,
-    )
+    settings = edge_settings(tmp_path, dataset_root)
     yield settings, storage
 
 

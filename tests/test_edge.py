@@ -29,7 +29,7 @@ from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.serve import BackgroundEdge
 from server.settings import Settings
 
-from .support import EXPERIMENT, candidate_envelope, head_envelope, proof, write_network
+from .support import EXPERIMENT, candidate_envelope, edge_settings, head_envelope, proof, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -37,13 +37,9 @@ BASE = f"/v1/experiments/{EXPERIMENT}"
 @pytest.fixture
 def settings(tmp_path: Path, dataset_root: Path) -> Settings:
     write_network(tmp_path / "network.json")
-    return Settings(
-        host="127.0.0.1",
-        port=0,
-        data_dir=tmp_path / "edge",
-        datasets_dir=dataset_root,
-        network=tmp_path / "network.json",
-        pyodide_dir=tmp_path / "no-pyodide",
+    return edge_settings(
+        tmp_path,
+        dataset_root,
         max_artifact_bytes=1_000_000,
         max_frame_bytes=2_000_000,
         send_queue_size=64,

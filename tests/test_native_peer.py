@@ -15,7 +15,8 @@ from native_peer.networks import BASELINE, RELEASE, WORKLOAD, demo_network
 from native_peer.trainer import Trainer
 from protocol.hashing import content_id
 from server.serve import BackgroundEdge
-from server.settings import Settings
+
+from .support import edge_settings
 
 
 @pytest.fixture
@@ -24,13 +25,7 @@ def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Background
     identity = NodeIdentity.load_or_create(validator_storage.identity_path)
     network = demo_network(identity.public_key)
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
-    settings = Settings(
-        port=0,
-        data_dir=tmp_path / "edge",
-        datasets_dir=dataset_root,
-        network=tmp_path / "network.json",
-        pyodide_dir=tmp_path / "none",
-    )
+    settings = edge_settings(tmp_path, dataset_root)
     with BackgroundEdge(settings) as edge:
         validator = Validator(mlp_learner(), network, validator_storage, edge.url, dataset_root)
         yield edge, validator, tmp_path

@@ -19,10 +19,9 @@ from protocol.messages import HeadDescriptor, PeerProof
 from protocol.signing import PureSigner
 from server.admission import issue_token
 from server.serve import BackgroundEdge
-from server.settings import Settings
 from server.store import Store
 
-from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, proof, write_network
+from .support import EXPERIMENT, VALIDATOR, candidate_envelope, edge_settings, head_envelope, proof, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 TRAINER = PureSigner(b"\x51" * 32)
@@ -31,14 +30,7 @@ TRAINER = PureSigner(b"\x51" * 32)
 @pytest.fixture
 def edge(tmp_path: Path, dataset_root: Path) -> Iterator[BackgroundEdge]:
     write_network(tmp_path / "network.json")
-    settings = Settings(
-        port=0,
-        data_dir=tmp_path / "edge",
-        datasets_dir=dataset_root,
-        network=tmp_path / "network.json",
-        pyodide_dir=tmp_path,
-        peer_requests_per_min=60,
-    )
+    settings = edge_settings(tmp_path, dataset_root, peer_requests_per_min=60)
     with BackgroundEdge(settings) as running:
         yield running
 
@@ -124,13 +116,7 @@ def test_admission_tokens_and_roles(tmp_path: Path, dataset_root: Path) -> None:
     store = Store(tmp_path / "edge" / "edge.sqlite3")
     tokens = {role: issue_token(store, role, role, 3600) for role in ("viewer", "trainer", "validator")}
     store.close()
-    settings = Settings(
-        port=0,
-        data_dir=tmp_path / "edge",
-        datasets_dir=dataset_root,
-        network=tmp_path / "network.json",
-        pyodide_dir=tmp_path,
-    )
+    settings = edge_settings(tmp_path, dataset_root)
     with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
 
         def bearer(role: str) -> dict[str, str]:
