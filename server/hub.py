@@ -26,8 +26,8 @@ TOPICS = frozenset({"heads", "leases", "candidates", "verdicts", "metrics", "pee
 
 
 class ConnectionState(enum.Enum):
-    CONNECTING = "connecting"
-    CHALLENGED = "challenged"
+    """A registered connection's state (it is registered once its join proof verified)."""
+
     JOINED = "joined"
     CLOSED = "closed"
 

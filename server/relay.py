@@ -1,6 +1,8 @@
 """The WebSocket relay and signaling endpoint, ``/v1/relay``.
 
-Connection states: CONNECTING → CHALLENGED (edge sent a nonce) → JOINED (peer signed it) → CLOSED.
+A connection is accepted, challenged (the edge sends a nonce), then joined once the peer's signed
+proof of that nonce verifies: only then is it registered in the hub (``ConnectionState.JOINED``),
+until it is closed (``ConnectionState.CLOSED``).
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}

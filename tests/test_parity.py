@@ -74,3 +74,17 @@ def test_blas_matmul_path_matches_numpy(batches: tuple[np.ndarray, np.ndarray]) 
     for name, value in grads.items():
         np.testing.assert_allclose(blas_grads[name], value, atol=1e-6, rtol=1e-5)
         assert blas_grads[name].flags.c_contiguous or blas_grads[name].ndim == 1
+
+
+def test_numpy_reference_evaluation_matches_jax(dataset_root: Path) -> None:
+    from datasets.mnist import load_split
+    from native_peer.learner import Evaluator
+    from protocol.model import evaluate
+
+    learner = mlp_learner()
+    head = _head()
+    x, y = load_split(dataset_root / "mnist", "validation")
+    reference = evaluate(SPEC, head, x, y)
+    measured = Evaluator(learner)(learner.from_tensors(head), x, y)
+    assert abs(reference["loss"] - measured["loss"]) < 1e-5
+    assert reference["accuracy"] == measured["accuracy"]
