@@ -82,18 +82,28 @@ class Adam:
     nu: Params = field(default_factory=dict)
 
     def step(self, params: Params, grads: Mapping[str, F32]) -> Params:
+        """New parameters after one Adam step (``params`` are not modified; moments update in place,
+        with few temporaries: allocation dominates elementwise work in WebAssembly)."""
         self.count += 1
         c1 = np.float32(1.0 - self.b1**self.count)
         c2 = np.float32(1.0 - self.b2**self.count)
         updated: Params = {}
         for name, grad in grads.items():
-            mu = self.mu.get(name, np.zeros_like(grad))
-            nu = self.nu.get(name, np.zeros_like(grad))
-            mu = np.float32(self.b1) * mu + np.float32(1.0 - self.b1) * grad
-            nu = np.float32(self.b2) * nu + np.float32(1.0 - self.b2) * grad * grad
-            self.mu[name], self.nu[name] = mu, nu
-            step = (mu / c1) / (np.sqrt(nu / c2) + np.float32(self.eps))
-            updated[name] = (params[name] - np.float32(self.learning_rate) * step).astype(np.float32)
+            mu = self.mu.setdefault(name, np.zeros_like(grad))
+            nu = self.nu.setdefault(name, np.zeros_like(grad))
+            mu *= np.float32(self.b1)
+            mu += np.float32(1.0 - self.b1) * grad
+            square = grad * grad
+            square *= np.float32(1.0 - self.b2)
+            nu *= np.float32(self.b2)
+            nu += square
+            denominator = np.divide(nu, c2, out=square)
+            np.sqrt(denominator, out=denominator)
+            denominator += np.float32(self.eps)
+            step = mu / c1
+            step /= denominator
+            step *= np.float32(self.learning_rate)
+            updated[name] = params[name] - step
         return updated
 
 

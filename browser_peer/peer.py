@@ -37,6 +37,7 @@ from .numpy_trainer import Adam, fastest_matmul, gradients
 __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
+HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class BrowserPeer:
     async def _session(self) -> None:
         socket = await self.bridge.connect(self.config.edge_url.replace("http", "ws", 1) + "/v1/relay")
         reader: asyncio.Task[None] | None = None
+        heartbeat: asyncio.Task[None] | None = None
         try:
             challenge = json.loads(await socket.recv())
             proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], _now_ms())
@@ -126,6 +128,7 @@ class BrowserPeer:
             )
             self._report(phase="joined", connected=True)
             reader = asyncio.ensure_future(self._read(socket))
+            heartbeat = asyncio.ensure_future(self._heartbeat(socket))
             while self.running and (
                 self.config.max_windows is None or self.status["windows_done"] < self.config.max_windows
             ):
@@ -137,9 +140,16 @@ class BrowserPeer:
             if self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows:
                 self.running = False
         finally:
-            if reader is not None:
-                reader.cancel()
+            for task in (reader, heartbeat):
+                if task is not None:
+                    task.cancel()
             await socket.close()
+
+    @staticmethod
+    async def _heartbeat(socket: Socket) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            await socket.send_text('{"type":"ping"}')
 
     async def _read(self, socket: Socket) -> None:
         while True:
@@ -155,7 +165,7 @@ class BrowserPeer:
                         **{field: self.status[field] + 1},
                         last_verdict={"accepted": verdict["accepted"], "reason": verdict["reason"]},
                     )
-            else:
+            elif message.get("type") != "pong":
                 await self._inbox.put(message)
 
     async def _reply(self, reader: asyncio.Task[None], *types: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from browser_peer.peer import BrowserPeer, PeerConfig
@@ -21,7 +22,7 @@ from server.serve import BackgroundEdge
 from server.settings import Settings
 
 from .native_bridge import NativeBridge
-from .support import edge_settings
+from .support import edge_settings, experiment_spec, head_envelope, write_network
 
 
 @pytest.fixture
@@ -105,3 +106,30 @@ def test_browser_peer_reconnects_after_edge_restart(stack: tuple[Settings, Stora
         edge.stop()
     assert peer.status["windows_done"] == 2
     assert any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
+
+
+def test_browser_peer_heartbeat_outlives_the_idle_timeout(
+    tmp_path: Path, dataset_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import browser_peer.peer
+
+    monkeypatch.setattr(browser_peer.peer, "HEARTBEAT_S", 0.3)
+    write_network(tmp_path / "network.json", experiment_spec(BASELINE))
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root, idle_timeout_s=1.0)) as edge:
+        _, genesis = head_envelope(experiment=BASELINE)
+        httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/heads", content=genesis).raise_for_status()
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x44" * 32))
+
+        async def idle_after_one_window() -> None:
+            task = asyncio.ensure_future(peer.run())
+            while peer.status["windows_done"] < 1:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(3.0)  # no validator: no new head; three idle timeouts pass
+            peer.stop()
+            await asyncio.wait_for(task, 10)
+            await bridge.aclose()
+
+        asyncio.run(idle_after_one_window())
+    assert peer.status["windows_done"] == 1
+    assert not any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
