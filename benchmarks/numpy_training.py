@@ -32,7 +32,7 @@ def main() -> None:
     xb, yb = make_batches(x, y, 64, 0)
     train_epoch(spec, params, optimizer, xb[:4], yb[:4])  # warm up
     rates = []
-    for epoch in range(3):
+    for epoch in range(5):
         xb, yb = make_batches(x, y, 64, epoch)
         started = time.perf_counter()
         params, _ = train_epoch(spec, params, optimizer, xb, yb)

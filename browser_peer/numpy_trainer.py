@@ -85,25 +85,26 @@ class Adam:
         """New parameters after one Adam step (``params`` are not modified; moments update in place,
         with few temporaries: allocation dominates elementwise work in WebAssembly)."""
         self.count += 1
-        c1 = np.float32(1.0 - self.b1**self.count)
-        c2 = np.float32(1.0 - self.b2**self.count)
+        c1 = 1.0 - self.b1**self.count
+        c2 = 1.0 - self.b2**self.count
+        # lr · (mu / c1) / (sqrt(nu / c2) + eps) == scale · mu / (sqrt(nu) + eps · sqrt(c2))
+        scale = np.float32(self.learning_rate * np.sqrt(c2) / c1)
+        eps = np.float32(self.eps * np.sqrt(c2))
         updated: Params = {}
         for name, grad in grads.items():
             mu = self.mu.setdefault(name, np.zeros_like(grad))
             nu = self.nu.setdefault(name, np.zeros_like(grad))
             mu *= np.float32(self.b1)
             mu += np.float32(1.0 - self.b1) * grad
-            square = grad * grad
-            square *= np.float32(1.0 - self.b2)
+            work = grad * grad
+            work *= np.float32(1.0 - self.b2)
             nu *= np.float32(self.b2)
-            nu += square
-            denominator = np.divide(nu, c2, out=square)
-            np.sqrt(denominator, out=denominator)
-            denominator += np.float32(self.eps)
-            step = mu / c1
-            step /= denominator
-            step *= np.float32(self.learning_rate)
-            updated[name] = params[name] - step
+            nu += work
+            np.sqrt(nu, out=work)
+            work += eps
+            np.divide(mu, work, out=work)
+            work *= scale
+            updated[name] = params[name] - work
         return updated
 
 
