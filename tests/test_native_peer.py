@@ -116,3 +116,27 @@ def test_stale_and_replayed_candidates_are_rejected_with_reasons(
     assert content_id(b"") not in verdicts
     slow.close()
     fast.close()
+
+
+def test_validator_state_survives_restart(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "t-restart")
+    experiment = trainer.experiment(*BASELINE.parts)
+    first = trainer.train_window_once(experiment)
+    report = validator.poll(spec)
+    assert report is not None and report.promoted is not None
+    validator.close()
+    restarted = Validator(validator.learner, validator.network, validator.storage, edge.url, dataset_root)
+    assert restarted.ensure_genesis(spec).head_id == report.promoted.head_id != genesis.head_id
+    assert first.candidate_id in restarted._state["judged"]
+    assert restarted.poll(spec) is None  # nothing new: the judged candidate is not judged again
+    second = trainer.train_window_once(experiment)
+    again = restarted.poll(spec)
+    assert again is not None and again.promoted is not None and again.promoted.parent == report.promoted.head_id
+    assert [v.candidate_id for v in again.verdicts] == [second.candidate_id]
+    restarted.close()
+    trainer.close()

@@ -104,6 +104,23 @@ def test_replayed_signatures_do_not_work(http: httpx.Client, edge: BackgroundEdg
     assert http.post("/v1/experiments/study/other/rev-1/heads", content=head_envelope()[1]).status_code in (400, 404)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/artifacts/..%2F..%2Fedge.sqlite3",
+        "/v1/artifacts/sha256:..%2F..%2Fetc%2Fpasswd",
+        "/v1/datasets/..%2Fmnist/fetch-manifest.json",
+        "/v1/datasets/mnist/shards/..%2Fvalidation%2Fvalidation?lease=x",
+        "/v1/leases/..%2F..%2Fx",
+        "/v1/experiments/study/..%2F..%2Fx/rev-1/head",
+    ],
+)
+def test_path_traversal_is_refused(http: httpx.Client, path: str) -> None:
+    response = http.get(path)
+    assert response.status_code in (400, 404), (path, response.status_code)
+    assert b"SQLite" not in response.content and b"root:" not in response.content
+
+
 def test_per_peer_rate_limit(http: httpx.Client) -> None:
     codes = [http.post(f"{BASE}/leases", json=proof(TRAINER, "lease")).status_code for _ in range(20)]
     assert codes[0] == 200 and 429 in codes
