@@ -180,7 +180,7 @@ def test_head_upload_requires_validator_signature(client: httpx.Client) -> None:
 def test_candidate_upload_checks_hash_signature_and_size(client: httpx.Client) -> None:
     base = _genesis(client)
     trainer = PureSigner(b"\x31" * 32)
-    candidate, body = candidate_envelope(trainer, base)
+    candidate, body = candidate_envelope(trainer, base, _lease(client, trainer).lease_id)
     wrong_hash = pack_envelope({**candidate.to_wire()}, body[-1000:])
     response = client.post(f"{BASE}/candidates", content=wrong_hash)
     assert response.status_code == 422 and response.json()["error"] == "IntegrityError"

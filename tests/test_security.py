@@ -44,6 +44,12 @@ def http(edge: BackgroundEdge) -> Iterator[httpx.Client]:
         yield client
 
 
+def _lease_id(http: httpx.Client, signer: PureSigner = TRAINER) -> str:
+    response = http.post(f"{BASE}/leases", json=proof(signer, "lease"))
+    response.raise_for_status()
+    return str(response.json()["lease_id"])
+
+
 def test_non_validator_cannot_promote(http: httpx.Client) -> None:
     genesis = http.headers["x-genesis"]
     lease = http.post(f"{BASE}/leases", json=proof(TRAINER, "lease")).json()
@@ -60,7 +66,7 @@ def test_non_validator_cannot_promote(http: httpx.Client) -> None:
 
 def test_forged_candidates_are_rejected(http: httpx.Client) -> None:
     genesis = http.headers["x-genesis"]
-    candidate, body = candidate_envelope(TRAINER, genesis)
+    candidate, body = candidate_envelope(TRAINER, genesis, _lease_id(http))
     impostor = PureSigner(b"\x52" * 32)
     stolen_identity = replace(candidate, examples=50_000).signed(impostor).to_wire() | {
         "public_key": candidate.to_wire()["public_key"],
@@ -93,7 +99,7 @@ def test_replayed_signatures_do_not_work(http: httpx.Client, edge: BackgroundEdg
     # a join proof is not a lease proof (the purpose is signed)
     assert http.post(f"{BASE}/leases", json=captured["proof"]).status_code == 400
     # a candidate's signature does not carry over to other bytes
-    candidate, _ = candidate_envelope(TRAINER, genesis)
+    candidate, _ = candidate_envelope(TRAINER, genesis, _lease_id(http))
     _, other_artifact = unpack_envelope(candidate_envelope(TRAINER, genesis, seed=9)[1])
     assert (
         http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), other_artifact)).status_code == 422
@@ -119,6 +125,17 @@ def test_path_traversal_is_refused(http: httpx.Client, path: str) -> None:
     response = http.get(path)
     assert response.status_code in (400, 404), (path, response.status_code)
     assert b"SQLite" not in response.content and b"root:" not in response.content
+
+
+def test_candidate_must_name_a_lease_its_trainer_holds(http: httpx.Client) -> None:
+    genesis = http.headers["x-genesis"]
+    _, no_lease = candidate_envelope(TRAINER, genesis, "lease-made-up")
+    assert http.post(f"{BASE}/candidates", content=no_lease).status_code == 403
+    someone_elses = _lease_id(http, PureSigner(b"\x54" * 32))
+    _, borrowed = candidate_envelope(TRAINER, genesis, someone_elses)
+    assert http.post(f"{BASE}/candidates", content=borrowed).status_code == 403
+    _, own = candidate_envelope(TRAINER, genesis, _lease_id(http))
+    assert http.post(f"{BASE}/candidates", content=own).status_code == 201
 
 
 def test_per_peer_rate_limit(http: httpx.Client) -> None:
