@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class ConnectionState(enum.Enum):
 
 @dataclass(eq=False)
 class Connection:
-    peer_id: PeerId
+    peer_id: str  # a PeerId for joined peers, ``viewer-<n>`` for anonymous viewers
     kind: str
     queue: asyncio.Queue[str | bytes]
     joined_at_ms: int
@@ -63,6 +64,8 @@ class Hub:
         self._subscribers: dict[tuple[str, str], set[Connection]] = defaultdict(set)
         self._head_changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.events: deque[dict[str, object]] = deque(maxlen=200)
+        self.viewers: set[Connection] = set()
+        self._viewer_numbers = itertools.count(1)
 
     def register(self, peer_id: PeerId, kind: str) -> tuple[Connection, Connection | None]:
         """Add a joined peer; returns it and the connection it replaces (same peer id), if any."""
@@ -74,10 +77,20 @@ class Hub:
         self.metrics.connections.labels(kind).inc()
         return connection, previous
 
+    def add_viewer(self) -> Connection:
+        """An anonymous, read-only connection that receives every published event."""
+        viewer = Connection(
+            f"viewer-{next(self._viewer_numbers)}", "viewer", asyncio.Queue(self.queue_size), int(time.time() * 1000)
+        )
+        self.viewers.add(viewer)
+        self.metrics.connections.labels("viewer").inc()
+        return viewer
+
     def unregister(self, connection: Connection) -> None:
         if connection.state is ConnectionState.CLOSED:
             return
         connection.state = ConnectionState.CLOSED
+        self.viewers.discard(connection)
         for key in connection.topics:
             self._subscribers[key].discard(connection)
         if self.connections.get(connection.peer_id) is connection:
@@ -95,7 +108,8 @@ class Hub:
         message = {"type": "event", "topic": topic, "experiment": str(experiment), "data": data}
         self.events.append({**message, "at_ms": int(time.time() * 1000)})
         text = orjson.dumps(message).decode()
-        delivered = sum(conn.offer(text) for conn in list(self._subscribers.get((str(experiment), topic), ())))
+        subscribers = [*self._subscribers.get((str(experiment), topic), ()), *self.viewers]
+        delivered = sum(conn.offer(text) for conn in subscribers)
         self.metrics.relay_messages.labels(topic).inc(delivered)
         return delivered
 
@@ -114,6 +128,6 @@ class Hub:
 
     def peers_by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
-        for connection in self.connections.values():
+        for connection in [*self.connections.values(), *self.viewers]:
             counts[connection.kind] += 1
         return dict(counts)

@@ -1,4 +1,4 @@
-"""The WebSocket relay and signaling endpoint, ``/v1/relay``.
+"""The WebSocket relay and signaling endpoint, ``/v1/relay``, and the viewers' event stream, ``/v1/events``.
 
 A connection is accepted, challenged (the edge sends a nonce), then joined once the peer's signed
 proof of that nonce verifies: only then is it registered in the hub (``ConnectionState.JOINED``),
@@ -15,6 +15,9 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
     edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
 
+``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to
+read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers.
+
 Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
 and the connection stays. Protocol violations close it with the code from ``errors``; so do a
 missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
@@ -28,6 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -71,7 +75,7 @@ async def relay(websocket: WebSocket) -> None:
     try:
         connection = await _join(websocket, state)
         sender = asyncio.create_task(_drain(websocket, connection))
-        await _serve(websocket, state, issuer, connection, sender)
+        await _serve(websocket, state, connection, sender, _peer_handler(state, issuer, connection))
     except _Close as close:
         await _stop(sender)
         await _close(websocket, state, close.code, close.reason)
@@ -81,6 +85,26 @@ async def relay(websocket: WebSocket) -> None:
         await _stop(sender)
         if connection is not None:
             state.hub.unregister(connection)
+
+
+@router.websocket("/v1/events")
+async def events(websocket: WebSocket) -> None:
+    """Read-only live events for viewers: every public topic of every experiment, no identity needed
+    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway)."""
+    state: EdgeState = websocket.app.state.edge
+    await websocket.accept()
+    viewer = state.hub.add_viewer()
+    sender = asyncio.create_task(_drain(websocket, viewer))
+    try:
+        await _serve(websocket, state, viewer, sender, _viewer_handler(viewer))
+    except _Close as close:
+        await _stop(sender)
+        await _close(websocket, state, close.code, close.reason)
+    except WebSocketDisconnect as gone:
+        state.metrics.closes.labels(str(gone.code)).inc()
+    finally:
+        await _stop(sender)
+        state.hub.unregister(viewer)
 
 
 async def _stop(sender: asyncio.Task[None] | None) -> None:
@@ -155,9 +179,13 @@ async def _drain(websocket: WebSocket, connection: Connection) -> None:
             await websocket.send_text(item)
 
 
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 async def _serve(
-    websocket: WebSocket, state: EdgeState, issuer: LeaseIssuer, connection: Connection, sender: asyncio.Task[None]
+    websocket: WebSocket, state: EdgeState, connection: Connection, sender: asyncio.Task[None], handle: Handler
 ) -> None:
+    """Receive until the peer leaves or breaks a rule; ``handle`` gets each message within the rate."""
     bucket = TokenBucket(state.settings.messages_per_s, 4 * state.settings.messages_per_s)
     overflow = asyncio.create_task(connection.overflowed.wait())
     try:
@@ -179,24 +207,44 @@ async def _serve(
                 raise WebSocketDisconnect(message.get("code", 1000))
             if not bucket.take():
                 raise _Close(close_code_for(RateLimited()), "message rate limit exceeded")
-            try:
-                if message.get("bytes") is not None:
-                    state.admission.check(connection.token, "candidate")
-                    candidate, _ = await accept_candidate(state, message["bytes"], via="ws")
-                    connection.offer(
-                        orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
-                    )
-                else:
-                    await _dispatch(state, issuer, connection, _decode(message))
-            except EdgeError as exc:
-                connection.offer(_error(exc))
-            except ProtocolError as exc:
-                if message.get("bytes") is not None:
-                    connection.offer(_error(exc))
-                else:
-                    raise _Close(close_code_for(exc), str(exc)) from None
+            await handle(message)
     finally:
         overflow.cancel()
+
+
+def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection) -> Handler:
+    async def handle(message: dict[str, Any]) -> None:
+        try:
+            if message.get("bytes") is not None:
+                state.admission.check(connection.token, "candidate")
+                candidate, _ = await accept_candidate(state, message["bytes"], via="ws")
+                connection.offer(
+                    orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
+                )
+            else:
+                await _dispatch(state, issuer, connection, _decode(message))
+        except EdgeError as exc:
+            connection.offer(_error(exc))
+        except ProtocolError as exc:
+            if message.get("bytes") is not None:
+                connection.offer(_error(exc))
+            else:
+                raise _Close(close_code_for(exc), str(exc)) from None
+
+    return handle
+
+
+def _viewer_handler(connection: Connection) -> Handler:
+    async def handle(message: dict[str, Any]) -> None:
+        try:
+            kind = _decode(message).get("type")
+        except ProtocolError as exc:
+            raise _Close(close_code_for(exc), str(exc)) from None
+        if kind != "ping":
+            raise _Close(4400, "the event stream is read-only: only pings are accepted")
+        connection.offer('{"type":"pong"}')
+
+    return handle
 
 
 def _error(exc: Exception) -> str:

@@ -121,39 +121,66 @@ function renderSnapshot(snapshot) {
       return li;
     }),
   );
-  $("events").replaceChildren(
-    ...snapshot.events
-      .slice()
-      .reverse()
-      .slice(0, 30)
-      .map((event) => {
-        const li = document.createElement("li");
-        const d = event.data;
-        const time = new Date(event.at_ms).toLocaleTimeString();
-        let text = `${event.topic}`;
-        if (event.topic === "heads") text = `new head, window ${d.window}, test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
-        else if (event.topic === "verdicts") {
-          text = `verdict ${d.accepted ? "accepted" : "rejected"} (${d.reason})`;
-          li.className = d.accepted ? "ok" : "bad";
-        } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
-        else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
-        else if (event.topic === "peers") text = `${d.kind} peer joined`;
-        li.textContent = `${time} ${event.experiment === "_network" ? "" : event.experiment.split("/")[1] + ": "}${text}`;
-        return li;
-      }),
-  );
+  $("events").replaceChildren(...snapshot.events.slice().reverse().slice(0, 30).map(eventItem));
+}
+
+function eventItem(event) {
+  const li = document.createElement("li");
+  const d = event.data;
+  const time = new Date(event.at_ms ?? Date.now()).toLocaleTimeString();
+  let text = `${event.topic}`;
+  if (event.topic === "heads") text = `new head, window ${d.window}, test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
+  else if (event.topic === "verdicts") {
+    text = `verdict ${d.accepted ? "accepted" : "rejected"} (${d.reason})`;
+    li.className = d.accepted ? "ok" : "bad";
+  } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
+  else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
+  else if (event.topic === "peers") text = `${d.kind} peer joined`;
+  else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
+  li.textContent = `${time} ${event.experiment === "_network" ? "" : event.experiment.split("/")[1] + ": "}${text}`;
+  return li;
+}
+
+// Live events over the edge's read-only stream; heads and verdicts also refresh the snapshot.
+function streamEvents(delay = 500) {
+  const socket = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/events`);
+  let heartbeat = null;
+  socket.onopen = () => {
+    delay = 500;
+    state.streaming = true;
+    heartbeat = setInterval(() => socket.send('{"type":"ping"}'), 30_000);
+  };
+  socket.onmessage = (message) => {
+    const event = JSON.parse(message.data);
+    if (event.type !== "event") return;
+    const list = $("events");
+    list.prepend(eventItem(event));
+    while (list.children.length > 30) list.lastChild.remove();
+    if (event.topic === "heads" || event.topic === "verdicts") refresh();
+  };
+  socket.onclose = () => {
+    state.streaming = false;
+    clearInterval(heartbeat);
+    setTimeout(() => streamEvents(Math.min(delay * 2, 10_000)), delay);
+  };
+}
+
+let refreshing = null;
+function refresh() {
+  refreshing ??= fetch("/portal/snapshot", { cache: "no-store" })
+    .then((response) => (response.ok ? response.json() : null))
+    .then((snapshot) => snapshot && renderSnapshot(snapshot))
+    .catch(() => setText("network-id", "edge unreachable, retrying…"))
+    .finally(() => (refreshing = null));
+  return refreshing;
 }
 
 async function poll() {
-  try {
-    const response = await fetch("/portal/snapshot", { cache: "no-store" });
-    if (response.ok) renderSnapshot(await response.json());
-  } catch (error) {
-    setText("network-id", "edge unreachable, retrying…");
-  }
-  setTimeout(poll, 1500);
+  await refresh();
+  setTimeout(poll, state.streaming ? 5000 : 1500); // the stream makes frequent polling unnecessary
 }
 
 $("toggle").addEventListener("click", toggle);
 await poll();
+streamEvents();
 if (params.get("contribute") === "1") toggle();

@@ -325,3 +325,20 @@ def test_long_poll_returns_when_head_changes(client: httpx.Client, edge: Backgro
     assert client.post(f"{BASE}/heads", content=body).status_code == 201
     thread.join()
     assert result["head"] == head.head_id and float(result["waited"]) < 10  # type: ignore[arg-type]
+
+
+def test_viewers_get_a_read_only_event_stream(edge: BackgroundEdge, client: httpx.Client) -> None:
+    url = edge.url.replace("http", "ws") + "/v1/events"
+    viewers = [_SOCKETS.enter_context(connect(url, open_timeout=5)) for _ in range(3)]
+    time.sleep(0.2)
+    assert client.get("/portal/snapshot").json()["peers"]["by_kind"] == {"viewer": 3}
+    head = _genesis(client)
+    for viewer in viewers:
+        event = json.loads(viewer.recv(timeout=5))
+        assert event["topic"] == "heads" and event["data"]["head_id"] == head
+    viewers[0].send(json.dumps({"type": "ping"}))
+    assert json.loads(viewers[0].recv(timeout=5)) == {"type": "pong"}
+    viewers[1].send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT}))
+    with pytest.raises(ConnectionClosed) as closed:
+        viewers[1].recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400

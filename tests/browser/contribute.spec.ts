@@ -47,6 +47,8 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
     timeout: 10_000,
   });
   await expect(page.locator("#peers")).toContainText("browser");
+  expect(await page.evaluate(() => (window as any).dtn.streaming)).toBe(true); // live event stream is up
+  await expect(page.locator("#events")).toContainText("verdict accepted");
   const shardRequests = requests.filter((url) => url.includes("/shards/"));
   expect(shardRequests.length).toBeGreaterThanOrEqual(4);
   for (const url of shardRequests) expect(url).toMatch(/\?lease=lease-[0-9a-f]+$/);
