@@ -36,8 +36,8 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
 from protocol.hashing import content_id
 from protocol.ids import HeadId
-from protocol.judging import Submission, judge_window, precheck
+from protocol.judging import Submission, judge_window, precheck, stale_base
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
 from protocol.screening import PRESETS, Screen
@@ -73,6 +73,7 @@ class ValidatorConfig:
     min_deadline_s: float = 5.0
     deadline_factor: float = 3.0
     history: int = 10
+    clock: Callable[[], float] = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,10 @@ class Validator:
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
         if self.identity.public_key not in network.validator_key_set:
             raise ValueError("this node's key is not a validator key of the network manifest")
-        self.network = network
         self.storage = storage
         self.config = config
         self.edge = EdgeClient(edge_url, token=admission_token)
-        self.network = NetworkManifest(
-            network.network_id,
-            network.validator_keys,
-            network.experiments,
-            network.edge_key or self.edge.network().edge_key,
-            network.admission_required,
-        )
+        self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
         self.datasets_dir = datasets_dir
         self.evaluate = Evaluator(learner)
         self._splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
@@ -198,14 +192,12 @@ class Validator:
         judged: dict[str, str] = self._state["judged"]
         fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in judged]
         verdicts = [
-            self._verdict(
-                c, Screen(False, f"stale_base: trained on {c.base_head[:19]}, current is {head.head_id[:19]}")
-            )
-            for c in fresh
-            if c.base_head != head.head_id
+            self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id
         ]
         window = [c for c in fresh if c.base_head == head.head_id]
-        opened = self._window_opened.setdefault(head.head_id, time.monotonic())
+        if head.head_id not in self._window_opened:
+            self._window_opened = {head.head_id: self.config.clock()}  # a new window; older ones are closed
+        opened = self._window_opened[head.head_id]
         if verdicts:
             self._record(verdicts)
             self._flush()
@@ -215,11 +207,11 @@ class Validator:
         live = [lease for lease in self.edge.leases(spec.key, head.head_id) if lease.expires_at_ms > now_ms]
         delivered = {c.peer_id for c in window}
         everyone_in = all(lease.peer_id in delivered for lease in live)
-        if not everyone_in and time.monotonic() - opened < self._deadline_s(spec):
+        if not everyone_in and self.config.clock() - opened < self._deadline_s(spec):
             return None
         if everyone_in:
             durations = self._state["durations"].setdefault(spec.key, [])
-            durations.append(time.monotonic() - opened)
+            durations.append(self.config.clock() - opened)
             del durations[: -self.config.history]
         return self._close_window(spec, head, window)
 

@@ -16,7 +16,7 @@ from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
 from protocol.model import MODELS, init_params
-from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.signing import PureSigner, Signer, peer_id_from_public_key
 from server.settings import Settings
 
 VALIDATOR = PureSigner(b"\x11" * 32)
@@ -71,7 +71,7 @@ def head_envelope(
 
 
 def candidate_envelope(
-    trainer: PureSigner, base: HeadId, lease_id: str = "lease-x", *, seed: int = 1, peer_kind: str = "native"
+    trainer: Signer, base: HeadId, lease_id: str = "lease-x", *, seed: int = 1, peer_kind: str = "native"
 ) -> tuple[Candidate, bytes]:
     artifact = encode_tensors(init_params(SPEC, seed))
     lease = Lease(

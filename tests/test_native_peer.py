@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig, Validator, WindowUnavailable
+from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.networks import BASELINE, RELEASE, WORKLOAD, demo_network
@@ -16,7 +16,7 @@ from native_peer.trainer import Trainer
 from protocol.hashing import content_id
 from server.serve import BackgroundEdge
 
-from .support import edge_settings
+from .support import candidate_envelope, edge_settings
 
 
 @pytest.fixture
@@ -90,10 +90,19 @@ def test_restarted_trainer_resumes_identity_cache_and_optimizer(
     again.close()
 
 
-def test_stale_and_replayed_candidates_are_rejected_with_reasons(
-    network_env: tuple[BackgroundEdge, Validator, Path],
+def test_stale_candidates_are_rejected_with_reasons(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
-    edge, validator, root = network_env
+    edge, fixture_validator, root = network_env
+    now = [0.0]
+    validator = Validator(
+        fixture_validator.learner,
+        fixture_validator.network,
+        fixture_validator.storage,
+        edge.url,
+        dataset_root,
+        ValidatorConfig(clock=lambda: now[0]),
+    )
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
     slow, fast = _trainer(edge, root, "slow"), _trainer(edge, root, "fast")
@@ -102,20 +111,17 @@ def test_stale_and_replayed_candidates_are_rejected_with_reasons(
     # slow leases in the same window but publishes only after the validator has moved on
     lease = slow.edge.request_lease(BASELINE, slow.identity, "native")
     assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
-    validator._window_opened.clear()
-    validator._window_opened[lease.base_head] = -1e9  # deadline passed
+    now[0] += spec.window_timeout_s  # the deadline passes
     report = validator.poll(spec)
     assert report is not None and report.promoted is not None
-    from tests.support import candidate_envelope
-
-    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id)  # type: ignore[arg-type]
+    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id)
     slow.edge.publish_candidate(BASELINE, body)
     validator.poll(spec)
     verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
     assert verdicts[stale.candidate_id].reason.startswith("stale_base")
     assert content_id(b"") not in verdicts
-    slow.close()
-    fast.close()
+    for node in (slow, fast, validator):
+        node.close()
 
 
 def test_validator_state_survives_restart(
