@@ -13,7 +13,6 @@ from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.networks import BASELINE, RELEASE, WORKLOAD, demo_network
 from native_peer.trainer import Trainer
-from protocol.hashing import content_id
 from server.serve import BackgroundEdge
 
 from .support import candidate_envelope, edge_settings
@@ -107,7 +106,7 @@ def test_stale_candidates_are_rejected_with_reasons(
     validator.ensure_genesis(spec)
     slow, fast = _trainer(edge, root, "slow"), _trainer(edge, root, "fast")
     experiment = fast.experiment(*BASELINE.parts)
-    fast.train_window_once(experiment)
+    fast_outcome = fast.train_window_once(experiment)
     # slow leases in the same window but publishes only after the validator has moved on
     lease = slow.edge.request_lease(BASELINE, slow.identity, "native")
     assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
@@ -119,7 +118,9 @@ def test_stale_candidates_are_rejected_with_reasons(
     validator.poll(spec)
     verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
     assert verdicts[stale.candidate_id].reason.startswith("stale_base")
-    assert content_id(b"") not in verdicts
+    assert not verdicts[stale.candidate_id].accepted
+    assert verdicts[fast_outcome.candidate_id].accepted
+    assert verdicts[fast_outcome.candidate_id].head_id == report.promoted.head_id
     for node in (slow, fast, validator):
         node.close()
 
