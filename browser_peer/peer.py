@@ -29,7 +29,7 @@ from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
 from protocol.model import MODELS
 from protocol.shards import decode_shard, verify_shard
-from protocol.signing import PureSigner
+from protocol.signing import PureSigner, peer_id_from_public_key
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
 from .numpy_trainer import Adam, fastest_matmul, gradients
@@ -62,7 +62,7 @@ class BrowserPeer:
         self.config = config
         self.key = ExperimentKey.parse(config.experiment)
         self.signer = PureSigner(config.seed)
-        self.peer_id = PeerProof("join", self.signer.public_key, self.peer_kind, "", 0).peer_id
+        self.peer_id = peer_id_from_public_key(self.signer.public_key)
         self.running = True
         self.status: dict[str, Any] = {
             "peer_id": self.peer_id,
@@ -122,6 +122,10 @@ class BrowserPeer:
             if welcome.get("type") != "welcome":
                 raise SocketClosed(4400, f"unexpected {welcome.get('type')}")
             self._network = NetworkManifest.from_wire(welcome["network"])
+            if self.key not in {s.key for s in self._network.experiments}:
+                self.running = False
+                self._report(phase=f"error: this network runs no experiment {self.key}")
+                return
             spec = self._network.experiment(self.key)
             await socket.send_text(
                 json.dumps({"type": "subscribe", "experiment": self.key, "topics": ["heads", "verdicts"]})
