@@ -133,3 +133,18 @@ def test_browser_peer_heartbeat_outlives_the_idle_timeout(
         asyncio.run(idle_after_one_window())
     assert peer.status["windows_done"] == 1
     assert not any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
+
+
+def test_browser_peer_stops_on_an_unknown_experiment(stack: tuple[Settings, StorageConfig]) -> None:
+    settings, _ = stack
+    with BackgroundEdge(settings) as edge:
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, "study/not-run-here/rev-1", b"\x45" * 32))
+
+        async def attempt() -> None:
+            await asyncio.wait_for(peer.run(), 30)
+            await bridge.aclose()
+
+        asyncio.run(attempt())
+    assert any(s["phase"].startswith("error: this network runs no experiment") for s in bridge.statuses)
+    assert peer.status["phase"] == "stopped" and peer.status["windows_done"] == 0
