@@ -183,10 +183,34 @@ def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: f
         fleet.stop_all()
         shutil.rmtree(chromium_profile, ignore_errors=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\nsummary written to {out / 'summary.json'}; chart {out / 'accuracy.svg'}")
-    for name, passed in summary["checks"].items():
-        print(f"  {'PASS' if passed else 'FAIL'}  {name}")
+    report = summary_markdown(summary)
+    (out / "summary.md").write_text(report)
+    print("\n" + report)
+    print(f"written: {out / 'summary.json'}, {out / 'summary.md'}, {out / 'accuracy.svg'}")
     return summary
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """What the run proved, for people: checks, accuracy, verdicts."""
+    lines = [
+        f"# Mixed-fleet MNIST sanity run: {'all checks passed' if summary['all_checks_passed'] else 'CHECKS FAILED'}",
+        "",
+    ]
+    lines += [f"Wall time {summary['wall_time_s']:.0f} s. Peers: {len(summary['peers'])}.", ""]
+    lines += ["| check | result |", "| --- | --- |"]
+    lines += [f"| {name} | {'PASS' if passed else 'FAIL'} |" for name, passed in summary["checks"].items()]
+    lines += [
+        "",
+        "| experiment | windows | final test accuracy | accepted | rejected (reasons) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, accuracy in summary["final_test_accuracy"].items():
+        verdicts = summary["verdicts"][key]
+        reasons = ", ".join(verdicts["rejection_reasons"]) or "–"
+        lines.append(
+            f"| {key} | {summary['windows'][key]} | {accuracy:.4f} | {verdicts['accepted']} | {verdicts['rejected']} ({reasons}) |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _wait_healthy(url: str, fleet: Fleet, timeout_s: float = 60.0) -> None:

@@ -16,3 +16,4 @@ def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     assert summary["all_checks_passed"], summary["checks"]
     assert summary["final_test_accuracy"]["study/mnist/rev-1"] >= 0.95
     assert (tmp_path / "demo" / "accuracy.svg").read_text().startswith("<svg")
+    assert "all checks passed" in (tmp_path / "demo" / "summary.md").read_text()
