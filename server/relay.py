@@ -69,13 +69,35 @@ class _Close(Exception):
 async def relay(websocket: WebSocket) -> None:
     state: EdgeState = websocket.app.state.edge
     issuer: LeaseIssuer = websocket.app.state.issuer
+    await _session(websocket, state, lambda: _join(websocket, state), lambda peer: _peer_handler(state, issuer, peer))
+
+
+@router.websocket("/v1/events")
+async def events(websocket: WebSocket) -> None:
+    """Read-only live events for viewers: every public topic of every experiment, no identity needed
+    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway)."""
+    state: EdgeState = websocket.app.state.edge
+
+    async def viewer() -> Connection:
+        return state.hub.add_viewer()
+
+    await _session(websocket, state, viewer, _viewer_handler)
+
+
+async def _session(
+    websocket: WebSocket,
+    state: EdgeState,
+    open_connection: Callable[[], Awaitable[Connection]],
+    handler_for: Callable[[Connection], Handler],
+) -> None:
+    """One WebSocket from accept to close: register, send and receive, close with the right code."""
     await websocket.accept()
     connection: Connection | None = None
     sender: asyncio.Task[None] | None = None
     try:
-        connection = await _join(websocket, state)
+        connection = await open_connection()
         sender = asyncio.create_task(_drain(websocket, connection))
-        await _serve(websocket, state, connection, sender, _peer_handler(state, issuer, connection))
+        await _serve(websocket, state, connection, sender, handler_for(connection))
     except _Close as close:
         await _stop(sender)
         await _close(websocket, state, close.code, close.reason)
@@ -85,26 +107,6 @@ async def relay(websocket: WebSocket) -> None:
         await _stop(sender)
         if connection is not None:
             state.hub.unregister(connection)
-
-
-@router.websocket("/v1/events")
-async def events(websocket: WebSocket) -> None:
-    """Read-only live events for viewers: every public topic of every experiment, no identity needed
-    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway)."""
-    state: EdgeState = websocket.app.state.edge
-    await websocket.accept()
-    viewer = state.hub.add_viewer()
-    sender = asyncio.create_task(_drain(websocket, viewer))
-    try:
-        await _serve(websocket, state, viewer, sender, _viewer_handler(viewer))
-    except _Close as close:
-        await _stop(sender)
-        await _close(websocket, state, close.code, close.reason)
-    except WebSocketDisconnect as gone:
-        state.metrics.closes.labels(str(gone.code)).inc()
-    finally:
-        await _stop(sender)
-        state.hub.unregister(viewer)
 
 
 async def _stop(sender: asyncio.Task[None] | None) -> None:
