@@ -11,7 +11,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from protocol.errors import IntegrityError
-from protocol.manifests import FetchManifest
 from protocol.messages import Lease
 from protocol.shards import decode_shard, verify_shard
 
@@ -28,17 +27,11 @@ class ShardCache:
         self.edge = edge
         self.storage = storage
         self.pool = pool
-        self._manifests: dict[str, FetchManifest] = {}
         self.hits = 0
         self.downloads = 0
 
-    def manifest(self, dataset_id: str) -> FetchManifest:
-        if dataset_id not in self._manifests:
-            self._manifests[dataset_id] = self.edge.fetch_manifest(dataset_id)
-        return self._manifests[dataset_id]
-
     def _shard_bytes(self, lease: Lease, shard_id: str) -> bytes:
-        entry = self.manifest(lease.dataset_id).shard(shard_id)
+        entry = self.edge.fetch_manifest(lease.dataset_id).shard(shard_id)
         path = self.storage.shard_path(lease.dataset_id, shard_id)
         if path.exists():
             data = path.read_bytes()

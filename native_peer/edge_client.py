@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from protocol.hashing import verify_content
+from protocol.hashing import content_id, verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof, Verdict
@@ -33,6 +33,7 @@ class EdgeClient:
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self._retries = retries
+        self._manifests: dict[str, FetchManifest] = {}
 
     def close(self) -> None:
         self._http.close()
@@ -101,14 +102,23 @@ class EdgeClient:
         return [Verdict.from_wire(v) for v in response.json()]
 
     def fetch_manifest(self, dataset_id: str) -> FetchManifest:
-        return FetchManifest.from_wire(self._request("GET", f"/v1/datasets/{dataset_id}/fetch-manifest.json").json())
+        """A dataset's fetch-manifest, fetched once per client (a dataset's shards do not change)."""
+        if dataset_id not in self._manifests:
+            response = self._request("GET", f"/v1/datasets/{dataset_id}/fetch-manifest.json")
+            self._manifests[dataset_id] = FetchManifest.from_wire(response.json())
+        return self._manifests[dataset_id]
 
     def shard(self, dataset_id: str, shard_id: ShardId, lease_id: LeaseId) -> bytes:
         path = f"/v1/datasets/{dataset_id}/shards/{shard_id}"
         return self._request("GET", path, params={"lease": lease_id}).content
 
     def artifact(self, cid: ContentId, destination: Path) -> bytes:
-        """Download an artifact to ``destination`` (resuming a partial file), verified by content id."""
+        """The artifact ``cid``, kept at ``destination``: read from there when it already holds exactly
+        those bytes, else downloaded (resuming a partial file) and verified by content id."""
+        if destination.exists():
+            data = destination.read_bytes()
+            if content_id(data) == cid:
+                return data
         partial = destination.with_name(destination.name + ".part")
         destination.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(self._retries + 1):

@@ -33,7 +33,6 @@ import numpy as np
 from protocol.batches import window_seed
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope
-from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import Candidate, HeadDescriptor
@@ -225,11 +224,7 @@ class Trainer:
         return head
 
     def _head_params(self, head: HeadDescriptor) -> Any:
-        path = self.storage.head_path(head.head_id)
-        data = path.read_bytes() if path.exists() else b""
-        if content_id(data) != head.head_id:
-            data = self.edge.artifact(head.head_id, path)
-        tensors, _ = decode_tensors(data)
+        tensors, _ = decode_tensors(self.edge.artifact(head.head_id, self.storage.head_path(head.head_id)))
         return self.project.learner.from_tensors(tensors)
 
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
