@@ -339,15 +339,19 @@ def _summarize(
     late = _outcomes(out / "late-joiner")
     trainer2 = _outcomes(out / "trainer-2")
     after_restart = trainer2[restart.get("outcomes_before", len(trainer2)) :]
+    # the first window after the restart in an experiment it had trained before: counters and
+    # optimizer state must continue from disk
+    resumed = [o for o in after_restart if o["experiment"] in restart.get("windows_before", {})]
     checks = {
         "distinct_shard_assignments": distinct_ok,
         "late_joiner_synced": bool(late)
         and late[0]["window"] > 0
         and late[0]["peer_id"] in accepted_peers
         and any(late[0]["base_head_id"] == h["head_id"] for h in lineage[late[0]["experiment"]]),
-        "restart_resumed": bool(after_restart)
+        "restart_resumed": bool(resumed)
         and all(o["peer_id"] == restart["peer_id_before"] for o in after_restart)
-        and after_restart[0]["windows_done"] == restart["windows_before"].get(after_restart[0]["experiment"], 0) + 1
+        and resumed[0]["windows_done"] == restart["windows_before"][resumed[0]["experiment"]] + 1
+        and resumed[0]["optimizer_restored"]
         and any(o["peer_id"] in accepted_peers for o in after_restart),
         "baseline_beat_low_lr": final[BASELINE]["test_accuracy"] > final[LOW_LR]["test_accuracy"],
         "baseline_reached_target": final[BASELINE]["test_accuracy"] >= target_accuracy,

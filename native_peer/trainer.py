@@ -152,6 +152,7 @@ class Trainer:
         self.shards = ShardCache(self.edge, storage, self._pool)
         self._engines: dict[str, TrainEngine] = {}
         self._opt_states: dict[str, Any] = {}
+        self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
     @property
@@ -197,6 +198,7 @@ class Trainer:
                 saved[f"leaf{i:05d}"].shape == np.shape(leaf) for i, leaf in enumerate(leaves)
             ):
                 log.info("resuming optimizer state for %s from %s", experiment.key, path)
+                self.restored_optimizers.add(experiment.key)
                 return jax.tree_util.tree_unflatten(treedef, [saved[f"leaf{i:05d}"] for i in range(len(leaves))])
         return fresh
 
@@ -299,6 +301,7 @@ class Trainer:
                 "windows_done": state["windows_done"],
                 "shard_cache_hits": self.shards.hits,
                 "shard_downloads": self.shards.downloads,
+                "optimizer_restored": experiment.key in self.restored_optimizers,
                 "at_ms": int(time.time() * 1000),
             }
         )

@@ -85,6 +85,7 @@ def test_restarted_trainer_resumes_identity_cache_and_optimizer(
     assert again.state(BASELINE)["windows_done"] == 1
     second = again.train_window_once(experiment)
     assert second.base_head_id != outcome.base_head_id
+    assert again.restored_optimizers == {BASELINE}
     assert (root / "restart/experiments/study__mnist__rev-1/optimizer.safetensors").exists()
     again.close()
 
