@@ -84,6 +84,11 @@ class WindowReport:
     verdicts: tuple[Verdict, ...]
 
 
+def _named(split: str, result: dict[str, float]) -> dict[str, float]:
+    """``{"loss", "accuracy"}`` as ``{"<split>_loss", "<split>_accuracy"}``."""
+    return {f"{split}_loss": result["loss"], f"{split}_accuracy": result["accuracy"]}
+
+
 class Validator:
     def __init__(
         self,
@@ -122,13 +127,8 @@ class Validator:
             cache[split] = load_split(self.datasets_dir / spec.dataset_id, split)
         return cache[split]
 
-    def _measure(self, spec: ExperimentSpec, params: Any, *, test: bool = False) -> dict[str, float]:
-        val = self.evaluate(params, *self._split(spec, "validation"))
-        metrics = {"val_loss": val["loss"], "val_accuracy": val["accuracy"]}
-        if test:
-            result = self.evaluate(params, *self._split(spec, "test"))
-            metrics |= {"test_loss": result["loss"], "test_accuracy": result["accuracy"]}
-        return metrics
+    def _evaluate(self, spec: ExperimentSpec, params: Any, split: str) -> dict[str, float]:
+        return self.evaluate(params, *self._split(spec, split))
 
     def _save_state(self) -> None:
         write_atomic(self._state_path, json.dumps(self._state).encode())
@@ -142,8 +142,15 @@ class Validator:
 
     # -- heads -----------------------------------------------------------------------------
     def _sign_head(
-        self, spec: ExperimentSpec, params: Any, parent: HeadDescriptor | None, merged: Sequence[str], steps: int
+        self,
+        spec: ExperimentSpec,
+        params: Any,
+        parent: HeadDescriptor | None,
+        merged: Sequence[str],
+        steps: int,
+        validation: dict[str, float],
     ) -> tuple[HeadDescriptor, bytes]:
+        """The signed head for ``params``; ``validation`` is their already measured validation result."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
             self.learner.to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
@@ -157,7 +164,7 @@ class Validator:
             merged=tuple(sorted(merged)),  # type: ignore[arg-type]
             validator_key=self.identity.public_key,
             created_at_ms=int(time.time() * 1000),
-            metrics=self._measure(spec, params, test=True),
+            metrics=_named("val", validation) | _named("test", self._evaluate(spec, params, "test")),
         ).signed(self.identity)
         return head, artifact
 
@@ -169,7 +176,7 @@ class Validator:
             return head
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
         params = self.learner.init(jax.random.PRNGKey(seed))
-        head, artifact = self._sign_head(spec, params, None, (), 0)
+        head, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "validation"))
         try:
             self.edge.publish_head(spec.key, pack_envelope(head.to_wire(), artifact))
         except EdgeRequestError as exc:
@@ -231,12 +238,11 @@ class Validator:
         if decision.merged is not None:
             steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)
             params = self.learner.from_tensors(decision.merged)
-            promoted, artifact = self._sign_head(spec, params, head, decision.accepted, steps)
+            assert decision.merged_metrics is not None  # judge_window measures every merge it promotes
+            promoted, artifact = self._sign_head(spec, params, head, decision.accepted, steps, decision.merged_metrics)
             write_atomic(self.storage.head_path(promoted.head_id), artifact)
             self._state["pending_head"] = promoted.to_wire()
-        metrics = {
-            cid: {"val_loss": m["loss"], "val_accuracy": m["accuracy"]} for cid, m in decision.candidate_metrics.items()
-        }
+        metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
         verdicts = [
             self._verdict(c, decision.screens[c.candidate_id], promoted, metrics.get(c.candidate_id, {}))
             for c in window
