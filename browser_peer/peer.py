@@ -1,12 +1,15 @@
 """``BrowserPeer``: a training peer built for a browser tab, pure Python + NumPy over a ``Bridge``.
 
 A session: open the relay WebSocket, sign the edge's challenge with the tab's key, subscribe to
-the experiment's heads and verdicts. A window: ask for a lease over the WebSocket, read the
-current head over HTTP and check the validator's signature, download the head artifact and only
-the leased shards (each verified against its content id / the fetch-manifest's sha256), train one
-window with Adam in NumPy (optimizer state stays in the tab), sign the candidate and send it as a
-binary frame, then wait for the next head. If the socket drops (edge restart), reconnect with
-backoff and carry on. Progress goes to the page through ``bridge.post_status``.
+the experiment's heads and verdicts. A window follows ``protocol.window``, the routine native
+trainers run too: read the current head over HTTP (``head_to_train``: signed by a validator, not
+trained on yet), ask for a lease over the WebSocket (``check_lease``: edge-signed, for this head,
+this peer and experiment), download the head artifact and only the leased shards (each verified
+against its content id / the fetch-manifest's sha256), train one window with Adam in NumPy in
+``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
+frame (``package_candidate``), then wait for the next head. If the socket drops (edge restart),
+reconnect with ``protocol.backoff`` and carry on. Timestamps come from an injectable
+``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from protocol.batches import make_batches, window_seed
-from protocol.codec import decode_tensors, encode_tensors
-from protocol.envelope import pack_envelope
+from protocol.backoff import Backoff
+from protocol.batches import make_batches
+from protocol.clock import SYSTEM_CLOCK, Clock
+from protocol.codec import decode_tensors
 from protocol.errors import ProtocolError
 from protocol.hashing import verify_content
-from protocol.ids import ExperimentKey
+from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
+from protocol.messages import HeadDescriptor, Lease, PeerProof
 from protocol.model import MODELS
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
 from .numpy_trainer import Adam, fastest_matmul, gradients
@@ -50,16 +55,13 @@ class PeerConfig:
     token: str | None = None  # admission token, for networks that require one
 
 
-class _Retry(Exception):
-    """The window could not start now (no head yet, head moved on); try again shortly."""
-
-
 class BrowserPeer:
     peer_kind = "browser"
 
-    def __init__(self, bridge: Bridge, config: PeerConfig) -> None:
+    def __init__(self, bridge: Bridge, config: PeerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.bridge = bridge
         self.config = config
+        self.clock = clock
         self.key = ExperimentKey.parse(config.experiment)
         self.signer = PureSigner(config.seed)
         self.peer_id = peer_id_from_public_key(self.signer.public_key)
@@ -83,7 +85,7 @@ class BrowserPeer:
         self._network: NetworkManifest | None = None
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
-        self._last_base: str | None = None
+        self._last_base: HeadId | None = None
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -98,15 +100,15 @@ class BrowserPeer:
     # -- sessions --------------------------------------------------------------------------
     async def run(self) -> None:
         """Contribute until ``stop()`` (or ``max_windows``), reconnecting when the edge goes away."""
-        backoff_s = 0.5
+        backoff = Backoff(initial_s=0.5, max_s=self.config.reconnect_max_s)
         while self.running:
             try:
                 await self._session()
-                backoff_s = 0.5
+                backoff.reset()
             except (SocketClosed, HttpError, ProtocolError, OSError, ConnectionError) as exc:
-                self._report(phase=f"reconnecting in {backoff_s:.0f} s ({exc})", connected=False)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self.config.reconnect_max_s)
+                delay_s = backoff.next_delay_s()
+                self._report(phase=f"reconnecting in {delay_s:.1f} s ({exc})", connected=False)
+                await asyncio.sleep(delay_s)
         self._report(phase="stopped", connected=False)
 
     async def _session(self) -> None:
@@ -115,7 +117,7 @@ class BrowserPeer:
         heartbeat: asyncio.Task[None] | None = None
         try:
             challenge = json.loads(await socket.recv())
-            proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], _now_ms())
+            proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], self.clock.now_ms())
             join = {"type": "join", "proof": proof.signed(self.signer).to_wire(), "token": self.config.token}
             await socket.send_text(json.dumps(join))
             welcome = json.loads(await socket.recv())
@@ -138,8 +140,8 @@ class BrowserPeer:
             ):
                 try:
                     await self._window(socket, spec, reader)
-                except _Retry as retry:
-                    self._report(phase=f"waiting: {retry}")
+                except NoWindow as reason:
+                    self._report(phase=f"waiting: {reason}")
                     await self._wait_for_head(5.0, reader)
             if self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows:
                 self.running = False
@@ -182,7 +184,7 @@ class BrowserPeer:
         message = getter.result()
         if message.get("type") == "error":
             if message.get("status") == 404:
-                raise _Retry(message.get("detail", "not found"))
+                raise NoWindow(message.get("detail", "not found"))
             raise SocketClosed(4400, f"edge refused: {message.get('detail')}")
         if message.get("type") not in types:
             return await self._reply(reader, *types)
@@ -200,24 +202,22 @@ class BrowserPeer:
     async def _fetch_json(self, path: str) -> Any:
         return json.loads(await self.bridge.fetch_bytes(self.config.edge_url + path))
 
-    async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
-        assert self._network is not None
+    async def _current_head(self) -> HeadDescriptor | None:
+        """The experiment's current head as the edge serves it; ``None`` before genesis."""
         try:
-            head = HeadDescriptor.from_wire(await self._fetch_json(f"/v1/experiments/{self.key}/head"))
+            return HeadDescriptor.from_wire(await self._fetch_json(f"/v1/experiments/{self.key}/head"))
         except HttpError as exc:
             if exc.status == 404:
-                raise _Retry("no head yet") from None
+                return None
             raise
-        head.verify_trusted(self._network.validator_key_set)
-        if head.head_id == self._last_base:
-            raise _Retry(f"already trained on window {head.window}")
+
+    async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
+        assert self._network is not None
+        head = head_to_train(await self._current_head(), self._network.validator_key_set, self._last_base)
         self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
         await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
         lease = Lease.from_wire((await self._reply(reader, "lease"))["lease"])
-        if self._network.edge_key is not None:
-            lease.verify(self._network.edge_key)
-        if lease.base_head != head.head_id:
-            raise _Retry("the head moved on while leasing")
+        check_lease(lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
         self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")
         artifact = await self.bridge.fetch_bytes(f"{self.config.edge_url}/v1/artifacts/{head.head_id}")
         verify_content(artifact, head.head_id)
@@ -243,7 +243,7 @@ class BrowserPeer:
         started = time.perf_counter()
         steps, losses = 0, []
         for epoch in range(spec.local_epochs):
-            xb, yb = make_batches(x_all, y_all, spec.batch_size, window_seed(lease.lease_id, epoch))
+            xb, yb = make_batches(x_all, y_all, spec.batch_size, epoch_seed(lease, epoch))
             for x, y in zip(xb, yb, strict=True):
                 loss, grads = gradients(model, params, x, y, self._matmul)
                 params = self._optimizer.step(params, grads)
@@ -259,19 +259,19 @@ class BrowserPeer:
         seconds = time.perf_counter() - started
         examples = steps * spec.batch_size
         rate = examples / max(seconds, 1e-9)
-        artifact = encode_tensors(params, {"model": spec.model, "base_head": head.head_id})
-        candidate = Candidate.for_lease(
+        candidate, envelope = package_candidate(
             lease,
-            artifact,
+            params,
             self.signer,
             peer_kind=self.peer_kind,
+            model=spec.model,
             examples=examples,
             steps=steps,
-            created_at_ms=_now_ms(),
+            created_at_ms=self.clock.now_ms(),
             metrics={"train_loss": float(np.mean(losses)), "samples_per_s": rate},
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate)
-        await socket.send_bytes(pack_envelope(candidate.to_wire(), artifact))
+        await socket.send_bytes(envelope)
         ack = await self._reply(reader, "candidate.ack")
         if ack["candidate_id"] != candidate.candidate_id:
             raise ProtocolError("edge acknowledged another candidate")
@@ -282,7 +282,3 @@ class BrowserPeer:
             last_candidate=candidate.candidate_id,
         )
         await self._wait_for_head(60.0, reader)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -8,11 +8,15 @@
     outcome = trainer.train_window_once(experiment)
     print(outcome.head_id)
 
-One window: read the current head (verified against the network's validator keys), lease shards
-from the edge, fetch the shards in the background while the head artifact downloads, train
-``local_epochs`` over the leased examples with the user's optimizer (its state stays on this
-machine, saved in the storage dir), then sign and publish the candidate. If a newer head appeared
-while training, the work is dropped and the next window starts from that head.
+One window follows ``protocol.window``, the routine the browser peer runs too: read the current
+head (``head_to_train``: signed by a validator of the network, not trained on yet), lease shards
+from the edge (``check_lease``: edge-signed, for this head, this peer and experiment), fetch the
+shards in the background while the head artifact downloads, train ``local_epochs`` over the leased
+examples in ``epoch_seed`` order with the user's optimizer (its state stays on this machine, saved
+in the storage dir), then sign and publish the candidate (``package_candidate``). If a newer head
+appeared while training, the work is dropped and the next window starts from that head.
+``Trainer.run`` keeps going across windows, backing off (``protocol.backoff``) while the edge is
+unreachable. Timestamps come from an injectable ``protocol.clock.Clock``.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ import httpx
 import jax
 import numpy as np
 
-from protocol.batches import window_seed
+from protocol.backoff import Backoff
+from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
-from protocol.envelope import pack_envelope
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
-from protocol.messages import Candidate, HeadDescriptor
+from protocol.messages import HeadDescriptor
+from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .dataset_client import ShardCache
 from .edge_client import EdgeClient, EdgeRequestError
@@ -48,8 +53,9 @@ __all__ = ["Experiment", "NodeBuilder", "Trainer", "TrainerBuilder", "WindowOutc
 log = logging.getLogger(__name__)
 
 
-class WindowUnavailable(Exception):
-    """No window to train right now (no head yet, no newer head in time, or the head moved on)."""
+WindowUnavailable = NoWindow
+"""No window to train right now (no head yet, no newer head in time, or the head moved on): the
+trainer API's name for ``protocol.window.NoWindow``."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +144,11 @@ class Trainer:
         storage: StorageConfig,
         bootstrap_url: str,
         admission_token: str | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.project = project
+        self.clock = clock
         self.workload = workload
         self.storage = storage
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
@@ -218,12 +227,7 @@ class Trainer:
         head = self.edge.current_head(experiment.key)
         if head is not None and head.head_id == last and wait_s > 0:
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
-        if head is None:
-            raise WindowUnavailable(f"{experiment.key} has no head yet")
-        if head.head_id == last:
-            raise WindowUnavailable(f"no head newer than {last} yet")
-        head.verify_trusted(self.network.validator_key_set)
-        return head
+        return head_to_train(head, self.network.validator_key_set, last)
 
     def _head_params(self, head: HeadDescriptor) -> Any:
         tensors, _ = decode_tensors(self.edge.artifact(head.head_id, self.storage.head_path(head.head_id)))
@@ -237,10 +241,7 @@ class Trainer:
         started = time.perf_counter()
         head = self._head_to_train(experiment, wait_s)
         lease = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
-        if self.network.edge_key is not None:
-            lease.verify(self.network.edge_key)
-        if lease.base_head != head.head_id:
-            raise WindowUnavailable("the head moved on while leasing")
+        check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
         pending = self.shards.prefetch(lease)
         params = self._head_params(head)
         opt_state = self._optimizer_state(experiment, params)
@@ -250,7 +251,7 @@ class Trainer:
         train_started = time.perf_counter()
         steps, loss = 0, float("nan")
         for epoch in range(experiment.spec.local_epochs):
-            xb, yb = loader.batches(x, y, window_seed(lease.lease_id, epoch))
+            xb, yb = loader.batches(x, y, epoch_seed(lease, epoch))
             params, opt_state, loss = engine.train_epoch(params, opt_state, xb, yb)
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started
@@ -263,20 +264,18 @@ class Trainer:
         if latest is None or latest.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
-        artifact = encode_tensors(
-            self.project.learner.to_tensors(params), {"model": experiment.spec.model, "base_head": head.head_id}
-        )
-        candidate = Candidate.for_lease(
+        candidate, envelope = package_candidate(
             lease,
-            artifact,
+            self.project.learner.to_tensors(params),
             self.identity,
             peer_kind=self.peer_kind,
+            model=experiment.spec.model,
             examples=examples,
             steps=steps,
-            created_at_ms=int(time.time() * 1000),
+            created_at_ms=self.clock.now_ms(),
             metrics=metrics,
         )
-        self.edge.publish_candidate(experiment.key, pack_envelope(candidate.to_wire(), artifact))
+        self.edge.publish_candidate(experiment.key, envelope)
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
@@ -302,7 +301,7 @@ class Trainer:
                 "shard_cache_hits": self.shards.hits,
                 "shard_downloads": self.shards.downloads,
                 "optimizer_restored": experiment.key in self.restored_optimizers,
-                "at_ms": int(time.time() * 1000),
+                "at_ms": self.clock.now_ms(),
             }
         )
         log.info(
@@ -323,22 +322,22 @@ class Trainer:
         stop: threading.Event | None = None,
         poll_s: float = 2.0,
     ) -> list[WindowOutcome]:
-        """Keep training across windows, round-robin over ``experiments``, following newer heads."""
+        """Keep training across windows, round-robin over ``experiments``, following newer heads;
+        while the edge is unavailable, wait 0.5 s, doubling per failure up to 30 s."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
-        failures = 0
+        backoff = Backoff(initial_s=0.5, max_s=30.0)
         while not stop.is_set() and (max_windows is None or len(outcomes) < max_windows):
             for experiment in experiments:
                 if stop.is_set():
                     break
                 try:
                     outcomes.append(self.train_window_once(experiment, wait_s=poll_s / len(experiments)))
-                    failures = 0
+                    backoff.reset()
                 except WindowUnavailable as exc:
                     log.debug("%s: %s", experiment.key, exc)
                 except (httpx.TransportError, EdgeRequestError) as exc:
-                    failures += 1
-                    backoff_s = min(30.0, 0.5 * 2**failures)
-                    log.warning("edge unavailable (%s); retrying in %.1f s", exc, backoff_s)
-                    stop.wait(backoff_s)
+                    delay_s = backoff.next_delay_s()
+                    log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
+                    stop.wait(delay_s)
         return outcomes

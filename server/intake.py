@@ -1,7 +1,8 @@
 """What the edge takes in: candidates, heads and verdicts, by HTTP or WebSocket alike.
 
 Each upload is checked in the same order everywhere: size, envelope, descriptor shape, signature,
-(candidates) the sender's rate limit and that it holds the lease it names, artifact hash, artifact
+(candidates) the sender's rate limit and that it holds the lease it names for this window
+(``protocol.window.lease_covers``, the rule validators apply too), artifact hash, artifact
 decodes as tensors, artifact stored (fsynced); then the record is committed and only then
 acknowledged and announced. Whether a candidate is any good is the validators' call, not the edge's.
 """
@@ -18,6 +19,7 @@ from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey
 from protocol.messages import Candidate, HeadDescriptor, Verdict
+from protocol.window import lease_covers
 
 from .errors import Forbidden
 from .state import EdgeState
@@ -60,8 +62,7 @@ async def accept_candidate(
         state.experiment(candidate.experiment)
         candidate.verify_own()
         state.peer_limits.check(candidate.peer_id)
-        lease = state.store.lease(candidate.lease_id)
-        if lease is None or lease.peer_id != candidate.peer_id or lease.experiment != candidate.experiment:
+        if not lease_covers(state.store.lease(candidate.lease_id), candidate):
             raise Forbidden("a candidate must name a lease its trainer holds for this experiment")
         await _store_artifact(state, artifact, candidate.candidate_id)
     except Exception as exc:

@@ -91,6 +91,29 @@ def candidate_envelope(
     return candidate, pack_envelope(candidate.to_wire(), artifact)
 
 
+def signed_lease(
+    trainer: Signer,
+    base: HeadId,
+    edge: Signer,
+    *,
+    lease_id: str = "lease-x",
+    experiment: ExperimentKey = EXPERIMENT,
+) -> Lease:
+    """A lease for ``trainer`` on ``base``, signed by ``edge``."""
+    lease = Lease(
+        LeaseId(lease_id),
+        experiment,
+        peer_id_from_public_key(trainer.public_key),
+        base,
+        0,
+        DatasetId("mnist"),
+        (),
+        0,
+        1,
+    )
+    return lease.signed(edge)
+
+
 def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "native") -> dict[str, object]:
     return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()
 

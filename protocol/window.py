@@ -1,0 +1,110 @@
+"""One training window, pure: the checks a trainer makes around its own I/O, and what it publishes.
+
+Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and training differ:
+
+    head = head_to_train(current_head, validator_keys, last_trained)  # trusted and not trained on
+    lease = ...                                                         # asked of the edge
+    check_lease(lease, head, peer_id=me, edge_key=network.edge_key)     # this window, this peer
+    seed = epoch_seed(lease, epoch)                                     # the batch order per epoch
+    candidate, body = package_candidate(lease, params, signer, ...)     # signed, in one envelope
+
+``lease_covers`` is the one lease-ownership rule: the edge's intake and the validators' precheck
+both ask it whether a candidate names a lease its trainer holds for this window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from .batches import window_seed
+from .codec import encode_tensors
+from .envelope import pack_envelope
+from .errors import InvalidMessage
+from .ids import HeadId, PeerId
+from .messages import Candidate, HeadDescriptor, Lease
+from .signing import Signer
+
+__all__ = ["NoWindow", "check_lease", "epoch_seed", "head_to_train", "lease_covers", "package_candidate"]
+
+
+class NoWindow(Exception):
+    """No window to train right now: no head yet, the head was already trained on, or it moved on."""
+
+
+def head_to_train(
+    head: HeadDescriptor | None, validator_keys: frozenset[bytes], last_trained: HeadId | None
+) -> HeadDescriptor:
+    """``head`` when a validator of the network signed it and it is not the head last trained on.
+
+    Raises ``NoWindow`` (no head, or already trained on it) or ``SignatureError`` (untrusted head)."""
+    if head is None:
+        raise NoWindow("no head yet")
+    head.verify_trusted(validator_keys)
+    if head.head_id == last_trained:
+        raise NoWindow(f"already trained on window {head.window}; waiting for a newer head")
+    return head
+
+
+def check_lease(lease: Lease, head: HeadDescriptor, *, peer_id: PeerId, edge_key: bytes | None) -> None:
+    """Raise unless ``lease`` lets ``peer_id`` train this window on ``head``.
+
+    ``SignatureError``: not signed by ``edge_key`` (checked when given); ``NoWindow``: the lease is
+    for another head (the head moved on while leasing); ``InvalidMessage``: another peer's lease,
+    or one for another experiment."""
+    if edge_key is not None:
+        lease.verify(edge_key)
+    if lease.base_head != head.head_id:
+        raise NoWindow("the head moved on while leasing")
+    if lease.peer_id != peer_id:
+        raise InvalidMessage(f"lease {lease.lease_id} is for peer {lease.peer_id}, not {peer_id}")
+    if lease.experiment != head.experiment:
+        raise InvalidMessage(f"lease {lease.lease_id} is for {lease.experiment}, not {head.experiment}")
+
+
+def lease_covers(lease: Lease | None, candidate: Candidate) -> bool:
+    """Whether ``candidate`` names a lease its trainer holds for this window: same peer, same
+    experiment, same base head. ``lease`` is the one the candidate names (``None`` when unknown)."""
+    return (
+        lease is not None
+        and lease.peer_id == candidate.peer_id
+        and lease.experiment == candidate.experiment
+        and lease.base_head == candidate.base_head
+    )
+
+
+def epoch_seed(lease: Lease, epoch: int) -> int:
+    """The batch-shuffle seed for ``epoch`` of the window trained on ``lease``."""
+    return window_seed(lease.lease_id, epoch)
+
+
+def package_candidate(
+    lease: Lease,
+    tensors: Mapping[str, npt.NDArray[np.generic]],
+    signer: Signer,
+    *,
+    peer_kind: str,
+    model: str,
+    examples: int,
+    steps: int,
+    created_at_ms: int,
+    metrics: Mapping[str, float],
+) -> tuple[Candidate, bytes]:
+    """The signed candidate for ``tensors`` trained on ``lease``, and the envelope to upload.
+
+    The artifact records ``model`` and the base head in its metadata; the candidate id is its
+    content id."""
+    artifact = encode_tensors(tensors, {"model": model, "base_head": lease.base_head})
+    candidate = Candidate.for_lease(
+        lease,
+        artifact,
+        signer,
+        peer_kind=peer_kind,
+        examples=examples,
+        steps=steps,
+        created_at_ms=created_at_ms,
+        metrics=dict(metrics),
+    )
+    return candidate, pack_envelope(candidate.to_wire(), artifact)

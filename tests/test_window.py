@@ -1,0 +1,158 @@
+"""``protocol.window``, the one window routine every trainer runs: each rule refuses what it must."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from protocol.batches import window_seed
+from protocol.codec import decode_tensors
+from protocol.envelope import unpack_envelope
+from protocol.errors import InvalidMessage, SignatureError
+from protocol.hashing import content_id
+from protocol.ids import ExperimentKey, HeadId
+from protocol.messages import Candidate, HeadDescriptor, Lease
+from protocol.model import init_params
+from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_covers, package_candidate
+
+from .support import SPEC, VALIDATOR, head_envelope, signed_lease
+
+EDGE = PureSigner(b"\x21" * 32)
+TRAINER = PureSigner(b"\x22" * 32)
+STRANGER = PureSigner(b"\x23" * 32)
+TRAINER_ID = peer_id_from_public_key(TRAINER.public_key)
+VALIDATORS = frozenset({VALIDATOR.public_key})
+OTHER_EXPERIMENT = ExperimentKey.parse("study/other/rev-1")
+OTHER_HEAD = HeadId("sha256:" + "b" * 64)
+
+
+@pytest.fixture(scope="module")
+def head() -> HeadDescriptor:
+    return head_envelope()[0]
+
+
+@pytest.fixture(scope="module")
+def lease(head: HeadDescriptor) -> Lease:
+    return signed_lease(TRAINER, head.head_id, EDGE)
+
+
+def _package(lease: Lease) -> tuple[Candidate, bytes]:
+    return package_candidate(
+        lease,
+        init_params(SPEC, 3),
+        TRAINER,
+        peer_kind="native",
+        model=SPEC.name,
+        examples=640,
+        steps=10,
+        created_at_ms=1_700_000_000_000,
+        metrics={"train_loss": 0.5},
+    )
+
+
+# -- head_to_train ------------------------------------------------------------------------------
+def test_a_new_trusted_head_is_trained(head: HeadDescriptor) -> None:
+    assert head_to_train(head, VALIDATORS, None) is head
+    assert head_to_train(head, VALIDATORS, OTHER_HEAD) is head
+
+
+def test_no_head_yet_is_no_window() -> None:
+    with pytest.raises(NoWindow, match="no head yet"):
+        head_to_train(None, VALIDATORS, None)
+
+
+def test_a_head_signed_by_an_unknown_key_is_refused() -> None:
+    untrusted, _ = head_envelope(signer=STRANGER)
+    with pytest.raises(SignatureError):
+        head_to_train(untrusted, VALIDATORS, None)
+
+
+def test_a_head_naming_a_validator_but_signed_by_another_key_is_refused(head: HeadDescriptor) -> None:
+    forged = dataclasses.replace(head, window=head.window + 1).signed(STRANGER)
+    forged = dataclasses.replace(forged, validator_key=VALIDATOR.public_key)
+    with pytest.raises(SignatureError):
+        head_to_train(forged, VALIDATORS, None)
+
+
+def test_the_head_already_trained_on_is_no_window(head: HeadDescriptor) -> None:
+    with pytest.raises(NoWindow, match="already trained"):
+        head_to_train(head, VALIDATORS, head.head_id)
+
+
+# -- check_lease --------------------------------------------------------------------------------
+def test_a_lease_for_this_window_passes(head: HeadDescriptor, lease: Lease) -> None:
+    check_lease(lease, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
+    check_lease(dataclasses.replace(lease, signature=b""), head, peer_id=TRAINER_ID, edge_key=None)
+
+
+def test_a_lease_not_signed_by_the_edge_is_refused(head: HeadDescriptor) -> None:
+    forged = signed_lease(TRAINER, head.head_id, STRANGER)
+    with pytest.raises(SignatureError):
+        check_lease(forged, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
+
+
+def test_a_lease_for_another_head_is_no_window(head: HeadDescriptor) -> None:
+    moved_on = signed_lease(TRAINER, OTHER_HEAD, EDGE)
+    with pytest.raises(NoWindow, match="moved on"):
+        check_lease(moved_on, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
+
+
+def test_a_lease_for_another_peer_is_refused(head: HeadDescriptor) -> None:
+    theirs = signed_lease(STRANGER, head.head_id, EDGE)
+    with pytest.raises(InvalidMessage, match="for peer"):
+        check_lease(theirs, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
+
+
+def test_a_lease_for_another_experiment_is_refused(head: HeadDescriptor) -> None:
+    elsewhere = signed_lease(TRAINER, head.head_id, EDGE, experiment=OTHER_EXPERIMENT)
+    with pytest.raises(InvalidMessage, match="not study/mnist/rev-1"):
+        check_lease(elsewhere, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
+
+
+# -- lease_covers -------------------------------------------------------------------------------
+def test_lease_covers_a_candidate_made_for_it(lease: Lease) -> None:
+    candidate, _ = _package(lease)
+    assert lease_covers(lease, candidate)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"peer_id": peer_id_from_public_key(STRANGER.public_key)},
+        {"experiment": OTHER_EXPERIMENT},
+        {"base_head": OTHER_HEAD},
+    ],
+    ids=["another-peer", "another-experiment", "another-head"],
+)
+def test_lease_covers_nothing_it_was_not_issued_for(lease: Lease, change: dict[str, object]) -> None:
+    candidate, _ = _package(lease)
+    assert not lease_covers(dataclasses.replace(lease, **change), candidate)
+
+
+def test_no_lease_covers_nothing(lease: Lease) -> None:
+    candidate, _ = _package(lease)
+    assert not lease_covers(None, candidate)
+
+
+# -- package_candidate and epoch_seed -----------------------------------------------------------
+def test_package_candidate_signs_the_artifact_it_ships(lease: Lease) -> None:
+    candidate, envelope = _package(lease)
+    descriptor, artifact = unpack_envelope(envelope)
+    assert candidate.candidate_id == content_id(artifact)
+    candidate.verify_own()
+    assert Candidate.from_wire(descriptor) == candidate
+    assert (candidate.peer_id, candidate.base_head, candidate.lease_id) == (TRAINER_ID, lease.base_head, lease.lease_id)
+    assert (candidate.examples, candidate.steps, candidate.metrics) == (640, 10, {"train_loss": 0.5})
+    tensors, metadata = decode_tensors(artifact)
+    assert metadata == {"model": SPEC.name, "base_head": lease.base_head}
+    expected = init_params(SPEC, 3)
+    assert tensors.keys() == expected.keys()
+    assert all(np.array_equal(tensors[name], expected[name]) for name in expected)
+
+
+def test_epoch_seed_is_the_shared_batch_seed(lease: Lease) -> None:
+    assert [epoch_seed(lease, e) for e in range(2)] == [window_seed(lease.lease_id, e) for e in range(2)]
+    assert epoch_seed(lease, 0) != epoch_seed(lease, 1)
