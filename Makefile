@@ -25,15 +25,15 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-var/pyodide/.installed: node_modules/.installed $(VENV)/.installed server/pyodide_runtime.py
-	$(PY) -m server.pyodide_runtime --out var/pyodide --wheels $(WHEELS)
+var/pyodide/.installed: node_modules/.installed $(VENV)/.installed tools/pyodide_runtime.py
+	$(PY) -m tools pyodide-runtime --out var/pyodide --wheels $(WHEELS)
 	touch $@
 
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 demo: setup
-	$(PY) -m native_peer demo --out var/demo
+	$(PY) -m lab demo --out var/demo
 
 # Browser tests first, so pytest's summary is the run's closing line.
 test: setup lint test-browser test-python
@@ -55,7 +55,7 @@ bench: setup
 	npx playwright test --config benchmarks/playwright.bench.config.ts
 
 attack-suite: setup
-	$(PY) -m native_peer attack-suite --out var/attack-suite
+	$(PY) -m lab attack-suite --out var/attack-suite
 
 clean:
 	rm -rf var test-results playwright-report

@@ -28,7 +28,7 @@ export default defineConfig({
     },
   },
   webServer: {
-    command: `.venv/bin/python -m tests.e2e_stack --port ${port} --out var/e2e`,
+    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e`,
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 180_000,
     cwd: __dirname,

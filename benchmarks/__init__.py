@@ -1,1 +1,16 @@
-"""Benchmarks: each prints ratios against a baseline measured in the same run (``make bench``)."""
+"""Benchmarks: each prints ratios against a baseline measured in the same run (``make bench``).
+
+Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT`` (``bench_network``).
+"""
+
+from __future__ import annotations
+
+from protocol.ids import DatasetId, ExperimentKey
+from protocol.manifests import ExperimentSpec, NetworkManifest
+
+BENCH_EXPERIMENT = ExperimentKey.parse("bench/mnist/rev-1")
+
+
+def bench_network(validator_key: bytes, shards_per_lease: int) -> NetworkManifest:
+    spec = ExperimentSpec(BENCH_EXPERIMENT, DatasetId("mnist"), "mnist-mlp", 1e-3, 64, 1, shards_per_lease)
+    return NetworkManifest("bench", (validator_key,), (spec,))

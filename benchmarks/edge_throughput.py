@@ -25,18 +25,12 @@ from pathlib import Path
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
-from datasets import mnist
-from protocol.codec import encode_tensors
-from protocol.envelope import pack_envelope
-from protocol.hashing import content_id
-from protocol.ids import HeadId
-from protocol.messages import HeadDescriptor, PeerProof
-from protocol.model import MODELS, init_params
+from datasets.layout import read_train_manifest
+from lab.stack import Fleet, free_port, prepare_network
+from protocol.messages import PeerProof
 from protocol.signing import PureSigner
 
-from .stack import BENCH_EXPERIMENT, edge_argv, free_port, running, write_bench_network
-
-VALIDATOR = PureSigner(b"\x01" * 32)
+from . import BENCH_EXPERIMENT, bench_network
 
 
 def _fetch_all(urls: list[str], rounds: int, threads: int = 8) -> tuple[float, int]:
@@ -53,16 +47,6 @@ def _fetch_all(urls: list[str], rounds: int, threads: int = 8) -> tuple[float, i
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(get, urls * rounds))
     return time.perf_counter() - started, total
-
-
-def _genesis(url: str) -> None:
-    artifact = encode_tensors(init_params(MODELS["mnist-mlp"], 0))
-    head = HeadDescriptor(
-        BENCH_EXPERIMENT, HeadId(content_id(artifact)), None, 0, 0, (), VALIDATOR.public_key, int(time.time() * 1000)
-    ).signed(VALIDATOR)
-    httpx.post(
-        f"{url}/v1/experiments/{BENCH_EXPERIMENT}/heads", content=pack_envelope(head.to_wire(), artifact)
-    ).raise_for_status()
 
 
 def _lease(url: str, signer: PureSigner) -> dict[str, object]:
@@ -116,10 +100,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dtn-bench-"))
-    datasets = root / "datasets"
-    manifest = mnist.prepare(datasets)
-    write_bench_network(root / "network.json", VALIDATOR.public_key)
-    static_dir = datasets / "mnist" / "train"
+    local = prepare_network(root, network=lambda key: bench_network(key, 50))
+    manifest = read_train_manifest(local.datasets / "mnist")
+    static_dir = local.datasets / "mnist" / "train"
     edge_port, static_port = free_port(), free_port()
     edge_url, static_url = f"http://127.0.0.1:{edge_port}", f"http://127.0.0.1:{static_port}"
     static_argv = [
@@ -132,11 +115,14 @@ def main() -> None:
         "--directory",
         str(static_dir),
     ]
-    with (
-        running(edge_argv(edge_port, root, datasets), f"{edge_url}/healthz", root / "edge.log"),
-        running(static_argv, f"{static_url}/fetch-manifest.json", root / "static.log"),
-    ):
-        _genesis(edge_url)
+    with Fleet(root) as fleet:
+        fleet.start("edge", local.edge_argv(edge_port, "--messages-per-s", "100000"))
+        fleet.start("static", static_argv)
+        fleet.wait_ready(f"{edge_url}/healthz")
+        fleet.wait_ready(f"{static_url}/fetch-manifest.json")
+        validator = local.validator(edge_url)
+        validator.ensure_genesis(local.network.experiment(BENCH_EXPERIMENT))
+        validator.close()
         lease = _lease(edge_url, PureSigner(b"\x02" * 32))
         edge_urls = [f"{edge_url}/v1/datasets/mnist/shards/{s}?lease={lease['lease_id']}" for s in lease["shard_ids"]]  # type: ignore[attr-defined]
         static_urls = [f"{static_url}/{entry.locator}" for entry in manifest.shards]

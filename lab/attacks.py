@@ -9,11 +9,12 @@ as a validator runs them. The scorecard reports, per attack × fraction × prese
 acceptance rate, benign false rejection rate, final head test accuracy vs. the clean run (fraction
 0), and quarantine precision/recall.
 
-    python -m native_peer attack-suite --out var/attack-suite [--windows 4] [--presets balanced ...]
+    python -m lab attack-suite --out var/attack-suite [--windows 4] [--presets balanced ...]
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -26,21 +27,20 @@ import numpy as np
 import optax
 
 from datasets import mnist
+from datasets.layout import load_split
+from native_peer.learner import Evaluator, TrainEngine
+from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
-from protocol.judging import Submission, judge_window, precheck
+from protocol.judging import FRESH_TRUST, Submission, judge_window, precheck
 from protocol.leases import assign_leases
 from protocol.messages import Candidate, Lease
 from protocol.model import Params
 from protocol.screening import PRESETS
 from protocol.shards import decode_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
-from protocol.trust import TrustBook
-
-from .learner import Evaluator, TrainEngine
-from .mnist import mlp_learner
 
 __all__ = ["ATTACKS", "run_suite"]
 
@@ -183,8 +183,8 @@ def load_data(datasets_dir: Path, validation_size: int = 2000) -> Data:
     manifest = mnist.prepare(datasets_dir)
     root = datasets_dir / "mnist"
     shards = [decode_shard((root / "train" / entry.locator).read_bytes()) for entry in manifest.shards]
-    val_x, val_y = mnist.load_split(root, "validation")
-    return Data(shards, (val_x[:validation_size], val_y[:validation_size]), mnist.load_split(root, "test"))
+    val_x, val_y = load_split(root, "validation")
+    return Data(shards, (val_x[:validation_size], val_y[:validation_size]), load_split(root, "test"))
 
 
 class Suite:
@@ -229,7 +229,7 @@ class Suite:
     def run(self, attack: str, fraction: float, preset: str) -> dict[str, Any]:
         policy = PRESETS[preset]
         malicious = set(range(round(fraction * self.peers)))
-        trust = TrustBook()
+        trust = FRESH_TRUST
         tally = Tally()
         base = self.warm
         base_metrics = self.evaluate(base, self.data.val)
@@ -250,7 +250,7 @@ class Suite:
         previous = [
             (_candidate(self.signers[0], old_lease, old_lease.base_head, content_id(a)), a) for a in old_artifacts
         ]
-        rng = np.random.default_rng(hash((attack, fraction, preset)) % 2**32)
+        rng = np.random.default_rng(scenario_seed(attack, fraction, preset))
         head_id = HeadId(content_id(encode_tensors(base)))
         previous_head = head_id
         for window in range(self.windows):
@@ -296,6 +296,7 @@ class Suite:
                 self.learner.model, base, {"loss": base_metrics["loss"]}, submissions, policy,
                 lambda p: self.evaluate(p, self.data.val), trust,
             )  # fmt: skip
+            trust = decision.trust
             for sub, bad in zip(submissions, is_malicious, strict=True):
                 screen = decision.screens[sub.candidate_id]
                 accepted = screen.accepted and decision.promoted
@@ -307,7 +308,7 @@ class Suite:
                     tally.benign += 1
                     tally.benign_rejected += int(not accepted)
                 if not accepted:
-                    reason = screen.reason.split(":")[0]
+                    reason = str(screen.reason)
                     tally.reasons[reason] = tally.reasons.get(reason, 0) + 1
             previous = [(c, a) for c, a in candidates if decision.screens[c.candidate_id].accepted]
             if decision.merged is not None:
@@ -352,6 +353,11 @@ class Suite:
             artifact = encode_tensors(params)
             out.append((_candidate(signer, lease, base_head, content_id(artifact)), artifact))
         return out
+
+
+def scenario_seed(attack: str, fraction: float, preset: str) -> int:
+    """The scenario's random seed, the same in every process (Python's ``hash()`` of str is salted)."""
+    return int.from_bytes(hashlib.sha256(f"{attack}|{fraction!r}|{preset}".encode()).digest()[:8], "big")
 
 
 def _candidate(signer: PureSigner, lease: Lease, base_head: HeadId, candidate_id: str) -> Candidate:

@@ -4,38 +4,32 @@ One command starts a real network on this machine, each node its own process: th
 (``python -m server``), a validator, three native trainers, a late joiner, a trainer that is
 stopped and restarted on its storage, and a headless Chromium running the browser peer. Two
 experiments share the network (a baseline and a low learning rate). A live status line shows
-progress; at the end ``summary.json`` (and ``accuracy.svg``) record what the run proved.
+progress; at the end ``summary.json``, ``summary.md`` and ``accuracy.svg`` record what the run proved.
+Without Chromium or the Pyodide runtime it stops with ``BrowserUnavailable`` unless it was asked to
+run without the browser (``--no-browser``), which the summary then says.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import httpx
-
-from datasets import mnist
+from native_peer.edge_client import EdgeClient
+from native_peer.storage import StorageConfig
 from protocol.hashing import content_id
 from protocol.manifests import NetworkManifest
+from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
-from .edge_client import EdgeClient
-from .identity import NodeIdentity
-from .networks import BASELINE, LOW_LR, demo_network
-from .storage import StorageConfig
+from .stack import PYODIDE_DIR, Fleet, LocalNetwork, free_port, prepare_network
 
-__all__ = ["run_demo"]
+__all__ = ["CHROMIUM", "BrowserUnavailable", "run_demo", "summary_markdown"]
 
-REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = (
     "--headless=new",
@@ -51,45 +45,17 @@ RESTART_AFTER_WINDOWS = 3
 LATE_JOIN_AT_WINDOW = 5
 
 
-@dataclass
-class Fleet:
-    out: Path
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    logs: dict[str, BinaryIO] = field(default_factory=dict)
-
-    def start(self, name: str, argv: list[str]) -> None:
-        self.logs[name] = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.processes[name] = subprocess.Popen(argv, stdout=self.logs[name], stderr=subprocess.STDOUT, cwd=REPO)
-
-    def stop(self, name: str, timeout_s: float = 20.0) -> int | None:
-        process = self.processes.pop(name)
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            return process.wait()
-        finally:
-            self.logs.pop(name).close()
-
-    def stop_all(self, *, keep: tuple[str, ...] = ()) -> None:
-        """Stop every process but ``keep``, newest first (the edge, started first, goes last)."""
-        for name in reversed(list(self.processes)):
-            if name not in keep:
-                self.stop(name)
-
-    def check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"{name} exited with {process.returncode}; see {self.out / 'logs' / (name + '.log')}"
-                )
+class BrowserUnavailable(RuntimeError):
+    """The demo was asked for its browser trainer but cannot start one."""
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def browser_problem() -> str | None:
+    """Why a headless-browser trainer cannot run here, or None when it can."""
+    if not CHROMIUM.exists():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    if not (PYODIDE_DIR / "pyodide.js").exists():
+        return f"no Pyodide runtime in {PYODIDE_DIR} (python -m tools pyodide-runtime)"
+    return None
 
 
 def _outcomes(storage: Path) -> list[dict[str, Any]]:
@@ -97,90 +63,40 @@ def _outcomes(storage: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _trainer_argv(url: str, network: Path, storage: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "native_peer",
-        "train",
-        "--edge",
-        url,
-        "--network",
-        str(network),
-        "--storage",
-        str(storage),
-    ]
-
-
 def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: float) -> dict[str, Any]:
+    """Run the fleet until every scenario has happened (or ``max_minutes``) and write the summary.
+
+    With ``browser`` (the default of ``python -m lab demo``) a missing Chromium or Pyodide runtime is
+    an error (``BrowserUnavailable``), never a silently dropped check."""
+    if browser and (problem := browser_problem()) is not None:
+        raise BrowserUnavailable(f"the demo's browser trainer cannot start: {problem}; pass --no-browser to skip it")
     if out.exists():
         shutil.rmtree(out)
-    (out / "logs").mkdir(parents=True)
+    out.mkdir(parents=True)
     started = time.monotonic()
-    datasets = out / "datasets"
-    mnist.prepare(datasets)
-    validator_storage = out / "validator"
-    identity = NodeIdentity.load_or_create(StorageConfig(validator_storage).identity_path)
-    network = demo_network(identity.public_key)
-    network_path = out / "network.json"
-    network_path.write_text(json.dumps(network.to_wire(), indent=1))
-    port = _free_port()
+    local = prepare_network(out)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    fleet = Fleet(out)
-    browser = browser and CHROMIUM.exists() and (REPO / "var/pyodide/pyodide.js").exists()
     chromium_profile = Path(tempfile.mkdtemp(prefix="dtn-chromium-"))
     try:
-        fleet.start(
-            "edge",
-            [
-                sys.executable,
-                "-m",
-                "server",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(out / "edge"),
-                "--datasets-dir",
-                str(datasets),
-                "--network",
-                str(network_path),
-                "--pyodide-dir",
-                str(REPO / "var/pyodide"),
-            ],
-        )
-        _wait_healthy(url, fleet)
-        fleet.start(
-            "validator",
-            [
-                sys.executable,
-                "-m",
-                "native_peer",
-                "validate",
-                "--edge",
-                url,
-                "--network",
-                str(network_path),
-                "--storage",
-                str(validator_storage),
-                "--datasets",
-                str(datasets),
-            ],
-        )
-        for i in (1, 2, 3):
-            fleet.start(f"trainer-{i}", _trainer_argv(url, network_path, out / f"trainer-{i}"))
-        if browser:
-            fleet.start(
-                "browser",
-                [
-                    str(CHROMIUM),
-                    *CHROMIUM_FLAGS,
-                    f"--user-data-dir={chromium_profile}",
-                    f"{url}/?contribute=1&experiment={BASELINE}",
-                ],
-            )
-        summary = _supervise(out, url, fleet, network, network_path, started, max_minutes, browser, target_accuracy)
+        with Fleet(out) as fleet:
+            fleet.start("edge", local.edge_argv(port))
+            fleet.wait_ready(f"{url}/healthz")
+            fleet.start("validator", local.validator_argv(url))
+            for i in (1, 2, 3):
+                fleet.start(f"trainer-{i}", local.trainer_argv(url, out / f"trainer-{i}"))
+            if browser:
+                fleet.start(
+                    "browser",
+                    [
+                        str(CHROMIUM),
+                        *CHROMIUM_FLAGS,
+                        f"--user-data-dir={chromium_profile}",
+                        f"{url}/?contribute=1&experiment={BASELINE}",
+                    ],
+                )
+            summary = _supervise(out, url, fleet, local, started, max_minutes, browser, target_accuracy)
     finally:
-        fleet.stop_all()
         shutil.rmtree(chromium_profile, ignore_errors=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     report = summary_markdown(summary)
@@ -196,7 +112,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"# Mixed-fleet MNIST sanity run: {'all checks passed' if summary['all_checks_passed'] else 'CHECKS FAILED'}",
         "",
     ]
-    lines += [f"Wall time {summary['wall_time_s']:.0f} s. Peers: {len(summary['peers'])}.", ""]
+    browser = "included" if summary["browser"] else "SKIPPED (--no-browser): browser_candidate_accepted not checked"
+    lines += [
+        f"Wall time {summary['wall_time_s']:.0f} s. Peers: {len(summary['peers'])}. Browser trainer: {browser}.",
+        "",
+    ]
     lines += ["| check | result |", "| --- | --- |"]
     lines += [f"| {name} | {'PASS' if passed else 'FAIL'} |" for name, passed in summary["checks"].items()]
     lines += [
@@ -213,25 +133,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait_healthy(url: str, fleet: Fleet, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fleet.check_alive()
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("edge did not become healthy")
-
-
 def _supervise(
     out: Path,
     url: str,
     fleet: Fleet,
-    network: NetworkManifest,
-    network_path: Path,
+    local: LocalNetwork,
     started: float,
     max_minutes: float,
     browser: bool,
@@ -245,7 +151,7 @@ def _supervise(
     try:
         while time.monotonic() < deadline:
             fleet.check_alive()
-            snapshot = edge._request("GET", "/portal/snapshot").json()
+            snapshot = edge.portal_snapshot()
             heads = {e["key"]: e["head"] for e in snapshot["experiments"]}
             baseline = heads.get(BASELINE) or {"window": 0, "metrics": {}}
             window = baseline["window"]
@@ -257,9 +163,9 @@ def _supervise(
                     "outcomes_before": len(before),
                     "windows_before": {o["experiment"]: o["windows_done"] for o in before},
                 }
-                fleet.start("trainer-2", _trainer_argv(url, network_path, out / "trainer-2"))
+                fleet.start("trainer-2", local.trainer_argv(url, out / "trainer-2"))
             if not late_started and window >= LATE_JOIN_AT_WINDOW:
-                fleet.start("late-joiner", _trainer_argv(url, network_path, out / "late-joiner"))
+                fleet.start("late-joiner", local.trainer_argv(url, out / "late-joiner"))
                 late_started = True
             _print_status(started, snapshot)
             done = (
@@ -275,13 +181,13 @@ def _supervise(
             time.sleep(1.0)
         wall_s = time.monotonic() - started
         fleet.stop_all(keep=("edge",))
-        return _summarize(out, edge, network, restart, browser, wall_s, target_accuracy)
+        return _summarize(out, edge, local.network, restart, browser, wall_s, target_accuracy)
     finally:
         edge.close()
 
 
 def _browser_accepted(snapshot: dict[str, Any], edge: EdgeClient) -> bool:
-    browsers = {p["peer_id"] for p in edge._request("GET", "/v1/peers").json()["known"] if p["kind"] == "browser"}
+    browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
     return any(v.accepted and v.peer_id in browsers for v in edge.verdicts(BASELINE))
 
 
@@ -333,8 +239,16 @@ def _summarize(
         ]
     final = {key: heads[-1] for key, heads in lineage.items() if heads}
     verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
+    # every candidate of a closed window (its base is not the final head) was decided, with a reason
+    # that matches the decision (``Verdict`` refuses accepted=True with a rejection reason and back)
+    judged_ok = all(
+        c.candidate_id in {v.candidate_id for v in verdicts[spec.key]}
+        for spec in network.experiments
+        for c in edge.candidates(spec.key)
+        if c.base_head != lineage[spec.key][-1]["head_id"]
+    )
     accepted_peers = {v.peer_id for vs in verdicts.values() for v in vs if v.accepted}
-    peers = edge._request("GET", "/v1/peers").json()["known"]
+    peers = edge.peers()["known"]
     kinds = {p["peer_id"]: p["kind"] for p in peers}
     late = _outcomes(out / "late-joiner")
     trainer2 = _outcomes(out / "trainer-2")
@@ -356,20 +270,21 @@ def _summarize(
         "baseline_beat_low_lr": final[BASELINE]["test_accuracy"] > final[LOW_LR]["test_accuracy"],
         "baseline_reached_target": final[BASELINE]["test_accuracy"] >= target_accuracy,
         "head_lineage_valid": lineage_ok,
-        "every_verdict_has_a_reason": all(v.reason for vs in verdicts.values() for v in vs),
+        "every_verdict_has_a_reason": judged_ok,
     }
     if browser:
         checks["browser_candidate_accepted"] = any(kinds.get(p) == "browser" for p in accepted_peers)
     (out / "accuracy.svg").write_text(accuracy_svg(lineage, target_accuracy))
     return {
         "wall_time_s": round(wall_s, 1),
+        "browser": browser,
         "final_test_accuracy": {key: head["test_accuracy"] for key, head in final.items()},
         "windows": {key: len(heads) - 1 for key, heads in lineage.items()},
         "verdicts": {
             key: {
                 "accepted": sum(v.accepted for v in vs),
                 "rejected": sum(not v.accepted for v in vs),
-                "rejection_reasons": sorted({v.reason.split(":")[0] for v in vs if not v.accepted}),
+                "rejection_reasons": sorted({str(v.reason) for v in vs if not v.accepted}),
             }
             for key, vs in verdicts.items()
         },

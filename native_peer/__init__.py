@@ -2,15 +2,13 @@
 
 trainer      NodeBuilder → TrainerBuilder → Trainer: the user-facing trainer API
 learner      JaxLearner (the user's model and optimizer), BatchLoader, TrainEngine, Evaluator
-mnist        the MNIST MLP as a JaxLearner
+mnist        the MNIST MLP as a JaxLearner, its release and workload
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
 edge_client  HTTP client for the edge
 dataset_client  lease-scoped shard downloads, verified and cached
 identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
-networks     the demo network's experiments and manifest
-demo         the single-machine mixed-fleet MNIST sanity run
-cli          ``python -m native_peer train | validate | init-network | demo``
+cli          ``python -m native_peer train | validate``
 """
 
 from protocol.ids import ExperimentId, RevisionId, StudyId

@@ -1,4 +1,4 @@
-"""``python -m native_peer``: train, validate, create a network manifest, or run the demo."""
+"""``python -m native_peer`` (also ``dtn``): run a native trainer or a validator."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from pathlib import Path
 from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 
-from .identity import NodeIdentity
-from .mnist import mlp_learner
-from .networks import RELEASE, WORKLOAD, demo_network
+from .mnist import RELEASE, WORKLOAD, mlp_learner
 from .storage import StorageConfig
 from .trainer import NodeBuilder
 from .validator import Validator
@@ -32,14 +30,6 @@ def _stop_on_signals() -> threading.Event:
 
 def _network(path: Path) -> NetworkManifest:
     return NetworkManifest.from_wire(json.loads(path.read_bytes()))
-
-
-def cmd_init_network(args: argparse.Namespace) -> None:
-    identity = NodeIdentity.load_or_create(StorageConfig(args.validator_storage).identity_path)
-    network = demo_network(identity.public_key, args.network_id)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(network.to_wire(), indent=1))
-    print(f"wrote {args.out}: validator {identity.peer_id}, experiments {[s.key for s in network.experiments]}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -73,37 +63,10 @@ def cmd_validate(args: argparse.Namespace) -> None:
         validator.close()
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
-
-    run_demo(args.out, max_minutes=args.max_minutes, browser=not args.no_browser, target_accuracy=args.target_accuracy)
-
-
-def cmd_attack_suite(args: argparse.Namespace) -> None:
-    from .attacks import ATTACKS, run_suite, scorecard_table, write_scorecard
-
-    scorecard = run_suite(
-        args.datasets,
-        presets=tuple(args.presets),
-        attacks=tuple(args.attacks or ATTACKS),
-        windows=args.windows,
-        peers=args.peers,
-    )
-    write_scorecard(args.out, scorecard)
-    print(scorecard_table(scorecard))
-    print(f"scorecard written to {args.out / 'scorecard.json'} and {args.out / 'scorecard.md'}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m native_peer", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    init = sub.add_parser("init-network", help="create a validator identity and the demo network manifest")
-    init.add_argument("--validator-storage", type=Path, required=True)
-    init.add_argument("--out", type=Path, required=True)
-    init.add_argument("--network-id", default="demo")
-    init.set_defaults(run=cmd_init_network)
 
     train = sub.add_parser("train", help="run a native JAX trainer")
     train.add_argument("--edge", required=True, help="bootstrap edge URL")
@@ -121,22 +84,6 @@ def main(argv: list[str] | None = None) -> None:
     validate.add_argument("--datasets", type=Path, required=True, help="prepared datasets (validation split)")
     validate.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     validate.set_defaults(run=cmd_validate)
-
-    demo = sub.add_parser("demo", help="single-machine mixed-fleet MNIST sanity run")
-    demo.add_argument("--out", type=Path, default=Path("var/demo"))
-    demo.add_argument("--max-minutes", type=float, default=20.0)
-    demo.add_argument("--target-accuracy", type=float, default=0.95)
-    demo.add_argument("--no-browser", action="store_true", help="skip the headless-browser trainer")
-    demo.set_defaults(run=cmd_demo)
-
-    suite = sub.add_parser("attack-suite", help="score the screening presets against attacks on real MNIST updates")
-    suite.add_argument("--out", type=Path, default=Path("var/attack-suite"))
-    suite.add_argument("--datasets", type=Path, default=Path("var/datasets"))
-    suite.add_argument("--presets", nargs="+", default=["minimal", "balanced", "strict"])
-    suite.add_argument("--attacks", nargs="*", default=None, help="default: all")
-    suite.add_argument("--windows", type=int, default=4)
-    suite.add_argument("--peers", type=int, default=10)
-    suite.set_defaults(run=cmd_attack_suite)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

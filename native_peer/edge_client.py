@@ -1,7 +1,9 @@
 """HTTP client for the edge, as native peers and validators use it.
 
-Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name. Downloads
-are verified against their content id and resumed with ``Range`` after a broken transfer.
+Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name; transport
+failures are retried with ``protocol.backoff.Backoff``. Downloads are verified against their content
+id and resumed with ``Range`` after a broken transfer. It is the only door to the edge's HTTP API:
+peers, validators and the lab use its public methods, nothing else.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from protocol.backoff import Backoff
+from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.hashing import content_id, verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
@@ -28,24 +32,34 @@ class EdgeRequestError(Exception):
 
 
 class EdgeClient:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self._retries = retries
+        self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}
 
     def close(self) -> None:
         self._http.close()
 
     def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
+        backoff = Backoff(max_s=4.0)
         for attempt in range(self._retries + 1):
             try:
                 response = self._http.request(method, path, **options)
             except httpx.TransportError:
                 if attempt == self._retries:
                     raise
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(backoff.next_delay_s())
                 continue
             if response.status_code >= 400:
                 try:
@@ -101,6 +115,14 @@ class EdgeClient:
         response = self._request("GET", f"{self._experiment_path(key)}/verdicts", params=params)
         return [Verdict.from_wire(v) for v in response.json()]
 
+    def peers(self) -> dict[str, Any]:
+        """The peer directory: ``{"known": [{"peer_id", "kind", ...}], ...}``."""
+        return dict(self._request("GET", "/v1/peers").json())
+
+    def portal_snapshot(self) -> dict[str, Any]:
+        """What the viewer shows: experiments with their heads and verdict counts, peers by kind."""
+        return dict(self._request("GET", "/portal/snapshot").json())
+
     def fetch_manifest(self, dataset_id: str) -> FetchManifest:
         """A dataset's fetch-manifest, fetched once per client (a dataset's shards do not change)."""
         if dataset_id not in self._manifests:
@@ -142,7 +164,7 @@ class EdgeClient:
 
     # -- writes -----------------------------------------------------------------------------
     def request_lease(self, key: ExperimentKey, signer: Signer, peer_kind: str) -> Lease:
-        proof = PeerProof("lease", signer.public_key, peer_kind, "-", int(time.time() * 1000)).signed(signer)
+        proof = PeerProof("lease", signer.public_key, peer_kind, "-", self._clock.now_ms()).signed(signer)
         return Lease.from_wire(
             self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire()).json()
         )

@@ -1,4 +1,5 @@
-"""The MNIST MLP as a ``JaxLearner`` (784 → 128 ReLU → 10), with Adam and an optional schedule."""
+"""The MNIST MLP as a ``JaxLearner`` (784 → 128 ReLU → 10), with Adam and an optional schedule, and the
+release / workload a trainer of it declares (``RELEASE``, ``WORKLOAD``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from protocol.manifests import ExperimentSpec
+from protocol.ids import DatasetId
+from protocol.manifests import ExperimentSpec, ReleaseManifest, SupportedWorkload
 from protocol.model import MODELS
 
 from .learner import JaxLearner
 
-__all__ = ["mlp_learner"]
+__all__ = ["RELEASE", "WORKLOAD", "mlp_learner"]
 
 SPEC = MODELS["mnist-mlp"]
+RELEASE = ReleaseManifest("dtn-0.1.0")
+WORKLOAD = SupportedWorkload("mnist-mlp-cpu", "mnist-mlp", DatasetId("mnist"))
 
 
 def _init(rng: jax.Array) -> dict[str, dict[str, jax.Array]]:

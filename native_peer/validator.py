@@ -3,7 +3,8 @@
 For each experiment a validator creates the genesis head, then loops over windows. A window is
 the set of candidates trained on the current head. It closes when every live lease of the window
 has delivered a candidate, or when the deadline passes (``deadline_factor`` × the median of recent
-window durations, clamped to [``min_deadline_s``, the experiment's ``window_timeout_s``]).
+window durations, clamped to [``min_deadline_s``, the experiment's ``window_timeout_s``];
+``protocol.deadline``).
 
 Every candidate is judged on what the validator measures itself, never on reported metrics:
 
@@ -24,8 +25,17 @@ Accepted candidates are merged with the preset's aggregator, weighted by example
 kind (weighted mean:
 ``base + Σ nᵢ(θᵢ − base) / Σ nᵢ``, accumulated in float64, candidates ordered by content id). The
 merged model is evaluated on the validation split; if its loss exceeds the current head's by more
-than the preset's margin, promotion is blocked. Otherwise the head is signed and published, and a
-signed verdict with its reason is published for every candidate. State survives restarts.
+than the preset's margin, the merge is blocked (``merge_blocked``). The next head is signed and
+published either way: the merged parameters, or, when nothing was accepted, the same parameters
+under a new head id (``merged`` empty), so trainers get fresh leases and an all-reject window never
+stalls the experiment. A signed verdict with its typed reason (``protocol.reasons.Reason``) is
+published for every candidate.
+
+Each experiment has its own open window and deadline (one validator may run several experiments).
+
+State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of
+decisions not yet published) is one typed, bounded object, written to disk once per flush, before
+anything it records is published; evaluation data is read through ``datasets.layout``.
 """
 
 from __future__ import annotations
@@ -33,11 +43,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import statistics
 import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +53,20 @@ import httpx
 import jax
 import numpy as np
 
-from datasets.mnist import load_split
+from datasets.layout import load_split
+from protocol.backoff import Backoff
+from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
+from protocol.deadline import DeadlinePolicy, window_deadline_s
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
+from protocol.fields import read_float, read_list, read_object, read_str
 from protocol.hashing import content_id
 from protocol.ids import HeadId
 from protocol.judging import Submission, judge_window, precheck, stale_base
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
+from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen
 from protocol.trust import TrustBook
 
@@ -62,7 +75,7 @@ from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["Validator", "ValidatorConfig", "WindowReport"]
+__all__ = ["Validator", "ValidatorConfig", "ValidatorState", "WindowReport"]
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +83,94 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ValidatorConfig:
     poll_s: float = 0.25
-    min_deadline_s: float = 5.0
-    deadline_factor: float = 3.0
-    history: int = 10
-    clock: Callable[[], float] = time.monotonic
+    deadline: DeadlinePolicy = field(default_factory=DeadlinePolicy)
+    max_judged: int = 100_000  # candidate ids remembered for replay detection (oldest forgotten first)
+    clock: Clock = SYSTEM_CLOCK
+
+
+@dataclass
+class ValidatorState:
+    """What a validator must remember across restarts, bounded; saved whole by ``save``.
+
+    ``judged``: candidate id → the reason it was decided with (insertion order = age);
+    ``durations``: recent full-window durations per experiment; ``outbox``: recorded verdicts not yet
+    published; ``pending_head``: a signed head recorded but not yet published."""
+
+    judged: dict[str, Reason] = field(default_factory=dict)
+    durations: dict[str, list[float]] = field(default_factory=dict)
+    trust: TrustBook = field(default_factory=TrustBook)
+    outbox: list[Verdict] = field(default_factory=list)
+    pending_head: HeadDescriptor | None = None
+
+    def record(self, verdicts: Sequence[Verdict], max_judged: int) -> None:
+        for verdict in verdicts:
+            self.judged[verdict.candidate_id] = verdict.reason
+        for stale in list(self.judged)[: max(0, len(self.judged) - max_judged)]:
+            del self.judged[stale]
+        self.outbox.extend(verdicts)
+
+    def add_duration(self, experiment: str, seconds: float, history: int) -> None:
+        self.durations[experiment] = [*self.durations.get(experiment, []), seconds][-history:]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "judged": {cid: str(reason) for cid, reason in self.judged.items()},
+            "durations": self.durations,
+            "trust": self.trust.to_wire(),
+            "outbox": [v.to_wire() for v in self.outbox],
+            "pending_head": None if self.pending_head is None else self.pending_head.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> ValidatorState:
+        d = read_object(value, "validator state")
+        judged = read_object(d.get("judged"), "judged")
+        durations = read_object(d.get("durations"), "durations")
+        pending = d.get("pending_head")
+        return cls(
+            judged={cid: Reason(read_str(judged, cid, max_len=32)) for cid in judged},
+            durations={key: read_list(durations, key, _seconds) for key in durations},
+            trust=TrustBook.from_wire(d.get("trust")),
+            outbox=read_list(d, "outbox", Verdict.from_wire, max_len=1 << 20),
+            pending_head=None if pending is None else HeadDescriptor.from_wire(pending),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> ValidatorState:
+        return cls.from_wire(json.loads(path.read_bytes())) if path.exists() else cls()
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, json.dumps(self.to_wire()).encode())
 
 
 @dataclass(frozen=True)
 class WindowReport:
+    """A closed window: the head that follows it and a verdict per candidate. Without any accepted
+    candidate the next head carries the same parameters (``merged`` is empty), so trainers get fresh
+    leases and the experiment goes on."""
+
     experiment: str
     window: int
-    promoted: HeadDescriptor | None
+    head: HeadDescriptor
     verdicts: tuple[Verdict, ...]
+
+    @property
+    def merged(self) -> bool:
+        return bool(self.head.merged)
 
 
 def _named(split: str, result: dict[str, float]) -> dict[str, float]:
     """``{"loss", "accuracy"}`` as ``{"<split>_loss", "<split>_accuracy"}``."""
     return {f"{split}_loss": result["loss"], f"{split}_accuracy": result["accuracy"]}
+
+
+def _unnamed(split: str, metrics: dict[str, float]) -> dict[str, float]:
+    """The inverse of ``_named``: ``{"<split>_loss", ...}`` back to ``{"loss", "accuracy"}``."""
+    return {"loss": metrics[f"{split}_loss"], "accuracy": metrics[f"{split}_accuracy"]}
+
+
+def _seconds(value: object) -> float:
+    return read_float({"seconds": value}, "seconds")
 
 
 class Validator:
@@ -107,20 +191,24 @@ class Validator:
             raise ValueError("this node's key is not a validator key of the network manifest")
         self.storage = storage
         self.config = config
+        self.clock = config.clock
         self.edge = EdgeClient(edge_url, token=admission_token)
         self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
         self.datasets_dir = datasets_dir
         self.evaluate = Evaluator(learner)
         self._splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         self._state_path = storage.root / "validator-state.json"
-        self._state: dict[str, Any] = storage.read_json(self._state_path, {"judged": {}, "durations": {}})
-        self.trust = TrustBook.from_wire(self._state["trust"]) if "trust" in self._state else TrustBook()
-        self._window_opened: dict[str, float] = {}
+        self.state = ValidatorState.load(self._state_path)
+        self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
+
+    @property
+    def trust(self) -> TrustBook:
+        return self.state.trust
 
     def close(self) -> None:
         self.edge.close()
 
-    # -- data and state --------------------------------------------------------------------
+    # -- data --------------------------------------------------------------------------------
     def _split(self, spec: ExperimentSpec, split: str) -> tuple[np.ndarray, np.ndarray]:
         cache = self._splits.setdefault(spec.dataset_id, {})
         if split not in cache:
@@ -129,16 +217,6 @@ class Validator:
 
     def _evaluate(self, spec: ExperimentSpec, params: Any, split: str) -> dict[str, float]:
         return self.evaluate(params, *self._split(spec, split))
-
-    def _save_state(self) -> None:
-        write_atomic(self._state_path, json.dumps(self._state).encode())
-
-    def _deadline_s(self, spec: ExperimentSpec) -> float:
-        recent = self._state["durations"].get(spec.key, [])[-self.config.history :]
-        if not recent:
-            return spec.window_timeout_s
-        derived = self.config.deadline_factor * statistics.median(recent)
-        return min(max(derived, self.config.min_deadline_s), spec.window_timeout_s)
 
     # -- heads -----------------------------------------------------------------------------
     def _sign_head(
@@ -163,7 +241,7 @@ class Validator:
             global_step=(0 if parent is None else parent.global_step) + steps,
             merged=tuple(sorted(merged)),  # type: ignore[arg-type]
             validator_key=self.identity.public_key,
-            created_at_ms=int(time.time() * 1000),
+            created_at_ms=self.clock.now_ms(),
             metrics=_named("val", validation) | _named("test", self._evaluate(spec, params, "test")),
         ).signed(self.identity)
         return head, artifact
@@ -196,30 +274,29 @@ class Validator:
         """Judge what is ready; close the window and promote when its time has come."""
         self._flush()
         head = self.ensure_genesis(spec)
-        judged: dict[str, str] = self._state["judged"]
-        fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in judged]
-        verdicts = [
-            self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id
-        ]
+        fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in self.state.judged]
+        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id]
         window = [c for c in fresh if c.base_head == head.head_id]
-        if head.head_id not in self._window_opened:
-            self._window_opened = {head.head_id: self.config.clock()}  # a new window; older ones are closed
-        opened = self._window_opened[head.head_id]
-        if verdicts:
-            self._record(verdicts)
-            self._flush()
+        base, opened = self._windows.get(spec.key, (None, 0.0))
+        if base != head.head_id:  # a new window of this experiment; its older one is closed
+            opened = self.clock.monotonic_s()
+            self._windows[spec.key] = (head.head_id, opened)
+        if stale:
+            self._record(stale)
         if len(window) < spec.min_candidates:
             return None
-        now_ms = time.time() * 1000
+        now_ms = self.clock.now_ms()
         live = [lease for lease in self.edge.leases(spec.key, head.head_id) if lease.expires_at_ms > now_ms]
         delivered = {c.peer_id for c in window}
         everyone_in = all(lease.peer_id in delivered for lease in live)
-        if not everyone_in and self.config.clock() - opened < self._deadline_s(spec):
+        elapsed_s = self.clock.monotonic_s() - opened
+        deadline_s = window_deadline_s(
+            self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
+        )
+        if not everyone_in and elapsed_s < deadline_s:
             return None
         if everyone_in:
-            durations = self._state["durations"].setdefault(spec.key, [])
-            durations.append(self.config.clock() - opened)
-            del durations[: -self.config.history]
+            self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
         return self._close_window(spec, head, window)
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
@@ -232,35 +309,36 @@ class Validator:
             [self._precheck(spec, head, candidate) for candidate in window],
             policy,
             lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
-            self.trust,
+            self.state.trust,
         )
-        promoted: HeadDescriptor | None = None
         if decision.merged is not None:
             steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)
-            params = self.learner.from_tensors(decision.merged)
             assert decision.merged_metrics is not None  # judge_window measures every merge it promotes
-            promoted, artifact = self._sign_head(spec, params, head, decision.accepted, steps, decision.merged_metrics)
-            write_atomic(self.storage.head_path(promoted.head_id), artifact)
-            self._state["pending_head"] = promoted.to_wire()
+            merged, validation = decision.merged, decision.merged_metrics
+        else:  # nothing to merge: the next attempt starts from the same parameters under a new head
+            steps, merged, validation = 0, self._head_params(head), _unnamed("val", head.metrics)
+        promoted, artifact = self._sign_head(
+            spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation
+        )
+        write_atomic(self.storage.head_path(promoted.head_id), artifact)
+        self.state.pending_head = promoted
         metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
         verdicts = [
             self._verdict(c, decision.screens[c.candidate_id], promoted, metrics.get(c.candidate_id, {}))
             for c in window
         ]
-        self._state["trust"] = self.trust.to_wire()
+        self.state.trust = decision.trust
         self._record(verdicts)
-        self._flush()
-        if promoted is not None:
-            log.info(
-                "%s: window %d closed, %d/%d accepted, head %s val acc %.4f test acc %.4f",
-                spec.key,
-                promoted.window,
-                len(decision.accepted),
-                len(window),
-                promoted.head_id[:19],
-                promoted.metrics["val_accuracy"],
-                promoted.metrics["test_accuracy"],
-            )
+        log.info(
+            "%s: window %d closed, %d/%d accepted, head %s val acc %.4f test acc %.4f",
+            spec.key,
+            promoted.window,
+            len(decision.accepted),
+            len(window),
+            promoted.head_id[:19],
+            promoted.metrics["val_accuracy"],
+            promoted.metrics["test_accuracy"],
+        )
         return WindowReport(spec.key, head.window, promoted, tuple(verdicts))
 
     def _precheck(self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate) -> Submission:
@@ -273,7 +351,7 @@ class Validator:
         screen = precheck(
             candidate,
             current_head=head.head_id,
-            judged=self._state["judged"],
+            judged=self.state.judged,
             lease=lease,
             leased_examples=leased,
             edge_key=self.network.edge_key,
@@ -284,7 +362,7 @@ class Validator:
             try:
                 tensors, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
             except (ProtocolError, EdgeRequestError) as exc:
-                screen = Screen(False, f"undecodable: {exc}")
+                screen = Screen(Reason.UNDECODABLE, str(exc))
         return Submission(
             candidate.candidate_id, candidate.peer_id, candidate.peer_kind, float(candidate.examples), tensors, screen
         )
@@ -296,31 +374,36 @@ class Validator:
         promoted: HeadDescriptor | None = None,
         metrics: dict[str, float] | None = None,
     ) -> Verdict:
+        """The signed verdict; an accepting ``screen`` names the head ``promoted`` it was merged into."""
+        accepted = screen.accepted and promoted is not None
         return Verdict(
             experiment=candidate.experiment,
             candidate_id=candidate.candidate_id,
             base_head=candidate.base_head,
             peer_id=candidate.peer_id,
-            accepted=screen.accepted and promoted is not None,
-            reason=screen.reason[:200],
+            accepted=accepted,
+            reason=screen.reason,
+            detail=screen.detail[:200],
             validator_key=self.identity.public_key,
-            decided_at_ms=int(time.time() * 1000),
-            head_id=promoted.head_id if screen.accepted and promoted is not None else None,
+            decided_at_ms=self.clock.now_ms(),
+            head_id=promoted.head_id if accepted and promoted is not None else None,
             metrics=metrics or {},
         ).signed(self.identity)
 
     def _record(self, verdicts: Sequence[Verdict]) -> None:
-        """Write decisions to disk first (judged ids and an outbox), then publish from the outbox."""
-        for verdict in verdicts:
-            self._state["judged"][verdict.candidate_id] = verdict.reason
-        self._state.setdefault("outbox", []).extend(v.to_wire() for v in verdicts)
-        self._save_state()
+        """Record decisions (judged ids and the outbox) on disk, then publish them."""
+        self.state.record(verdicts, self.config.max_judged)
+        self.state.save(self._state_path)
+        self._flush()
 
     def _flush(self) -> None:
-        """Publish a recorded head, then recorded verdicts; safe to repeat after a crash."""
-        pending = self._state.get("pending_head")
-        if pending is not None:
-            head = HeadDescriptor.from_wire(pending)
+        """Publish the recorded head, then the recorded verdicts, then save the state once.
+
+        Safe to repeat after a crash: the edge keeps the first copy of a head or verdict."""
+        if not self.state.outbox and self.state.pending_head is None:
+            return
+        head = self.state.pending_head
+        if head is not None:
             artifact = self.storage.head_path(head.head_id).read_bytes()
             try:
                 self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
@@ -328,25 +411,24 @@ class Validator:
                 if exc.status != 409:
                     raise
                 log.warning("recorded head %s was not promoted: %s", head.head_id[:19], exc)
-            self._state["pending_head"] = None
-            self._save_state()
-        outbox = self._state.get("outbox", [])
-        while outbox:
-            self.edge.publish_verdict(Verdict.from_wire(outbox[0]))
-            outbox.pop(0)
-            self._save_state()
+            self.state.pending_head = None
+        try:
+            while self.state.outbox:
+                self.edge.publish_verdict(self.state.outbox[0])
+                self.state.outbox.pop(0)
+        finally:
+            self.state.save(self._state_path)
 
     def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
         """Validate ``specs`` until ``stop`` is set."""
-        failures = 0
+        backoff = Backoff()
         while not stop.is_set():
             try:
                 for spec in specs:
                     self.poll(spec)
-                failures = 0
+                backoff.reset()
             except (httpx.TransportError, EdgeRequestError) as exc:
-                failures += 1
-                backoff_s = min(30.0, 0.5 * 2**failures)
-                log.warning("edge unavailable (%s); retrying in %.1f s", exc, backoff_s)
-                stop.wait(backoff_s)
+                delay_s = backoff.next_delay_s()
+                log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
+                stop.wait(delay_s)
             stop.wait(self.config.poll_s)

@@ -18,9 +18,15 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
     aggregation  merge rules (FedAvg and robust aggregators)
+    reasons      Reason: the typed accept/reject reasons, and which count as strikes
     screening    update screening presets and the promotion rule
-    trust        per-peer strikes and quarantine
-    judging      judge_window: the whole decision for one window, pure
+    trust        per-peer strikes and quarantine (an immutable TrustBook)
+    judging      judge_window: the whole decision for one window, pure; returns the next trust book
+    deadline     when a validator closes a window: derived from recent window durations
+    clock        the one injectable clock (wall time for the wire, monotonic for durations)
+    backoff      retry back-off delays, for every client that retries
+    window       one training window for every trainer: head and lease checks, lease_covers,
+                 package_candidate
 """
 
 from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge

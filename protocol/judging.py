@@ -4,7 +4,8 @@ Validators do the I/O-side checks first (signature, lease, artifact download) an
 candidate as a ``Submission`` with that ``precheck``; ``judge_window`` then applies, in order:
 quarantine, one candidate per peer, schema and finiteness, cohort screening (norm, cosine),
 the per-candidate validation-loss check, weight caps per peer kind, the preset's aggregator and
-the promotion rule. The attack suite calls the same function, so what it scores is what runs.
+the promotion rule. It is pure: the trust book it is given is not changed, the decision carries
+the next one. The attack suite calls the same function, so what it scores is what runs.
 """
 
 from __future__ import annotations
@@ -18,23 +19,26 @@ from .aggregation import AGGREGATORS, merge_params
 from .errors import ProtocolError
 from .messages import Candidate, Lease
 from .model import ModelSpec, Params
+from .reasons import Reason
 from .screening import ACCEPT, Screen, ScreeningPolicy, judge_promotion, screen_cohort, screen_schema
 from .trust import TrustBook
+from .window import lease_covers
 
 __all__ = ["Submission", "WindowDecision", "judge_window", "precheck", "stale_base"]
 
+FRESH_TRUST = TrustBook()  # no peer has a history yet
 Evaluate = Callable[[Mapping[str, np.ndarray]], dict[str, float]]
 
 
 def stale_base(base_head: str, current_head: str) -> Screen:
-    return Screen(False, f"stale_base: trained on {base_head[:19]}, current is {current_head[:19]}")
+    return Screen(Reason.STALE_BASE, f"trained on {base_head[:19]}, current is {current_head[:19]}")
 
 
 def precheck(
     candidate: Candidate,
     *,
     current_head: str,
-    judged: Mapping[str, str] | set[str],
+    judged: Mapping[str, object] | set[str],
     lease: Lease | None,
     leased_examples: int,
     edge_key: bytes | None,
@@ -46,25 +50,20 @@ def precheck(
     if candidate.base_head != current_head:
         return stale_base(candidate.base_head, current_head)
     if candidate.candidate_id in judged:
-        return Screen(False, "replay: this artifact was already submitted")
+        return Screen(Reason.REPLAY, "this artifact was already submitted")
     try:
         candidate.verify_own()
     except ProtocolError as exc:
-        return Screen(False, f"bad_signature: {exc}")
-    if (
-        lease is None
-        or lease.peer_id != candidate.peer_id
-        or lease.base_head != candidate.base_head
-        or lease.experiment != candidate.experiment
-    ):
-        return Screen(False, "wrong_lease: lease is missing or not this peer's lease for this window")
+        return Screen(Reason.BAD_SIGNATURE, str(exc))
+    if lease is None or not lease_covers(lease, candidate):
+        return Screen(Reason.WRONG_LEASE, "lease is missing or not this peer's lease for this window")
     if edge_key is not None:
         try:
             lease.verify(edge_key)
         except ProtocolError:
-            return Screen(False, "wrong_lease: lease not signed by the edge")
+            return Screen(Reason.WRONG_LEASE, "lease not signed by the edge")
     if candidate.examples > leased_examples:
-        return Screen(False, f"out_of_lease: claims {candidate.examples} examples, lease covers {leased_examples}")
+        return Screen(Reason.OUT_OF_LEASE, f"claims {candidate.examples} examples, lease covers {leased_examples}")
     return ACCEPT
 
 
@@ -85,6 +84,7 @@ class WindowDecision:
     merged: Params | None
     merged_metrics: dict[str, float] | None
     candidate_metrics: dict[str, dict[str, float]]
+    trust: TrustBook  # the book after this window's decisions
 
     @property
     def promoted(self) -> bool:
@@ -98,21 +98,21 @@ def judge_window(
     submissions: Sequence[Submission],
     policy: ScreeningPolicy,
     evaluate: Evaluate,
-    trust: TrustBook | None = None,
+    trust: TrustBook = FRESH_TRUST,
 ) -> WindowDecision:
-    """Screens for every submission, and the merged parameters when the window promotes."""
+    """Screens for every submission, the merged parameters when the window promotes, the next trust book."""
     screens: dict[str, Screen] = {}
     contributed: set[str] = set()
     valid: list[Submission] = []
     for sub in sorted(submissions, key=lambda s: s.candidate_id):
         if not sub.precheck.accepted:
             screen = sub.precheck
-        elif trust is not None and trust.quarantined(sub.peer_id):
-            screen = Screen(False, "quarantined: too many rejected submissions from this peer")
+        elif trust.quarantined(sub.peer_id):
+            screen = Screen(Reason.QUARANTINED, "too many rejected submissions from this peer")
         elif sub.peer_id in contributed:
-            screen = Screen(False, "replay: this peer already contributed to this window")
+            screen = Screen(Reason.REPLAY, "this peer already contributed to this window")
         elif sub.params is None:
-            screen = Screen(False, "undecodable: no parameters")
+            screen = Screen(Reason.UNDECODABLE, "no parameters")
         else:
             screen = screen_schema(spec, sub.params)
         screens[sub.candidate_id] = screen
@@ -139,16 +139,16 @@ def judge_window(
         outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin)
         if not outcome.accepted:
             for sub in accepted:
-                screens[sub.candidate_id] = Screen(False, f"merged head blocked: {outcome.reason}")
+                screens[sub.candidate_id] = Screen(Reason.MERGE_BLOCKED, outcome.detail)
             merged = None
-    if trust is not None:
-        for sub in submissions:
-            screen = screens[sub.candidate_id]
-            trust.record(sub.peer_id, screen.accepted and merged is not None, screen.reason)
+    for sub in submissions:
+        screen = screens[sub.candidate_id]
+        trust = trust.recorded(sub.peer_id, screen.accepted and merged is not None, screen.reason)
     return WindowDecision(
         screens=screens,
         accepted=tuple(s.candidate_id for s in accepted) if merged is not None else (),
         merged=merged,
         merged_metrics=merged_metrics,
         candidate_metrics=metrics,
+        trust=trust,
     )

@@ -19,6 +19,7 @@ from .errors import InvalidMessage, SignatureError
 from .fields import opt, read_bool, read_dict, read_int, read_list, read_object, read_str
 from .hashing import content_id
 from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
+from .reasons import Reason
 from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
 
 __all__ = ["PEER_KINDS", "Candidate", "HeadDescriptor", "Lease", "PeerProof", "Verdict"]
@@ -76,6 +77,14 @@ def _key(data: Mapping[str, object], name: str) -> bytes:
 
 def _metrics(data: Mapping[str, object]) -> dict[str, float]:
     return read_dict(data, "metrics") if "metrics" in data else {}
+
+
+def _reason(data: Mapping[str, object]) -> Reason:
+    code = read_str(data, "reason", max_len=32)
+    try:
+        return Reason(code)
+    except ValueError:
+        raise InvalidMessage(f"unknown verdict reason {code!r}") from None
 
 
 @dataclass(frozen=True)
@@ -270,7 +279,8 @@ class HeadDescriptor(_Signed):
 
 @dataclass(frozen=True)
 class Verdict(_Signed):
-    """A validator's decision on one candidate, with the reason and what it measured."""
+    """A validator's decision on one candidate: a typed ``reason`` (``accepted`` exactly when the reason
+    is ``Reason.ACCEPTED``), a human-readable ``detail``, and what the validator measured."""
 
     DOMAIN: ClassVar[bytes] = b"dtn/verdict/v1\n"
 
@@ -279,12 +289,17 @@ class Verdict(_Signed):
     base_head: HeadId
     peer_id: PeerId
     accepted: bool
-    reason: str
+    reason: Reason
+    detail: str
     validator_key: bytes
     decided_at_ms: int
     head_id: HeadId | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     signature: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.accepted != self.reason.accepted:
+            raise InvalidMessage(f"a verdict with reason {self.reason!s} cannot have accepted={self.accepted}")
 
     def body(self) -> dict[str, Any]:
         return {
@@ -293,7 +308,8 @@ class Verdict(_Signed):
             "base_head": self.base_head,
             "peer_id": self.peer_id,
             "accepted": self.accepted,
-            "reason": self.reason,
+            "reason": str(self.reason),
+            "detail": self.detail,
             "validator_key": b64encode(self.validator_key),
             "decided_at_ms": self.decided_at_ms,
             "head_id": self.head_id,
@@ -309,7 +325,8 @@ class Verdict(_Signed):
             base_head=HeadId(d.get("base_head")),
             peer_id=PeerId(d.get("peer_id")),
             accepted=read_bool(d, "accepted"),
-            reason=read_str(d, "reason", max_len=200),
+            reason=_reason(d),
+            detail=read_str(d, "detail", max_len=200),
             validator_key=_key(d, "validator_key"),
             decided_at_ms=read_int(d, "decided_at_ms"),
             head_id=opt(d, "head_id", lambda m, k: HeadId(m[k])),

@@ -1,7 +1,7 @@
 """Screening of parameter updates (θ − base) and the acceptance rules. Pure NumPy.
 
 Validators never trust reported metrics: everything here looks at the actual parameters. A rule
-returns a ``Screen`` (accepted or not, with a reason), never raises for a bad update.
+returns a ``Screen`` (a typed ``Reason`` and a human-readable detail), never raises for a bad update.
 
 Per-candidate checks, in order: schema (names, shapes, float32), finiteness, then, against the
 cohort of candidates for the same window, the update norm (relative to the cohort median norm: too
@@ -25,17 +25,27 @@ import numpy as np
 from .aggregation import flatten
 from .errors import InvalidMessage
 from .model import ModelSpec
+from .reasons import Reason
 
 __all__ = ["ACCEPT", "PRESETS", "Screen", "ScreeningPolicy", "judge_promotion", "screen_cohort", "screen_schema"]
 
 
 @dataclass(frozen=True)
 class Screen:
-    accepted: bool
-    reason: str
+    """One rule's outcome: ``reason`` decides, ``detail`` explains (for people, never parsed)."""
+
+    reason: Reason
+    detail: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason.accepted
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
 
 
-ACCEPT = Screen(True, "accepted")
+ACCEPT = Screen(Reason.ACCEPTED)
 
 
 @dataclass(frozen=True)
@@ -72,9 +82,9 @@ def screen_schema(spec: ModelSpec, params: Mapping[str, np.ndarray]) -> Screen:
     try:
         spec.check(params)
     except InvalidMessage as exc:
-        return Screen(False, f"wrong_shape: {exc}")
+        return Screen(Reason.WRONG_SHAPE, str(exc))
     if not all(np.isfinite(array).all() for array in params.values()):
-        return Screen(False, "non_finite: update contains NaN or Inf")
+        return Screen(Reason.NON_FINITE, "update contains NaN or Inf")
     return ACCEPT
 
 
@@ -102,21 +112,21 @@ def screen_cohort(
         if screen.accepted and centre_norm > 0 and norm > 0:
             cosine = float(delta @ centre) / (float(norm) * centre_norm)
             if cosine < policy.min_cosine:
-                screen = Screen(False, f"outlier: cosine {cosine:.3f} to cohort centre below {policy.min_cosine}")
+                screen = Screen(Reason.OUTLIER, f"cosine {cosine:.3f} to cohort centre below {policy.min_cosine}")
         results.append(screen)
     return results
 
 
 def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: float) -> Screen:
     if norm > max_ratio * reference:
-        return Screen(False, f"norm_too_large: update norm {norm:.4g} > {max_ratio} x {reference:.4g}")
+        return Screen(Reason.NORM_TOO_LARGE, f"update norm {norm:.4g} > {max_ratio} x {reference:.4g}")
     if norm <= min_ratio * reference or norm == 0.0:
-        return Screen(False, f"free_rider: update norm {norm:.4g} <= {min_ratio} x {reference:.4g}")
+        return Screen(Reason.FREE_RIDER, f"update norm {norm:.4g} <= {min_ratio} x {reference:.4g}")
     return ACCEPT
 
 
 def judge_promotion(current: Mapping[str, float], merged: Mapping[str, float], margin: float) -> Screen:
     """Accept unless ``merged``'s validation loss exceeds ``current``'s by more than ``margin``."""
     if merged["loss"] > current["loss"] + margin:
-        return Screen(False, f"regression: val loss {merged['loss']:.4f} > {current['loss']:.4f} + {margin}")
+        return Screen(Reason.REGRESSION, f"val loss {merged['loss']:.4f} > {current['loss']:.4f} + {margin}")
     return ACCEPT

@@ -5,16 +5,14 @@ it: HTTP requests carry ``Authorization: Bearer <token>``, relay peers put ``"to
 message. Only the sha256 of a token is stored. Signatures still decide what a message *is*; tokens
 decide who may send it at all (e.g. only operator-approved trainers may lease data).
 
-    python -m server.admission issue --data-dir var/edge --role trainer --label alice [--ttl-days 30]
+    python -m tools token issue --data-dir var/edge --role trainer --label alice [--ttl-days 30]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import secrets
 import time
-from pathlib import Path
 
 from .errors import Forbidden, Unauthorized
 from .store import Store
@@ -62,23 +60,3 @@ class Admission:
     def check_header(self, authorization: str | None, action: str) -> None:
         token = authorization.removeprefix("Bearer ").strip() if authorization else None
         self.check(token, action)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Issue admission tokens for an edge.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    issue = sub.add_parser("issue")
-    issue.add_argument("--data-dir", type=Path, default=Path("var/edge"))
-    issue.add_argument("--role", choices=sorted(ROLES), required=True)
-    issue.add_argument("--label", default="")
-    issue.add_argument("--ttl-days", type=float, default=30.0)
-    args = parser.parse_args()
-    store = Store(args.data_dir / "edge.sqlite3")
-    try:
-        print(issue_token(store, args.role, args.label, args.ttl_days * 86400))
-    finally:
-        store.close()
-
-
-if __name__ == "__main__":
-    main()

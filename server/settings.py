@@ -19,7 +19,7 @@ _HELP = {
     "datasets_dir": "prepared datasets (<dir>/<dataset>/train/fetch-manifest.json); only train is served",
     "network": "network manifest JSON (validator keys, experiments); the edge fills in its own key",
     "static_dir": "the web app",
-    "pyodide_dir": "self-hosted Pyodide runtime prepared by `python -m server.pyodide_runtime`",
+    "pyodide_dir": "self-hosted Pyodide runtime prepared by `python -m tools pyodide-runtime`",
     "max_artifact_bytes": "largest candidate or head artifact accepted",
     "max_frame_bytes": "largest WebSocket frame; larger frames are closed with 1009",
     "lease_ttl_s": "how long a lease stays valid",

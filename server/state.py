@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from datasets.layout import manifest_path, read_train_manifest
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.shards import verify_shard
 from protocol.signing import PureSigner
 
 from .admission import Admission
@@ -77,12 +77,10 @@ class EdgeState:
 
 
 def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:
-    """Every ``<root>/<dataset>/train/fetch-manifest.json``, with each shard file checked against it."""
+    """Every prepared dataset under ``root`` (``datasets.layout``), each shard file checked."""
     datasets: dict[DatasetId, FetchManifest] = {}
-    for path in sorted(root.glob("*/train/fetch-manifest.json")):
-        manifest = FetchManifest.from_wire(json.loads(path.read_bytes()))
-        for entry in manifest.shards:
-            verify_shard(entry, (path.parent / entry.locator).read_bytes())
+    for dataset_root in sorted(path for path in root.glob("*") if manifest_path(path).exists()):
+        manifest = read_train_manifest(dataset_root)
         datasets[manifest.dataset_id] = manifest
         log.info("serving dataset %s: %d shards", manifest.dataset_id, len(manifest.shards))
     return datasets

@@ -132,7 +132,7 @@ function eventItem(event) {
   let text = `${event.topic}`;
   if (event.topic === "heads") text = `new head, window ${d.window}, test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
   else if (event.topic === "verdicts") {
-    text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected (${d.reason})`;
+    text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected: ${d.reason}${d.detail ? ` (${d.detail})` : ""}`;
     li.className = d.accepted ? "ok" : "bad";
   } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;

@@ -5,8 +5,6 @@ acceptance into a promoted head, and reconnection after the edge restarts."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,49 +12,24 @@ import httpx
 import pytest
 
 from browser_peer.peer import BrowserPeer, PeerConfig
-from native_peer import StorageConfig, Validator
-from native_peer.identity import NodeIdentity
-from native_peer.mnist import mlp_learner
-from native_peer.networks import BASELINE, demo_network
+from lab.stack import LocalNetwork, prepare_network, validating
 from server.serve import BackgroundEdge
-from server.settings import Settings
+from tools.networks import BASELINE
 
 from .native_bridge import NativeBridge
 from .support import edge_settings, experiment_spec, head_envelope, write_network
 
 
 @pytest.fixture
-def stack(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Settings, StorageConfig]]:
-    storage = StorageConfig(tmp_path / "validator")
-    network = demo_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
-    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
-    settings = edge_settings(tmp_path, dataset_root)
-    yield settings, storage
+def stack(tmp_path: Path, dataset_root: Path) -> Iterator[LocalNetwork]:
+    yield prepare_network(tmp_path, datasets=dataset_root)
 
 
-def _validate(
-    edge: BackgroundEdge, storage: StorageConfig, dataset_root: Path, stop: threading.Event
-) -> threading.Thread:
-    network = demo_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
-    validator = Validator(mlp_learner(), network, storage, edge.url, dataset_root)
-    validator.ensure_genesis(network.experiment(BASELINE))
-
-    def run() -> None:
-        try:
-            validator.run([network.experiment(BASELINE)], stop)
-        finally:
-            validator.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_browser_peer_candidate_is_accepted(stack: tuple[Settings, StorageConfig], dataset_root: Path) -> None:
-    settings, storage = stack
-    stop = threading.Event()
-    with BackgroundEdge(settings) as edge:
-        validator = _validate(edge, storage, dataset_root, stop)
+def test_browser_peer_candidate_is_accepted(stack: LocalNetwork) -> None:
+    with (
+        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
+        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
+    ):
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x42" * 32, max_windows=2))
 
@@ -65,8 +38,6 @@ def test_browser_peer_candidate_is_accepted(stack: tuple[Settings, StorageConfig
             await bridge.aclose()
 
         asyncio.run(contribute())
-        stop.set()
-        validator.join(10)
     assert peer.status["windows_done"] == 2
     assert peer.status["accepted"] >= 1, peer.status
     shard_urls = [u for u in bridge.fetched if "/shards/" in u]
@@ -76,15 +47,11 @@ def test_browser_peer_candidate_is_accepted(stack: tuple[Settings, StorageConfig
     assert any(p.startswith("training window") for p in phases) and phases[-1] == "stopped"
 
 
-def test_browser_peer_reconnects_after_edge_restart(stack: tuple[Settings, StorageConfig], dataset_root: Path) -> None:
-    settings, storage = stack
-    stop = threading.Event()
+def test_browser_peer_reconnects_after_edge_restart(stack: LocalNetwork) -> None:
     bridge = NativeBridge()
-    peer = BrowserPeer(bridge, PeerConfig("", BASELINE, b"\x43" * 32, max_windows=2, reconnect_max_s=1.0))
-    edge = BackgroundEdge(settings).start()
+    edge = BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")).start()
     settings = edge.settings  # keep the port for the restart
-    validator = _validate(edge, storage, dataset_root, stop)
-    object.__setattr__(peer, "config", PeerConfig(edge.url, BASELINE, b"\x43" * 32, max_windows=2, reconnect_max_s=1.0))
+    peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x43" * 32, max_windows=2, reconnect_max_s=1.0))
 
     async def scenario() -> None:
         nonlocal edge
@@ -99,10 +66,9 @@ def test_browser_peer_reconnects_after_edge_restart(stack: tuple[Settings, Stora
         await bridge.aclose()
 
     try:
-        asyncio.run(scenario())
+        with validating(stack, edge.url, [stack.network.experiment(BASELINE)]):
+            asyncio.run(scenario())
     finally:
-        stop.set()
-        validator.join(10)
         edge.stop()
     assert peer.status["windows_done"] == 2
     assert any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
@@ -135,9 +101,8 @@ def test_browser_peer_heartbeat_outlives_the_idle_timeout(
     assert not any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
 
 
-def test_browser_peer_stops_on_an_unknown_experiment(stack: tuple[Settings, StorageConfig]) -> None:
-    settings, _ = stack
-    with BackgroundEdge(settings) as edge:
+def test_browser_peer_stops_on_an_unknown_experiment(stack: LocalNetwork) -> None:
+    with BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge:
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, "study/not-run-here/rev-1", b"\x45" * 32))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from datasets import mnist
+from datasets.layout import load_split, read_train_manifest
 from protocol.errors import IntegrityError
 from protocol.manifests import FetchManifest
 from protocol.shards import decode_shard, verify_shard
@@ -20,8 +21,8 @@ def test_prepared_mnist_has_all_examples(dataset_root: Path, train_manifest: Fet
     x, y = decode_shard((dataset_root / "mnist/train" / train_manifest.shards[0].locator).read_bytes())
     assert x.shape == (1000, 784) and x.dtype == np.float32 and x.min() >= 0.0 and x.max() < 1.0
     assert set(np.unique(y)) == set(range(10))
-    val_x, val_y = mnist.load_split(dataset_root / "mnist", "validation")
-    test_x, _ = mnist.load_split(dataset_root / "mnist", "test")
+    val_x, val_y = load_split(dataset_root / "mnist", "validation")
+    test_x, _ = load_split(dataset_root / "mnist", "test")
     assert len(val_x) == len(test_x) == 10_000 and len(val_y) == 10_000
 
 
@@ -41,7 +42,7 @@ def test_flipped_byte_is_detected(dataset_root: Path, train_manifest: FetchManif
     shutil.copytree(dataset_root / "mnist", copy)
     (copy / "train" / entry.locator).write_bytes(bytes(data))
     with pytest.raises(IntegrityError):
-        mnist.verify_dataset(copy)
+        read_train_manifest(copy)
 
 
 def test_tampered_source_is_refused_before_unpickling(tmp_path: Path) -> None:

@@ -5,15 +5,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from native_peer.demo import CHROMIUM, REPO, run_demo
+import pytest
+
+import lab.demo
+from lab.demo import BrowserUnavailable, browser_problem, run_demo, summary_markdown
 
 
 def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     summary = run_demo(tmp_path / "demo", max_minutes=8, browser=True, target_accuracy=0.95)
     assert summary == json.loads((tmp_path / "demo" / "summary.json").read_text())
-    if CHROMIUM.exists() and (REPO / "var/pyodide/pyodide.js").exists():
-        assert "browser_candidate_accepted" in summary["checks"]
+    assert summary["browser"] and "browser_candidate_accepted" in summary["checks"]
     assert summary["all_checks_passed"], summary["checks"]
     assert summary["final_test_accuracy"]["study/mnist/rev-1"] >= 0.95
     assert (tmp_path / "demo" / "accuracy.svg").read_text().startswith("<svg")
     assert "all checks passed" in (tmp_path / "demo" / "summary.md").read_text()
+
+
+def test_demo_without_chromium_fails_unless_told_to_skip_the_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lab.demo, "CHROMIUM", tmp_path / "no-chromium")
+    assert "no Chromium" in (browser_problem() or "")
+    with pytest.raises(BrowserUnavailable, match="--no-browser"):
+        run_demo(tmp_path / "demo", max_minutes=1, browser=True, target_accuracy=0.95)
+    assert not (tmp_path / "demo").exists()  # refused before starting anything
+
+
+def test_summary_says_when_the_browser_was_skipped() -> None:
+    summary = {
+        "all_checks_passed": True,
+        "wall_time_s": 1.0,
+        "peers": [],
+        "browser": False,
+        "checks": {"baseline_reached_target": True},
+        "final_test_accuracy": {},
+        "windows": {},
+        "verdicts": {},
+    }
+    assert "SKIPPED (--no-browser)" in summary_markdown(summary)

@@ -12,6 +12,7 @@ from protocol.ids import DatasetId, HeadId, LeaseId, ShardId
 from protocol.judging import Submission, judge_window, precheck
 from protocol.messages import Candidate, Lease
 from protocol.model import MODELS, evaluate, init_params
+from protocol.reasons import Reason
 from protocol.screening import ACCEPT, PRESETS
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.trust import TrustBook
@@ -38,7 +39,7 @@ def _candidate(lease: Lease, examples: int = 960, signer: PureSigner = TRAINER) 
     )
 
 
-def _check(candidate: Candidate, lease: Lease | None, judged: set[str] | None = None) -> str:
+def _check(candidate: Candidate, lease: Lease | None, judged: set[str] | None = None) -> Reason:
     screen = precheck(
         candidate,
         current_head=HEAD,
@@ -47,7 +48,7 @@ def _check(candidate: Candidate, lease: Lease | None, judged: set[str] | None = 
         leased_examples=1000,
         edge_key=EDGE.public_key,
     )
-    return screen.reason.split(":")[0]
+    return screen.reason
 
 
 def test_precheck_accepts_a_proper_candidate() -> None:
@@ -71,7 +72,7 @@ def test_precheck_reasons() -> None:
 
 
 def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: ignore[no-untyped-def]
-    from datasets.mnist import load_split
+    from datasets.layout import load_split
 
     x, y = load_split(dataset_root / "mnist", "validation")
     base = init_params(SPEC, 0)
@@ -89,10 +90,10 @@ def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: 
         lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), trust,
     )  # fmt: skip
     assert decision.promoted and len(decision.accepted) == 4
-    assert decision.screens["sha256:" + "f" * 64].reason.startswith("non_finite")
-    assert trust.quarantine == {"peer-bad"}
+    assert decision.screens["sha256:" + "f" * 64].reason is Reason.NON_FINITE
+    assert decision.trust.quarantine == {"peer-bad"} and trust.quarantine == set()
     again = judge_window(
         SPEC, base, evaluate(SPEC, base, x[:1000], y[:1000]), subs[-1:], PRESETS["minimal"],
-        lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), trust,
+        lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), decision.trust,
     )  # fmt: skip
-    assert not again.promoted and again.screens["sha256:" + "f" * 64].reason.startswith("quarantined")
+    assert not again.promoted and again.screens["sha256:" + "f" * 64].reason is Reason.QUARANTINED

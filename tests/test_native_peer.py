@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +11,14 @@ import pytest
 
 from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import mlp_learner
-from native_peer.networks import BASELINE, RELEASE, WORKLOAD, demo_network
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
+from protocol.clock import ManualClock
+from protocol.manifests import ExperimentSpec
+from protocol.messages import HeadDescriptor
+from protocol.reasons import Reason
 from server.serve import BackgroundEdge
+from tools.networks import BASELINE, LOW_LR, mnist_network
 
 from .support import candidate_envelope, edge_settings
 
@@ -22,7 +27,7 @@ from .support import candidate_envelope, edge_settings
 def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[BackgroundEdge, Validator, Path]]:
     validator_storage = StorageConfig(tmp_path / "validator")
     identity = NodeIdentity.load_or_create(validator_storage.identity_path)
-    network = demo_network(identity.public_key)
+    network = mnist_network(identity.public_key)
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
     settings = edge_settings(tmp_path, dataset_root)
     with BackgroundEdge(settings) as edge:
@@ -32,7 +37,7 @@ def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Background
 
 
 def _trainer(edge: BackgroundEdge, root: Path, name: str) -> Trainer:
-    network = demo_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
+    network = mnist_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
     return (
         NodeBuilder(mlp_learner())
         .trainer(RELEASE, WORKLOAD)
@@ -55,11 +60,11 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
         assert {o.base_head_id for o in outcomes} == {heads[-1].head_id}
         assert not set(outcomes[0].shard_ids) & set(outcomes[1].shard_ids)
         report = validator.poll(spec)
-        assert report is not None and report.promoted is not None, report
-        assert all(v.accepted for v in report.verdicts), [v.reason for v in report.verdicts]
-        assert report.promoted.parent == heads[-1].head_id
-        assert set(report.promoted.merged) == {o.candidate_id for o in outcomes}
-        heads.append(report.promoted)
+        assert report is not None and report.merged, report
+        assert all(v.accepted for v in report.verdicts), [str(v.reason) for v in report.verdicts]
+        assert report.head.parent == heads[-1].head_id
+        assert set(report.head.merged) == {o.candidate_id for o in outcomes}
+        heads.append(report.head)
     assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
     assert trainers[0].train_window_once(experiment).base_head_id == heads[-1].head_id
     with pytest.raises(WindowUnavailable):  # nothing new to train on until the next head
@@ -94,15 +99,8 @@ def test_stale_candidates_are_rejected_with_reasons(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
     edge, fixture_validator, root = network_env
-    now = [0.0]
-    validator = Validator(
-        fixture_validator.learner,
-        fixture_validator.network,
-        fixture_validator.storage,
-        edge.url,
-        dataset_root,
-        ValidatorConfig(clock=lambda: now[0]),
-    )
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
     slow, fast = _trainer(edge, root, "slow"), _trainer(edge, root, "fast")
@@ -111,19 +109,82 @@ def test_stale_candidates_are_rejected_with_reasons(
     # slow leases in the same window but publishes only after the validator has moved on
     lease = slow.edge.request_lease(BASELINE, slow.identity, "native")
     assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
-    now[0] += spec.window_timeout_s  # the deadline passes
+    clock.advance(spec.window_timeout_s)  # no window history yet: the deadline is window_timeout_s
     report = validator.poll(spec)
-    assert report is not None and report.promoted is not None
+    assert report is not None and report.merged
     stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id)
     slow.edge.publish_candidate(BASELINE, body)
     validator.poll(spec)
     verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
-    assert verdicts[stale.candidate_id].reason.startswith("stale_base")
+    assert verdicts[stale.candidate_id].reason is Reason.STALE_BASE
     assert not verdicts[stale.candidate_id].accepted
     assert verdicts[fast_outcome.candidate_id].accepted
-    assert verdicts[fast_outcome.candidate_id].head_id == report.promoted.head_id
+    assert verdicts[fast_outcome.candidate_id].head_id == report.head.head_id
     for node in (slow, fast, validator):
         node.close()
+
+
+def test_a_silent_lease_holds_each_experiments_window_only_until_its_deadline(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    """Two experiments on one validator, a squatter holding a lease in each that never delivers:
+    each window closes at its own adaptive deadline (not at the lease TTL)."""
+    edge, fixture_validator, root = network_env
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    specs = [validator.network.experiment(key) for key in (BASELINE, LOW_LR)]
+    worker, squatter = _trainer(edge, root, "worker"), _trainer(edge, root, "squatter")
+    for spec in specs:
+        validator.state.durations[spec.key] = [1.0, 1.2, 0.8]  # recent windows took about a second
+        validator.ensure_genesis(spec)
+        worker.train_window_once(worker.experiment(*spec.key.parts))
+        squatter.edge.request_lease(spec.key, squatter.identity, "native")  # leases, never delivers
+    assert [validator.poll(spec) for spec in specs] == [None, None]
+    deadline_s = max(3 * 1.0, 5.0)  # 3 x median, at least min_deadline_s: far below window_timeout_s
+    clock.advance(deadline_s - 0.5)
+    assert [validator.poll(spec) for spec in specs] == [None, None]
+    clock.advance(1.0)
+    reports = [validator.poll(spec) for spec in specs]
+    assert all(report is not None and report.merged for report in reports), reports
+    for node in (worker, squatter, validator):
+        node.close()
+
+
+def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    attacker, honest = _trainer(edge, root, "attacker"), _trainer(edge, root, "honest")
+    lease = attacker.edge.request_lease(BASELINE, attacker.identity, "native")
+    junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id)  # a fresh init: huge update
+    attacker.edge.publish_candidate(BASELINE, body)
+    report = validator.poll(spec)  # every live lease delivered: the window closes now
+    assert report is not None and not report.merged
+    assert [(v.candidate_id, v.reason) for v in report.verdicts] == [(junk.candidate_id, Reason.NORM_TOO_LARGE)]
+    retry = report.head  # same parameters under a new head: the next attempt
+    assert retry.parent == genesis.head_id and retry.window == 1 and retry.merged == ()
+    assert retry.metrics["val_loss"] == genesis.metrics["val_loss"]
+    assert edge_head(validator, spec).head_id == retry.head_id
+    outcome = honest.train_window_once(honest.experiment(*BASELINE.parts))
+    assert outcome.base_head_id == retry.head_id
+    recovered = validator.poll(spec)
+    assert recovered is not None and recovered.merged and recovered.head.merged == (outcome.candidate_id,)
+    for node in (attacker, honest):
+        node.close()
+
+
+def edge_head(validator: Validator, spec: ExperimentSpec) -> HeadDescriptor:
+    head = validator.edge.current_head(spec.key)
+    assert head is not None
+    return head
+
+
+def _validator_with(validator: Validator, edge: BackgroundEdge, dataset_root: Path, clock: ManualClock) -> Validator:
+    return Validator(
+        validator.learner, validator.network, validator.storage, edge.url, dataset_root, ValidatorConfig(clock=clock)
+    )
 
 
 def test_validator_state_survives_restart(
@@ -136,15 +197,15 @@ def test_validator_state_survives_restart(
     experiment = trainer.experiment(*BASELINE.parts)
     first = trainer.train_window_once(experiment)
     report = validator.poll(spec)
-    assert report is not None and report.promoted is not None
+    assert report is not None and report.merged
     validator.close()
     restarted = Validator(validator.learner, validator.network, validator.storage, edge.url, dataset_root)
-    assert restarted.ensure_genesis(spec).head_id == report.promoted.head_id != genesis.head_id
-    assert first.candidate_id in restarted._state["judged"]
+    assert restarted.ensure_genesis(spec).head_id == report.head.head_id != genesis.head_id
+    assert first.candidate_id in restarted.state.judged
     assert restarted.poll(spec) is None  # nothing new: the judged candidate is not judged again
     second = trainer.train_window_once(experiment)
     again = restarted.poll(spec)
-    assert again is not None and again.promoted is not None and again.promoted.parent == report.promoted.head_id
+    assert again is not None and again.merged and again.head.parent == report.head.head_id
     assert [v.candidate_id for v in again.verdicts] == [second.candidate_id]
     restarted.close()
     trainer.close()

@@ -77,7 +77,7 @@ def test_blas_matmul_path_matches_numpy(batches: tuple[np.ndarray, np.ndarray]) 
 
 
 def test_numpy_reference_evaluation_matches_jax(dataset_root: Path) -> None:
-    from datasets.mnist import load_split
+    from datasets.layout import load_split
     from native_peer.learner import Evaluator
     from protocol.model import evaluate
 

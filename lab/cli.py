@@ -1,0 +1,82 @@
+"""``python -m lab``: the mixed-fleet demo, the attack suite, and the stack the browser tests use."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .stack import REPO
+
+__all__ = ["main"]
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import BrowserUnavailable, run_demo
+
+    try:
+        summary = run_demo(
+            args.out, max_minutes=args.max_minutes, browser=not args.no_browser, target_accuracy=args.target_accuracy
+        )
+    except BrowserUnavailable as exc:
+        sys.exit(f"error: {exc}")
+    if not summary["all_checks_passed"]:
+        sys.exit("error: some checks failed; see " + str(args.out / "summary.md"))
+
+
+def cmd_attack_suite(args: argparse.Namespace) -> None:
+    from .attacks import ATTACKS, run_suite, scorecard_table, write_scorecard
+
+    scorecard = run_suite(
+        args.datasets,
+        presets=tuple(args.presets),
+        attacks=tuple(args.attacks or ATTACKS),
+        windows=args.windows,
+        peers=args.peers,
+    )
+    write_scorecard(args.out, scorecard)
+    print(scorecard_table(scorecard))
+    print(f"scorecard written to {args.out / 'scorecard.json'} and {args.out / 'scorecard.md'}")
+
+
+def cmd_stack(args: argparse.Namespace) -> None:
+    from .stack import serve_stack
+
+    serve_stack(args.out, args.port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="single-machine mixed-fleet MNIST sanity run")
+    demo.add_argument("--out", type=Path, default=Path("var/demo"))
+    demo.add_argument("--max-minutes", type=float, default=20.0)
+    demo.add_argument("--target-accuracy", type=float, default=0.95)
+    demo.add_argument("--no-browser", action="store_true", help="run without the headless-browser trainer")
+    demo.set_defaults(run=cmd_demo)
+
+    suite = sub.add_parser("attack-suite", help="score the screening presets against attacks on real MNIST updates")
+    suite.add_argument("--out", type=Path, default=Path("var/attack-suite"))
+    suite.add_argument("--datasets", type=Path, default=Path("var/datasets"))
+    suite.add_argument("--presets", nargs="+", default=["minimal", "balanced", "strict"])
+    suite.add_argument("--attacks", nargs="*", default=None, help="default: all")
+    suite.add_argument("--windows", type=int, default=4)
+    suite.add_argument("--peers", type=int, default=10)
+    suite.set_defaults(run=cmd_attack_suite)
+
+    stack = sub.add_parser("stack", help="an edge and a validator on one port until terminated (browser tests)")
+    stack.add_argument("--port", type=int, default=8765)
+    stack.add_argument("--out", type=Path, default=REPO / "var" / "e2e")
+    stack.set_defaults(run=cmd_stack)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpcore", "jax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.run(args)

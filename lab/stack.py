@@ -1,0 +1,213 @@
+"""Local networks on this machine: the one helper the demo fleet, the browser tests' stack and the
+benchmarks start their edges, validators and trainers with.
+
+    prepare_network(root)    real MNIST prepared, a validator identity, ``root/network.json``
+    LocalNetwork             what that gives: paths, the manifest, command lines and settings for its nodes
+    Fleet                    nodes as processes with their logs under ``<out>/logs`` (stopped newest first)
+    validating(...)          a validator judging in a background thread until the block ends
+    serve_stack(...)         edge (uvicorn in a thread) + validator until SIGTERM: ``python -m lab stack``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import httpx
+
+from datasets import mnist
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import mlp_learner
+from native_peer.storage import StorageConfig
+from native_peer.validator import Validator, ValidatorConfig
+from protocol.manifests import ExperimentSpec, NetworkManifest
+from server.serve import BackgroundEdge
+from server.settings import Settings
+from tools.networks import mnist_network
+
+__all__ = ["REPO", "Fleet", "LocalNetwork", "free_port", "prepare_network", "serve_stack", "validating"]
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+PYODIDE_DIR = REPO / "var" / "pyodide"
+FAST_POLL = ValidatorConfig(poll_s=0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalNetwork:
+    root: Path
+    datasets: Path
+    network: NetworkManifest
+
+    @property
+    def network_path(self) -> Path:
+        return self.root / "network.json"
+
+    @property
+    def validator_storage(self) -> StorageConfig:
+        return StorageConfig(self.root / "validator")
+
+    def edge_settings(self, port: int = 0, **overrides: Any) -> Settings:
+        options: dict[str, Any] = {
+            "port": port,
+            "data_dir": self.root / "edge",
+            "datasets_dir": self.datasets,
+            "network": self.network_path,
+            "pyodide_dir": PYODIDE_DIR,
+            **overrides,
+        }
+        return Settings(**options)
+
+    def edge_argv(self, port: int, *flags: str) -> list[str]:
+        settings = self.edge_settings(port)
+        return [
+            sys.executable, "-m", "server", "--port", str(port), "--data-dir", str(settings.data_dir),
+            "--datasets-dir", str(self.datasets), "--network", str(self.network_path),
+            "--pyodide-dir", str(settings.pyodide_dir), *flags,
+        ]  # fmt: skip
+
+    def validator_argv(self, url: str) -> list[str]:
+        return [
+            sys.executable, "-m", "native_peer", "validate", "--edge", url, "--network", str(self.network_path),
+            "--storage", str(self.validator_storage.root), "--datasets", str(self.datasets),
+        ]  # fmt: skip
+
+    def trainer_argv(self, url: str, storage: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "native_peer", "train", "--edge", url, "--network", str(self.network_path),
+            "--storage", str(storage),
+        ]  # fmt: skip
+
+    def validator(self, url: str, config: ValidatorConfig = FAST_POLL) -> Validator:
+        return Validator(mlp_learner(), self.network, self.validator_storage, url, self.datasets, config)
+
+
+def prepare_network(
+    root: Path,
+    *,
+    datasets: Path | None = None,
+    network: Callable[[bytes], NetworkManifest] = mnist_network,
+) -> LocalNetwork:
+    """MNIST under ``datasets`` (default ``root/datasets``; prepared once, verified after), a validator
+    identity under ``root/validator`` and ``network(validator key)`` written to ``root/network.json``."""
+    datasets = datasets or root / "datasets"
+    mnist.prepare(datasets)
+    identity = NodeIdentity.load_or_create(StorageConfig(root / "validator").identity_path)
+    local = LocalNetwork(root, datasets, network(identity.public_key))
+    local.network_path.write_text(json.dumps(local.network.to_wire(), indent=1))
+    return local
+
+
+@dataclass
+class Fleet:
+    """Nodes as processes, each logging to ``<out>/logs/<name>.log``; as a context manager stops them all."""
+
+    out: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, BinaryIO] = field(default_factory=dict)
+
+    def log_path(self, name: str) -> Path:
+        return self.out / "logs" / f"{name}.log"
+
+    def start(self, name: str, argv: Sequence[str]) -> None:
+        self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
+        self.logs[name] = open(self.log_path(name), "ab")  # noqa: SIM115 - closed in stop()
+        self.processes[name] = subprocess.Popen(argv, stdout=self.logs[name], stderr=subprocess.STDOUT, cwd=REPO)
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> int | None:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+        finally:
+            self.logs.pop(name).close()
+
+    def stop_all(self, *, keep: tuple[str, ...] = ()) -> None:
+        """Stop every process but ``keep``, newest first (the edge, started first, goes last)."""
+        for name in reversed(list(self.processes)):
+            if name not in keep:
+                self.stop(name)
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}; see {self.log_path(name)}")
+
+    def wait_ready(self, url: str, timeout_s: float = 60.0) -> None:
+        """Until ``url`` answers below 500 (every node must stay alive meanwhile)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(url, timeout=2).status_code < 500:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop_all()
+
+
+@contextmanager
+def validating(
+    local: LocalNetwork,
+    url: str,
+    specs: Sequence[ExperimentSpec] | None = None,
+    config: ValidatorConfig = FAST_POLL,
+) -> Iterator[Validator]:
+    """A validator for ``specs`` (default: every experiment) judging in a thread; genesis heads exist
+    when the block starts. Stopped and closed when it ends."""
+    specs = list(specs or local.network.experiments)
+    validator = local.validator(url, config)
+    for spec in specs:
+        validator.ensure_genesis(spec)
+    stop = threading.Event()
+    thread = threading.Thread(target=validator.run, args=(specs, stop), daemon=True, name="validator")
+    thread.start()
+    try:
+        yield validator
+    finally:
+        stop.set()
+        thread.join(30)
+        validator.close()
+
+
+def serve_stack(out: Path, port: int) -> None:
+    """Edge + validator on ``port`` until SIGTERM or SIGINT (what the browser tests run against)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    local = prepare_network(out, datasets=REPO / "var" / "datasets", network=lambda key: mnist_network(key, "e2e"))
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    with BackgroundEdge(local.edge_settings(port)) as edge, validating(local, edge.url):
+        log.info("stack serving at %s", edge.url)
+        stopped.wait()
