@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
+
+from native_peer.cli import configure_logging
 
 from .stack import REPO
 
@@ -73,10 +74,5 @@ def main(argv: list[str] | None = None) -> None:
     stack.set_defaults(run=cmd_stack)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpcore", "jax"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     args.run(args)

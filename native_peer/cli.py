@@ -18,7 +18,7 @@ from .storage import StorageConfig
 from .trainer import NodeBuilder
 from .validator import Validator
 
-__all__ = ["main"]
+__all__ = ["configure_logging", "main"]
 
 
 def _stop_on_signals() -> threading.Event:
@@ -86,10 +86,15 @@ def main(argv: list[str] | None = None) -> None:
     validate.set_defaults(run=cmd_validate)
 
     args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    args.run(args)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Logging for a node's process, configured once at its entry point (HTTP and JAX chatter quiet)."""
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("httpx", "httpcore", "jax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    args.run(args)
