@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import time
+
+from protocol.clock import SYSTEM_CLOCK, Clock
 
 from .errors import Forbidden, Unauthorized
 from .store import Store
@@ -31,19 +32,20 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue_token(store: Store, role: str, label: str, ttl_s: float) -> str:
+def issue_token(store: Store, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; roles: {sorted(ROLES)}")
     token = "dtn_" + secrets.token_urlsafe(24)
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000))
     return token
 
 
 class Admission:
-    def __init__(self, store: Store, required: bool) -> None:
+    def __init__(self, store: Store, required: bool, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
         self.required = required
+        self.clock = clock
 
     def check(self, token: str | None, action: str) -> None:
         """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (role lacks ``action``)."""
@@ -52,7 +54,7 @@ class Admission:
         if not token:
             raise Unauthorized("this network requires an admission token (Authorization: Bearer ...)")
         found = self.store.token(_digest(token))
-        if found is None or found[1] <= time.time() * 1000:
+        if found is None or found[1] <= self.clock.now_ms():
             raise Unauthorized("unknown or expired admission token")
         if action not in ROLES[found[0]]:
             raise Forbidden(f"role {found[0]!r} may not {action}")

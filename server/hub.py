@@ -11,12 +11,12 @@ import asyncio
 import contextlib
 import enum
 import itertools
-import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import orjson
 
+from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.ids import ExperimentKey, PeerId
 
 from .metrics import EdgeMetrics
@@ -57,8 +57,9 @@ class Connection:
 
 
 class Hub:
-    def __init__(self, metrics: EdgeMetrics, queue_size: int) -> None:
+    def __init__(self, metrics: EdgeMetrics, queue_size: int, clock: Clock = SYSTEM_CLOCK) -> None:
         self.metrics = metrics
+        self.clock = clock
         self.queue_size = queue_size
         self.connections: dict[PeerId, Connection] = {}
         self._subscribers: dict[tuple[str, str], set[Connection]] = defaultdict(set)
@@ -72,7 +73,7 @@ class Hub:
         previous = self.connections.pop(peer_id, None)
         if previous is not None:
             self.unregister(previous)
-        connection = Connection(peer_id, kind, asyncio.Queue(self.queue_size), int(time.time() * 1000))
+        connection = Connection(peer_id, kind, asyncio.Queue(self.queue_size), self.clock.now_ms())
         self.connections[peer_id] = connection
         self.metrics.connections.labels(kind).inc()
         return connection, previous
@@ -80,7 +81,7 @@ class Hub:
     def add_viewer(self) -> Connection:
         """An anonymous, read-only connection that receives every published event."""
         viewer = Connection(
-            f"viewer-{next(self._viewer_numbers)}", "viewer", asyncio.Queue(self.queue_size), int(time.time() * 1000)
+            f"viewer-{next(self._viewer_numbers)}", "viewer", asyncio.Queue(self.queue_size), self.clock.now_ms()
         )
         self.viewers.add(viewer)
         self.metrics.connections.labels("viewer").inc()
@@ -106,7 +107,7 @@ class Hub:
     def publish(self, experiment: ExperimentKey | str, topic: str, data: object) -> int:
         """Fan ``data`` out to the topic's subscribers; returns how many accepted it."""
         message = {"type": "event", "topic": topic, "experiment": str(experiment), "data": data}
-        self.events.append({**message, "at_ms": int(time.time() * 1000)})
+        self.events.append({**message, "at_ms": self.clock.now_ms()})
         text = orjson.dumps(message).decode()
         subscribers = [*self._subscribers.get((str(experiment), topic), ()), *self.viewers]
         delivered = sum(conn.offer(text) for conn in subscribers)

@@ -9,8 +9,6 @@ acknowledged and announced. Whether a candidate is any good is the validators' c
 
 from __future__ import annotations
 
-import time
-
 import anyio
 
 from protocol.codec import decode_tensors
@@ -25,10 +23,6 @@ from .errors import Forbidden
 from .state import EdgeState
 
 __all__ = ["accept_candidate", "accept_head", "accept_verdict"]
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId) -> None:
@@ -68,10 +62,10 @@ async def accept_candidate(
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
-    created = state.store.add_candidate(candidate, _now_ms())
+    created = state.store.add_candidate(candidate, state.clock.now_ms())
     if created:
         state.metrics.candidates.labels(via).inc()
-        state.store.saw_peer(candidate.peer_id, candidate.peer_kind, _now_ms())
+        state.store.saw_peer(candidate.peer_id, candidate.peer_kind, state.clock.now_ms())
         state.hub.publish(candidate.experiment, "candidates", candidate.to_wire())
     return candidate, created
 
@@ -88,7 +82,7 @@ async def accept_head(state: EdgeState, body: bytes, *, route: ExperimentKey | N
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
-    if state.store.promote_head(head, _now_ms()):
+    if state.store.promote_head(head, state.clock.now_ms()):
         state.metrics.heads.inc()
         state.hub.publish(head.experiment, "heads", head.to_wire())
         state.hub.head_changed(head.experiment)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 
 from protocol.ids import ExperimentKey, LeaseId, PeerId
 from protocol.leases import assign_shards
@@ -33,7 +32,7 @@ class LeaseIssuer:
             head = self.state.store.current_head(experiment)
             if head is None:
                 raise NotFound(f"experiment {experiment} has no head yet (waiting for the validator's genesis)")
-            now_ms = int(time.time() * 1000)
+            now_ms = self.state.clock.now_ms()
             live = [
                 lease for lease in self.state.store.leases(experiment, head.head_id) if lease.expires_at_ms > now_ms
             ]

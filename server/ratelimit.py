@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
+
+from protocol.clock import SYSTEM_CLOCK, Clock
 
 from .errors import RateLimited
 
@@ -11,11 +12,12 @@ __all__ = ["PeerRateLimiter", "TokenBucket"]
 
 
 class TokenBucket:
-    def __init__(self, rate_per_s: float, burst: float) -> None:
-        self.rate, self.capacity, self.tokens, self.stamp = rate_per_s, burst, burst, time.monotonic()
+    def __init__(self, rate_per_s: float, burst: float, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.rate, self.capacity, self.tokens, self.clock = rate_per_s, burst, burst, clock
+        self.stamp = clock.monotonic_s()
 
     def take(self) -> bool:
-        now = time.monotonic()
+        now = self.clock.monotonic_s()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         if self.tokens < 1:
@@ -29,12 +31,12 @@ class PeerRateLimiter:
 
     Remembers the most recent ``max_peers`` peers; a forgotten peer starts with a full bucket."""
 
-    def __init__(self, rate_per_s: float, burst: float, max_peers: int = 100_000) -> None:
-        self.rate_per_s, self.burst, self.max_peers = rate_per_s, burst, max_peers
+    def __init__(self, rate_per_s: float, burst: float, max_peers: int = 100_000, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.rate_per_s, self.burst, self.max_peers, self.clock = rate_per_s, burst, max_peers, clock
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
     def check(self, peer_id: str) -> None:
-        bucket = self._buckets.pop(peer_id, None) or TokenBucket(self.rate_per_s, self.burst)
+        bucket = self._buckets.pop(peer_id, None) or TokenBucket(self.rate_per_s, self.burst, self.clock)
         self._buckets[peer_id] = bucket
         if len(self._buckets) > self.max_peers:
             self._buckets.popitem(last=False)

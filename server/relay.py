@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -149,7 +148,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
     if previous is not None:
         previous.offer(orjson.dumps({"type": "replaced"}).decode())
         previous.overflowed.set()
-    state.store.saw_peer(proof.peer_id, proof.peer_kind, int(time.time() * 1000))
+    state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
     connection.offer(
         orjson.dumps({"type": "welcome", "peer_id": proof.peer_id, "network": state.network.to_wire()}).decode()
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from datasets.layout import manifest_path, read_train_manifest
+from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.signing import PureSigner
@@ -38,9 +39,10 @@ class EdgeState:
     datasets: dict[DatasetId, FetchManifest]
     peer_limits: PeerRateLimiter
     admission: Admission
+    clock: Clock
 
     @classmethod
-    def open(cls, settings: Settings) -> EdgeState:
+    def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
         store = Store(settings.data_dir / "edge.sqlite3")
         signer = PureSigner(store.edge_seed())
         network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
@@ -49,15 +51,16 @@ class EdgeState:
             settings=settings,
             store=store,
             blobs=BlobStore(settings.data_dir / "blobs"),
-            hub=Hub(metrics, settings.send_queue_size),
+            hub=Hub(metrics, settings.send_queue_size, clock),
             metrics=metrics,
             signer=signer,
             network=replace(network, edge_key=signer.public_key),
             datasets=load_datasets(settings.datasets_dir),
-            admission=Admission(store, network.admission_required),
+            admission=Admission(store, network.admission_required, clock),
             peer_limits=PeerRateLimiter(
-                settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4)
+                settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4), clock=clock
             ),
+            clock=clock,
         )
 
     def experiment(self, key: ExperimentKey | str) -> ExperimentSpec:
