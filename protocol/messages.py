@@ -22,9 +22,10 @@ from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, S
 from .reasons import Reason
 from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
 
-__all__ = ["PEER_KINDS", "Candidate", "HeadDescriptor", "Lease", "PeerProof", "Verdict"]
+__all__ = ["PEER_KINDS", "TRAINER_KINDS", "Candidate", "HeadDescriptor", "Lease", "PeerProof", "Verdict"]
 
 PEER_KINDS = ("native", "browser", "validator", "viewer")
+TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 
 
 class _Signed:

@@ -14,9 +14,21 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidMessage
+from .codec import decode_tensors
+from .errors import InvalidMessage, TooLarge
 
-__all__ = ["MODELS", "ModelSpec", "Params", "evaluate", "forward", "init_params"]
+__all__ = [
+    "MAX_ARTIFACT_METADATA_BYTES",
+    "MODELS",
+    "ModelSpec",
+    "Params",
+    "decode_artifact",
+    "evaluate",
+    "forward",
+    "init_params",
+]
+
+MAX_ARTIFACT_METADATA_BYTES = 16 * 1024  # header room beyond the tensor table: a few metadata strings
 
 Params = dict[str, npt.NDArray[np.float32]]
 
@@ -52,6 +64,21 @@ class ModelSpec:
             array = params[name]
             if array.shape != shape or array.dtype != np.float32:
                 raise InvalidMessage(f"{name}: expected float32{list(shape)}, got {array.dtype}{list(array.shape)}")
+
+    @property
+    def max_artifact_bytes(self) -> int:
+        """The largest artifact that can hold this model: float32 tensors plus a small header."""
+        return 8 + MAX_ARTIFACT_METADATA_BYTES + 4 * self.num_params
+
+
+def decode_artifact(spec: ModelSpec, data: bytes) -> Params:
+    """The parameters in ``data`` if it is exactly an artifact of ``spec`` (size, names, shapes,
+    float32); raises ``TooLarge``, ``CodecError`` or ``InvalidMessage`` otherwise."""
+    if len(data) > spec.max_artifact_bytes:
+        raise TooLarge(f"{len(data)} bytes is more than a {spec.name} artifact can be ({spec.max_artifact_bytes})")
+    tensors, _ = decode_tensors(data)
+    spec.check(tensors)
+    return tensors  # type: ignore[return-value]
 
 
 MODELS: dict[str, ModelSpec] = {"mnist-mlp": ModelSpec("mnist-mlp", (784, 128, 10))}

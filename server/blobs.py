@@ -43,5 +43,9 @@ class BlobStore:
             os.close(directory)
         return cid
 
+    def delete(self, cid: ContentId) -> None:
+        """Remove the artifact (a no-op when it is not there)."""
+        self.path(cid).unlink(missing_ok=True)
+
     def read(self, cid: ContentId) -> bytes:
         return self.path(cid).read_bytes()

@@ -11,7 +11,8 @@
      ├── Unauthorized       401 / 4401   missing credentials (lease, join)
      ├── Forbidden          403 / 4403   credentials that do not cover the request
      ├── Conflict           409 / 4409   e.g. a head whose parent is not the current head
-     └── RateLimited        429 / 4429
+     ├── RateLimited        429 / 4429
+     └── QuotaExceeded      507 / 4507   e.g. a window's candidate storage is full
 
 Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4413 (slow consumer),
 1001 (server shutting down), 1009 (frame over the size limit, sent by the WebSocket layer).
@@ -34,6 +35,7 @@ __all__ = [
     "EdgeError",
     "Forbidden",
     "NotFound",
+    "QuotaExceeded",
     "RateLimited",
     "Unauthorized",
     "close_code_for",
@@ -71,6 +73,10 @@ class RateLimited(EdgeError):
     pass
 
 
+class QuotaExceeded(EdgeError):
+    pass
+
+
 _TABLE: dict[type[Exception], tuple[int, int]] = {
     InvalidMessage: (400, 4400),
     CodecError: (400, 4400),
@@ -82,6 +88,7 @@ _TABLE: dict[type[Exception], tuple[int, int]] = {
     Forbidden: (403, 4403),
     Conflict: (409, 4409),
     RateLimited: (429, 4429),
+    QuotaExceeded: (507, 4507),
 }
 
 

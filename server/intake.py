@@ -1,34 +1,42 @@
 """What the edge takes in: candidates, heads and verdicts, by HTTP or WebSocket alike.
 
 Each upload is checked in the same order everywhere: size, envelope, descriptor shape, signature,
-(candidates) the sender's rate limit and that it holds the lease it names for this window
-(``protocol.window.lease_covers``, the rule validators apply too), artifact hash, artifact
-decodes as tensors, artifact stored (fsynced); then the record is committed and only then
-acknowledged and announced. Whether a candidate is any good is the validators' call, not the edge's.
+then for candidates: the sender's rate limit, a trainer kind, a lease its trainer holds for this
+window (``protocol.window.lease_covers``, the rule validators apply too) and has not used yet (one
+candidate per lease, else 409), room in the window's storage quota (else 507); then the artifact's
+hash and that it is exactly an artifact of the experiment's model (``protocol.model.decode_artifact``:
+size, names, shapes, float32), stored fsynced; then the record is committed and only then acknowledged
+and announced. Whether a candidate is any good is the validators' call, not the edge's.
+
+Retention: when a head is promoted, artifacts of candidates whose window is
+``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
 """
 
 from __future__ import annotations
 
 import anyio
 
-from protocol.codec import decode_tensors
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey
-from protocol.messages import Candidate, HeadDescriptor, Verdict
+from protocol.manifests import ExperimentSpec
+from protocol.messages import TRAINER_KINDS, Candidate, HeadDescriptor, Verdict
+from protocol.model import MODELS, decode_artifact
 from protocol.window import lease_covers
 
-from .errors import Forbidden
+from .errors import Conflict, Forbidden, QuotaExceeded
 from .state import EdgeState
 
 __all__ = ["accept_candidate", "accept_head", "accept_verdict"]
 
 
-async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId) -> None:
+async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId, spec: ExperimentSpec) -> None:
+    """Store ``artifact`` once it hashes to ``cid`` and is exactly an artifact of the experiment's model."""
+
     def work() -> None:
         verify_content(artifact, cid)
-        decode_tensors(artifact)
+        decode_artifact(MODELS[spec.model], artifact)
         state.blobs.put(artifact, cid)
 
     await anyio.to_thread.run_sync(work)
@@ -53,16 +61,24 @@ async def accept_candidate(
         descriptor, artifact = _open(state, body)
         candidate = Candidate.from_wire(descriptor)
         _same_experiment(candidate.experiment, route)
-        state.experiment(candidate.experiment)
+        spec = state.experiment(candidate.experiment)
         candidate.verify_own()
         state.peer_limits.check(candidate.peer_id)
+        if candidate.peer_kind not in TRAINER_KINDS:
+            raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) upload candidates, not {candidate.peer_kind}")
         if not lease_covers(state.store.lease(candidate.lease_id), candidate):
             raise Forbidden("a candidate must name a lease its trainer holds for this experiment")
-        await _store_artifact(state, artifact, candidate.candidate_id)
+        delivered = state.store.lease_delivered(candidate.lease_id)
+        if delivered is not None and delivered != candidate.candidate_id:
+            raise Conflict(f"lease {candidate.lease_id} already delivered candidate {delivered}")
+        used = state.store.window_bytes(candidate.experiment, candidate.base_head)
+        if delivered is None and used + len(artifact) > state.settings.window_quota_bytes:
+            raise QuotaExceeded(f"this window's candidate storage is full ({used} bytes stored)")
+        await _store_artifact(state, artifact, candidate.candidate_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
-    created = state.store.add_candidate(candidate, state.clock.now_ms())
+    created = state.store.add_candidate(candidate, len(artifact), state.clock.now_ms())
     if created:
         state.metrics.candidates.labels(via).inc()
         state.store.saw_peer(candidate.peer_id, candidate.peer_kind, state.clock.now_ms())
@@ -76,9 +92,9 @@ async def accept_head(state: EdgeState, body: bytes, *, route: ExperimentKey | N
         descriptor, artifact = _open(state, body)
         head = HeadDescriptor.from_wire(descriptor)
         _same_experiment(head.experiment, route)
-        state.experiment(head.experiment)
+        spec = state.experiment(head.experiment)
         head.verify_trusted(state.network.validator_key_set)
-        await _store_artifact(state, artifact, head.head_id)
+        await _store_artifact(state, artifact, head.head_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
@@ -86,7 +102,16 @@ async def accept_head(state: EdgeState, body: bytes, *, route: ExperimentKey | N
         state.metrics.heads.inc()
         state.hub.publish(head.experiment, "heads", head.to_wire())
         state.hub.head_changed(head.experiment)
+        _retire_candidates(state, head.experiment)
     return head
+
+
+def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
+    """Delete the artifacts of candidates whose window is judged and old enough; lineage keeps heads."""
+    keep = state.settings.candidate_retention_windows
+    if keep > 0:
+        for cid in state.store.retire_candidates(experiment, keep):
+            state.blobs.delete(ContentId(cid))
 
 
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:

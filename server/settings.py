@@ -29,6 +29,8 @@ _HELP = {
     "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
     "max_long_poll_s": "longest a head long-poll may wait",
     "peer_requests_per_min": "lease requests and candidate uploads per minute one peer may make (burst: a quarter)",
+    "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
+    "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
 }
 
 
@@ -50,6 +52,8 @@ class Settings:
     messages_per_s: float = 50.0
     max_long_poll_s: float = 30.0
     peer_requests_per_min: float = 240.0
+    window_quota_bytes: int = 256 * 1024 * 1024
+    candidate_retention_windows: int = 2
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:

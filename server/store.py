@@ -1,7 +1,9 @@
 """The edge's durable state in SQLite: heads, candidates, leases, verdicts, peers, its own key.
 
 Everything a peer needs after an edge restart lives here or in the blob store. Writes commit with
-``synchronous=FULL`` before the caller acknowledges anything.
+``synchronous=FULL`` before the caller acknowledges anything. The schema has a version
+(``PRAGMA user_version``); a database of another version is refused with a clear error, never
+half-read.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ CREATE TABLE IF NOT EXISTS current_heads (experiment TEXT PRIMARY KEY, head_id T
 CREATE TABLE IF NOT EXISTS candidates (
     experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, base_head TEXT NOT NULL, peer_id TEXT NOT NULL,
     lease_id TEXT NOT NULL, descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL, blob_kept INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (experiment, candidate_id));
 CREATE INDEX IF NOT EXISTS candidates_by_base ON candidates (experiment, base_head);
+CREATE UNIQUE INDEX IF NOT EXISTS candidates_by_lease ON candidates (lease_id);
 CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, peer_id TEXT NOT NULL, base_head TEXT NOT NULL,
     descriptor TEXT NOT NULL, expires_at_ms INTEGER NOT NULL);
@@ -47,6 +51,9 @@ CREATE TABLE IF NOT EXISTS peers (
 """
 
 
+SCHEMA_VERSION = 2
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +61,16 @@ class Store:
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        empty = self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        if not empty and version != SCHEMA_VERSION:
+            self._db.close()
+            raise RuntimeError(
+                f"{path} holds edge schema v{version}; this edge needs v{SCHEMA_VERSION}: "
+                "move the data dir aside (it is not migrated) and start again"
+            )
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -118,11 +134,18 @@ class Store:
         return HeadDescriptor.from_wire(json.loads(str(rows[0][0]))) if rows else None
 
     # -- candidates ------------------------------------------------------------------------
-    def add_candidate(self, candidate: Candidate, now_ms: int) -> bool:
-        """Record a candidate; False when it was already there (an idempotent re-upload)."""
+    def add_candidate(self, candidate: Candidate, size_bytes: int, now_ms: int) -> bool:
+        """Record a candidate; False when it was already there (an idempotent re-upload).
+
+        Raises ``Conflict`` when its lease already delivered another candidate (one per lease)."""
         with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?)",
+            row = db.execute("SELECT candidate_id FROM candidates WHERE lease_id = ?", (candidate.lease_id,)).fetchone()
+            if row is not None:
+                if row[0] == candidate.candidate_id:
+                    return False
+                raise Conflict(f"lease {candidate.lease_id} already delivered candidate {row[0]}")
+            db.execute(
+                "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
                 (
                     candidate.experiment,
                     candidate.candidate_id,
@@ -131,9 +154,47 @@ class Store:
                     candidate.lease_id,
                     json.dumps(candidate.to_wire()),
                     now_ms,
+                    size_bytes,
                 ),
             )
-            return cursor.rowcount == 1
+            return True
+
+    def lease_delivered(self, lease_id: LeaseId) -> str | None:
+        """The candidate id a lease delivered, if any."""
+        rows = self._query("SELECT candidate_id FROM candidates WHERE lease_id = ?", lease_id)
+        return str(rows[0][0]) if rows else None
+
+    def window_bytes(self, experiment: ExperimentKey, base_head: HeadId) -> int:
+        """Bytes of candidate artifacts stored for one window."""
+        rows = self._query(
+            "SELECT COALESCE(SUM(size_bytes), 0) FROM candidates WHERE experiment = ? AND base_head = ?",
+            experiment,
+            base_head,
+        )
+        return int(rows[0][0])  # type: ignore[call-overload]
+
+    def retire_candidates(self, experiment: ExperimentKey, keep_windows: int) -> list[str]:
+        """Candidate ids whose artifacts may go: their window is ``keep_windows`` or more heads behind
+        the current head. They are marked as gone (descriptors and verdicts stay)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT h.window FROM current_heads c JOIN heads h ON h.experiment = c.experiment"
+                " AND h.head_id = c.head_id WHERE c.experiment = ?",
+                (experiment,),
+            ).fetchone()
+            if row is None:
+                return []
+            rows = db.execute(
+                "SELECT c.candidate_id FROM candidates c JOIN heads h ON h.experiment = c.experiment"
+                " AND h.head_id = c.base_head WHERE c.experiment = ? AND c.blob_kept = 1 AND h.window <= ?",
+                (experiment, int(row[0]) - keep_windows),
+            ).fetchall()
+            retired = [str(r[0]) for r in rows]
+            db.executemany(
+                "UPDATE candidates SET blob_kept = 0 WHERE experiment = ? AND candidate_id = ?",
+                [(experiment, cid) for cid in retired],
+            )
+            return retired
 
     def candidates(self, experiment: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         if base_head is None:

@@ -1,0 +1,153 @@
+"""Hostile clients against a real edge (loopback only, bounded): what it refuses, what it keeps,
+and that storage stays bounded however long the network runs."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from protocol.codec import encode_tensors
+from protocol.envelope import pack_envelope
+from protocol.hashing import content_id
+from protocol.ids import HeadId
+from protocol.messages import Candidate, Lease
+from protocol.model import MODELS, init_params
+from protocol.signing import PureSigner
+from server.serve import BackgroundEdge
+
+from .support import EXPERIMENT, edge_settings, head_envelope, proof, write_network
+
+BASE = f"/v1/experiments/{EXPERIMENT}"
+SPEC = MODELS["mnist-mlp"]
+
+
+def _start(tmp_path: Path, dataset_root: Path, **settings: object) -> BackgroundEdge:
+    write_network(tmp_path / "network.json")
+    return BackgroundEdge(edge_settings(tmp_path, dataset_root, **settings)).start()
+
+
+@contextmanager
+def _client(edge: BackgroundEdge) -> Iterator[httpx.Client]:
+    """A client of ``edge``, whose experiment has its genesis head."""
+    with httpx.Client(base_url=edge.url) as client:
+        _, genesis = head_envelope()
+        assert client.post(f"{BASE}/heads", content=genesis).status_code == 201
+        yield client
+
+
+@pytest.fixture
+def http(tmp_path: Path, dataset_root: Path) -> Iterator[httpx.Client]:
+    edge = _start(tmp_path, dataset_root)
+    try:
+        with _client(edge) as client:
+            yield client
+    finally:
+        edge.stop()
+
+
+def _lease(http: httpx.Client, signer: PureSigner, kind: str = "native") -> Lease:
+    response = http.post(f"{BASE}/leases", json=proof(signer, "lease", kind=kind))
+    response.raise_for_status()
+    return Lease.from_wire(response.json())
+
+
+def _upload(
+    http: httpx.Client, signer: PureSigner, lease: Lease, artifact: bytes, *, kind: str = "native"
+) -> httpx.Response:
+    candidate = Candidate.for_lease(lease, artifact, signer, peer_kind=kind, examples=64, steps=1, created_at_ms=1)
+    return http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), artifact))
+
+
+def _refused(response: httpx.Response, status: int, error: str) -> None:
+    assert (response.status_code, response.json()["error"]) == (status, error), response.text
+
+
+def _stored_blobs(root: Path) -> set[str]:
+    return {p.name for p in (root / "edge" / "blobs").rglob("*") if p.is_file()}
+
+
+def test_the_edge_stores_only_artifacts_of_the_experiments_model(http: httpx.Client, tmp_path: Path) -> None:
+    before = _stored_blobs(tmp_path)
+    trainer = PureSigner(b"\x71" * 32)
+    lease = _lease(http, trainer)
+    html = encode_tensors({"page": np.frombuffer(b"<html><script>alert(1)</script></html>", np.uint8)})
+    _refused(_upload(http, trainer, lease, html), 400, "InvalidMessage")
+    noise = np.random.default_rng(0).integers(0, 255, 2 << 20, dtype=np.uint8).tobytes()
+    _refused(_upload(http, trainer, lease, noise), 413, "TooLarge")  # 2 MiB: more than any model artifact
+    _refused(_upload(http, trainer, lease, noise[: SPEC.max_artifact_bytes]), 413, "TooLarge")  # its "header"
+    garbage = struct.pack("<Q", 64) + noise[:100_000]
+    _refused(_upload(http, trainer, lease, garbage), 400, "CodecError")
+    wrong = init_params(SPEC, 1)
+    wrong["dense1.kernel"] = wrong["dense1.kernel"][:, :9].copy()
+    _refused(_upload(http, trainer, lease, encode_tensors(wrong)), 400, "InvalidMessage")
+    padded = encode_tensors(init_params(SPEC, 1), {"junk": "x" * 100_000})
+    _refused(_upload(http, trainer, lease, padded), 413, "TooLarge")
+    assert _stored_blobs(tmp_path) == before  # nothing of it was kept
+    assert _upload(http, trainer, lease, encode_tensors(init_params(SPEC, 1))).status_code == 201
+
+
+def test_one_candidate_per_lease_and_only_trainers_upload(http: httpx.Client) -> None:
+    trainer = PureSigner(b"\x72" * 32)
+    lease = _lease(http, trainer)
+    first = encode_tensors(init_params(SPEC, 1))
+    assert _upload(http, trainer, lease, first).status_code == 201
+    assert _upload(http, trainer, lease, first).status_code == 200  # the same upload again is idempotent
+    _refused(_upload(http, trainer, lease, encode_tensors(init_params(SPEC, 2))), 409, "Conflict")
+    listed = http.get(f"{BASE}/candidates").json()
+    assert [c["candidate_id"] for c in listed] == [content_id(first)]
+    claims_validator = PureSigner(b"\x73" * 32)
+    lease = _lease(http, claims_validator)
+    _refused(_upload(http, claims_validator, lease, first, kind="validator"), 403, "Forbidden")
+
+
+def test_a_windows_storage_quota_is_enforced(tmp_path: Path, dataset_root: Path) -> None:
+    artifact_bytes = len(encode_tensors(init_params(SPEC, 1)))
+    edge = _start(tmp_path, dataset_root, window_quota_bytes=2 * artifact_bytes + 100)
+    try:
+        with _client(edge) as http:
+            trainers = [PureSigner(bytes([0x80 + i]) * 32) for i in range(3)]
+            leases = [_lease(http, t) for t in trainers]
+            for i in range(2):
+                assert _upload(http, trainers[i], leases[i], encode_tensors(init_params(SPEC, i))).status_code == 201
+            third = _upload(http, trainers[2], leases[2], encode_tensors(init_params(SPEC, 9)))
+            _refused(third, 507, "QuotaExceeded")
+    finally:
+        edge.stop()
+
+
+def test_candidate_storage_stays_bounded_over_many_windows(http: httpx.Client, tmp_path: Path) -> None:
+    """A soak of 12 windows with 3 candidates each: candidate artifacts of judged windows are deleted
+    (retention 2 windows), heads are kept for the lineage."""
+    trainers = [PureSigner(bytes([0x90 + i]) * 32) for i in range(3)]
+    head = http.get(f"{BASE}/head").json()
+    first_window: list[str] = []
+    candidate_bytes_per_window = []
+    for window in range(1, 13):
+        for i, trainer in enumerate(trainers):
+            artifact = encode_tensors(init_params(SPEC, 100 * window + i))
+            assert _upload(http, trainer, _lease(http, trainer), artifact).status_code == 201
+            if window == 1:
+                first_window.append(content_id(artifact))
+        _, body = head_envelope(init_params(SPEC, 10_000 + window), parent=HeadId(head["head_id"]), window=window)
+        assert http.post(f"{BASE}/heads", content=body).status_code == 201
+        head = http.get(f"{BASE}/head").json()
+        heads = {h["head_id"].removeprefix("sha256:")[2:] for h in http.get(f"{BASE}/heads").json()}
+        candidate_bytes_per_window.append(
+            sum(
+                f.stat().st_size
+                for f in (tmp_path / "edge" / "blobs").rglob("*")
+                if f.is_file() and f.name not in heads
+            )
+        )
+    one_window = 3 * len(encode_tensors(init_params(SPEC, 0)))
+    assert max(candidate_bytes_per_window) <= 2 * one_window  # never more than the retained windows
+    assert candidate_bytes_per_window[-1] == candidate_bytes_per_window[3]  # flat, not growing
+    assert len(http.get(f"{BASE}/heads").json()) == 13  # the lineage is whole
+    for cid in first_window:
+        assert http.get(f"/v1/artifacts/{cid}").status_code == 404
