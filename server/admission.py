@@ -14,17 +14,24 @@ import hashlib
 import secrets
 
 from protocol.clock import SYSTEM_CLOCK, Clock
+from protocol.messages import PEER_KINDS, TRAINER_KINDS
 
 from .errors import Forbidden, Unauthorized
 from .store import Store
 
-__all__ = ["ROLES", "Admission", "issue_token"]
+__all__ = ["ROLES", "ROLE_KINDS", "Admission", "issue_token"]
 
 # what each role may do; "validator" may do everything a trainer or viewer may
 ROLES: dict[str, frozenset[str]] = {
     "viewer": frozenset({"join"}),
     "trainer": frozenset({"join", "lease", "candidate"}),
     "validator": frozenset({"join", "lease", "candidate", "head", "verdict"}),
+}
+# the peer kinds a holder of each role may claim (a viewer's token cannot make a trainer)
+ROLE_KINDS: dict[str, frozenset[str]] = {
+    "viewer": frozenset({"viewer"}),
+    "trainer": frozenset(TRAINER_KINDS),
+    "validator": frozenset(PEER_KINDS),
 }
 
 
@@ -47,8 +54,9 @@ class Admission:
         self.required = required
         self.clock = clock
 
-    def check(self, token: str | None, action: str) -> None:
-        """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (role lacks ``action``)."""
+    def check(self, token: str | None, action: str, *, kind: str | None = None) -> None:
+        """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (the role lacks ``action``, or
+        may not claim peer ``kind``)."""
         if not self.required:
             return
         if not token:
@@ -56,8 +64,11 @@ class Admission:
         found = self.store.token(_digest(token))
         if found is None or found[1] <= self.clock.now_ms():
             raise Unauthorized("unknown or expired admission token")
-        if action not in ROLES[found[0]]:
-            raise Forbidden(f"role {found[0]!r} may not {action}")
+        role = found[0]
+        if action not in ROLES[role]:
+            raise Forbidden(f"role {role!r} may not {action}")
+        if kind is not None and kind not in ROLE_KINDS[role]:
+            raise Forbidden(f"role {role!r} may not act as a {kind} peer")
 
     def check_header(self, authorization: str | None, action: str) -> None:
         token = authorization.removeprefix("Bearer ").strip() if authorization else None

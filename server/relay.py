@@ -18,6 +18,10 @@ until it is closed (``ConnectionState.CLOSED``).
 ``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to
 read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers.
 
+The relay stamps what it forwards with the sender it authenticated (``peer_id`` and ``kind`` of the
+join): a ``metrics`` payload cannot speak for another peer. Only trainer kinds may lease; with
+admission on, the kind a peer may claim at join comes from its token's role.
+
 Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
 and the connection stays. Protocol violations close it with the code from ``errors``; so do a
 missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
@@ -41,9 +45,17 @@ from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import read_list, read_object, read_str
 from protocol.ids import ExperimentKey, PeerId
 from protocol.manifests import PROTOCOL_VERSION
-from protocol.messages import PeerProof
+from protocol.messages import TRAINER_KINDS, PeerProof
 
-from .errors import CLOSE_HEARTBEAT_TIMEOUT, CLOSE_SLOW_CONSUMER, EdgeError, RateLimited, close_code_for, status_for
+from .errors import (
+    CLOSE_HEARTBEAT_TIMEOUT,
+    CLOSE_SLOW_CONSUMER,
+    EdgeError,
+    Forbidden,
+    RateLimited,
+    close_code_for,
+    status_for,
+)
 from .hub import TOPICS, Connection, ConnectionState
 from .intake import accept_candidate
 from .leasing import LeaseIssuer
@@ -140,7 +152,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
             raise InvalidMessage("join proof must sign this connection's challenge nonce")
         proof.verify_own()
         token = data.get("token")
-        state.admission.check(token if isinstance(token, str) else None, "join")
+        state.admission.check(token if isinstance(token, str) else None, "join", kind=proof.peer_kind)
     except (ProtocolError, EdgeError) as exc:
         raise _Close(close_code_for(exc), str(exc)) from None
     connection, previous = state.hub.register(proof.peer_id, proof.peer_kind)
@@ -268,6 +280,8 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())
     elif kind == "lease.request":
         state.admission.check(connection.token, "lease")
+        if connection.kind not in TRAINER_KINDS:
+            raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {connection.kind}")
         state.peer_limits.check(connection.peer_id)
         lease = await issuer.issue(ExperimentKey.parse(data.get("experiment")), connection.peer_id)
         connection.offer(
@@ -281,7 +295,8 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
     elif kind == "metrics":
         key = ExperimentKey.parse(data.get("experiment"))
         payload = read_object(data.get("data"), "metrics data")
-        state.hub.publish(key, "metrics", {"peer_id": connection.peer_id, "kind": connection.kind, **payload})
+        # the relay names the sender it authenticated; a payload cannot claim another peer or kind
+        state.hub.publish(key, "metrics", {**payload, "peer_id": connection.peer_id, "kind": connection.kind})
     else:
         raise InvalidMessage(f"unknown message type {read_str(data, 'type', max_len=32)!r}")
 

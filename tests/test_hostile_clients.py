@@ -1,16 +1,20 @@
 """Hostile clients against a real edge (loopback only, bounded): what it refuses, what it keeps,
-and that storage stays bounded however long the network runs."""
+that storage stays bounded however long the network runs, and that nobody speaks for another peer."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
@@ -19,7 +23,9 @@ from protocol.ids import HeadId
 from protocol.messages import Candidate, Lease
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
+from server.admission import issue_token
 from server.serve import BackgroundEdge
+from server.store import Store
 
 from .support import EXPERIMENT, edge_settings, head_envelope, proof, write_network
 
@@ -151,3 +157,54 @@ def test_candidate_storage_stays_bounded_over_many_windows(http: httpx.Client, t
     assert len(http.get(f"{BASE}/heads").json()) == 13  # the lineage is whole
     for cid in first_window:
         assert http.get(f"/v1/artifacts/{cid}").status_code == 404
+
+
+@contextmanager
+def _join(url: str, signer: PureSigner, kind: str, token: str | None = None) -> Iterator[ClientConnection]:
+    """A relay connection that has answered the challenge as a ``kind`` peer (the reply is next)."""
+    with connect(url.replace("http", "ws") + "/v1/relay") as ws:
+        nonce = json.loads(ws.recv(timeout=5))["nonce"]
+        ws.send(json.dumps({"type": "join", "proof": proof(signer, "join", nonce, kind=kind), "token": token}))
+        yield ws
+
+
+def test_the_relay_names_the_authenticated_sender_and_leases_only_to_trainers(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    edge = _start(tmp_path, dataset_root)
+    try:
+        with _client(edge), _join(edge.url, PureSigner(b"\xa1" * 32), "viewer") as watcher:
+            assert json.loads(watcher.recv(timeout=5))["type"] == "welcome"
+            watcher.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["metrics"]}))
+            assert json.loads(watcher.recv(timeout=5))["type"] == "subscribed"
+            liar = PureSigner(b"\xa2" * 32)
+            with _join(edge.url, liar, "native") as ws:
+                welcome = json.loads(ws.recv(timeout=5))
+                forged = {"peer_id": "someone-else", "kind": "validator", "loss": 0.1}
+                ws.send(json.dumps({"type": "metrics", "experiment": EXPERIMENT, "data": forged}))
+                event = json.loads(watcher.recv(timeout=5))
+            assert event["data"] == {"loss": 0.1, "peer_id": welcome["peer_id"], "kind": "native"}
+            with _join(edge.url, PureSigner(b"\xa3" * 32), "validator") as ws:
+                assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
+                reply = json.loads(ws.recv(timeout=5))
+            assert (reply["type"], reply["status"], reply["error"]) == ("error", 403, "Forbidden")
+    finally:
+        edge.stop()
+
+
+def test_with_admission_the_claimed_kind_comes_from_the_tokens_role(tmp_path: Path, dataset_root: Path) -> None:
+    network = write_network(tmp_path / "plain.json")
+    (tmp_path / "network.json").write_text(json.dumps(replace(network, admission_required=True).to_wire()))
+    store = Store(tmp_path / "edge" / "edge.sqlite3")
+    viewer_token = issue_token(store, "viewer", "v", 3600)
+    store.close()
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
+        with (
+            _join(edge.url, PureSigner(b"\xa4" * 32), "native", viewer_token) as ws,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            ws.recv(timeout=5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+        with _join(edge.url, PureSigner(b"\xa5" * 32), "viewer", viewer_token) as ws:
+            assert json.loads(ws.recv(timeout=5))["type"] == "welcome"

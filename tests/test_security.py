@@ -176,7 +176,8 @@ def test_admission_tokens_and_roles(tmp_path: Path, dataset_root: Path) -> None:
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
         with connect(edge.url.replace("http", "ws") + "/v1/relay") as ws:
             nonce = json.loads(ws.recv(timeout=5))["nonce"]
-            ws.send(json.dumps({"type": "join", "proof": proof(TRAINER, "join", nonce), "token": tokens["viewer"]}))
+            viewer_join = proof(TRAINER, "join", nonce, kind="viewer")  # a viewer's token joins as a viewer
+            ws.send(json.dumps({"type": "join", "proof": viewer_join, "token": tokens["viewer"]}))
             assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
             ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
             reply = json.loads(ws.recv(timeout=5))
