@@ -12,6 +12,7 @@ from types import TracebackType
 import uvicorn
 
 from .app import create_app
+from .connections import guarded_http, limits_from
 from .settings import Settings
 
 __all__ = ["BackgroundEdge", "uvicorn_config"]
@@ -25,6 +26,8 @@ def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
         "ws_max_size": settings.max_frame_bytes,
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 20.0,
+        "http": guarded_http(limits_from(settings)),
+        "timeout_keep_alive": 5,
         "log_level": "info",
         **overrides,
     }

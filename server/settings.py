@@ -29,6 +29,10 @@ _HELP = {
     "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
     "max_long_poll_s": "longest a head long-poll may wait",
     "peer_requests_per_min": "lease requests and candidate uploads per minute one peer may make (burst: a quarter)",
+    "header_timeout_s": "a request's headers must arrive within this, however slowly they trickle",
+    "body_timeout_s": "a request body must arrive within this after its headers",
+    "max_connections": "open connections (HTTP and WebSocket); lowered to what the file-descriptor limit allows",
+    "max_connections_per_address": "open connections from one client address (behind a proxy: set it high)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
 }
@@ -53,6 +57,10 @@ class Settings:
     max_long_poll_s: float = 30.0
     peer_requests_per_min: float = 240.0
     window_quota_bytes: int = 256 * 1024 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 120.0
+    max_connections: int = 4096
+    max_connections_per_address: int = 256
     candidate_retention_windows: int = 2
 
     @classmethod

@@ -3,8 +3,12 @@ that storage stays bounded however long the network runs, and that nobody speaks
 
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -24,6 +28,7 @@ from protocol.messages import Candidate, Lease
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
 from server.admission import issue_token
+from server.connections import FD_RESERVE, ConnectionLimits
 from server.serve import BackgroundEdge
 from server.store import Store
 
@@ -208,3 +213,52 @@ def test_with_admission_the_claimed_kind_comes_from_the_tokens_role(tmp_path: Pa
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
         with _join(edge.url, PureSigner(b"\xa5" * 32), "viewer", viewer_token) as ws:
             assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+
+
+def test_slow_clients_are_cut_off_and_the_edge_keeps_answering(tmp_path: Path, dataset_root: Path) -> None:
+    """100 slowloris connections from one address: past the per-address cap they are refused at once,
+    the rest are closed at the header deadline; /healthz from another address answers throughout."""
+    edge = _start(tmp_path, dataset_root, header_timeout_s=1.0, max_connections_per_address=20)
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            conn = socket.create_connection(("127.0.0.1", edge.settings.port), timeout=5)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+            slow.append(conn)
+        other_address = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=edge.url, transport=other_address, timeout=2) as client:
+            started = time.monotonic()
+            answers = []
+            while time.monotonic() - started < 2.0:
+                for conn in slow:
+                    with contextlib.suppress(OSError):
+                        conn.send(b"x")  # a byte now and then keeps a naive server waiting
+                answers.append(client.get("/healthz").status_code)
+                time.sleep(0.2)
+        assert answers and set(answers) == {200}
+        closed = 0
+        for conn in slow:
+            conn.settimeout(0.5)
+            try:
+                data = conn.recv(1024)
+            except TimeoutError:  # still open: the edge is waiting on it
+                data = b"open"
+            except OSError:  # reset: closed by the edge
+                data = b""
+            closed += data in (
+                b"",
+                b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            )
+        assert closed == len(slow)
+    finally:
+        for conn in slow:
+            conn.close()
+        edge.stop()
+
+
+def test_the_connection_cap_stays_inside_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = ConnectionLimits(header_timeout_s=1, body_timeout_s=1, max_connections=4096, max_connections_per_address=8)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))  # `ulimit -n 1024`
+    assert limits.connection_cap == 1024 - FD_RESERVE
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
+    assert limits.connection_cap == 4096
