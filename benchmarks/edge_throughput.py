@@ -116,7 +116,10 @@ def main() -> None:
         str(static_dir),
     ]
     with Fleet(root) as fleet:
-        fleet.start("edge", local.edge_argv(edge_port, "--messages-per-s", "100000"))
+        # every benchmark client comes from 127.0.0.1: no per-address cap here
+        fleet.start(
+            "edge", local.edge_argv(edge_port, "--messages-per-s", "100000", "--max-connections-per-address", "100000")
+        )
         fleet.start("static", static_argv)
         fleet.wait_ready(f"{edge_url}/healthz")
         fleet.wait_ready(f"{static_url}/fetch-manifest.json")
