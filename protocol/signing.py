@@ -5,7 +5,9 @@ A peer's id derives from its Ed25519 public key (``PeerId``). What is signed is 
 lease can never pass as one over a head) and ``canonical_json`` is sorted-key, compact UTF-8 JSON.
 
 ``Signer`` is the small interface every runtime implements: ``PureSigner`` here (browser, tests),
-a ``cryptography``-backed one in ``native_peer.identity``.
+a ``cryptography``-backed one in ``native_peer.identity``. Verification uses the pure implementation
+unless a process installs a native one with ``use_verifier`` (the edge does: a flood of bad
+signatures must not cost it pure-Python time); tests hold both to the same answers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Protocol
 
 from . import ed25519
@@ -27,8 +30,19 @@ __all__ = [
     "canonical_json",
     "peer_id_from_public_key",
     "require_signature",
+    "use_verifier",
     "verify_signature",
 ]
+
+Verify = Callable[[bytes, bytes, bytes], bool]  # (public key, message, signature) -> valid
+_verify: Verify = ed25519.verify
+
+
+def use_verifier(verify: Verify) -> None:
+    """Verify every signature in this process with ``verify`` (RFC 8032 Ed25519, same answers as
+    ``protocol.ed25519.verify``)."""
+    global _verify
+    _verify = verify
 
 
 class Signer(Protocol):
@@ -86,7 +100,7 @@ def b64decode(text: object, *, size: int | None = None) -> bytes:
 
 def verify_signature(public_key: bytes, domain: bytes, body: object, signature: bytes) -> bool:
     """True when ``signature`` signs ``domain || canonical_json(body)`` under ``public_key``."""
-    return ed25519.verify(public_key, domain + canonical_json(body), signature)
+    return _verify(public_key, domain + canonical_json(body), signature)
 
 
 def require_signature(public_key: bytes, domain: bytes, body: object, signature: bytes) -> None:

@@ -1,4 +1,5 @@
-"""Rate limits: a token bucket, and one bucket per peer for HTTP requests that cost the edge work."""
+"""Rate limits: a token bucket, and one bucket per key (a peer id, a client address) for requests
+that cost the edge work."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 
 from .errors import RateLimited
 
-__all__ = ["PeerRateLimiter", "TokenBucket"]
+__all__ = ["KeyedRateLimiter", "TokenBucket"]
 
 
 class TokenBucket:
@@ -26,19 +27,19 @@ class TokenBucket:
         return True
 
 
-class PeerRateLimiter:
-    """``check(peer_id)`` raises ``RateLimited`` past ``rate_per_s`` (burst ``burst``) for that peer.
+class KeyedRateLimiter:
+    """``check(key)`` raises ``RateLimited`` past ``rate_per_s`` (burst ``burst``) for that key.
 
-    Remembers the most recent ``max_peers`` peers; a forgotten peer starts with a full bucket."""
+    Remembers the most recent ``max_keys`` keys; a forgotten key starts with a full bucket."""
 
-    def __init__(self, rate_per_s: float, burst: float, max_peers: int = 100_000, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.rate_per_s, self.burst, self.max_peers, self.clock = rate_per_s, burst, max_peers, clock
+    def __init__(self, rate_per_s: float, burst: float, max_keys: int = 100_000, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.rate_per_s, self.burst, self.max_keys, self.clock = rate_per_s, burst, max_keys, clock
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def check(self, peer_id: str) -> None:
-        bucket = self._buckets.pop(peer_id, None) or TokenBucket(self.rate_per_s, self.burst, self.clock)
-        self._buckets[peer_id] = bucket
-        if len(self._buckets) > self.max_peers:
+    def check(self, key: str) -> None:
+        bucket = self._buckets.pop(key, None) or TokenBucket(self.rate_per_s, self.burst, self.clock)
+        self._buckets[key] = bucket
+        if len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)
         if not bucket.take():
-            raise RateLimited(f"peer {peer_id} is over {self.rate_per_s * 60:.0f} requests per minute")
+            raise RateLimited(f"{key} is over {self.rate_per_s * 60:.0f} requests per minute")

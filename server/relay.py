@@ -150,6 +150,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         proof = PeerProof.from_wire(data.get("proof"))
         if proof.purpose != "join" or proof.nonce != nonce:
             raise InvalidMessage("join proof must sign this connection's challenge nonce")
+        state.address_limits.check(websocket.client.host if websocket.client else "unknown")  # before the signature
         proof.verify_own()
         token = data.get("token")
         state.admission.check(token if isinstance(token, str) else None, "join", kind=proof.peer_kind)

@@ -33,6 +33,7 @@ _HELP = {
     "body_timeout_s": "a request body must arrive within this after its headers",
     "max_connections": "open connections (HTTP and WebSocket); lowered to what the file-descriptor limit allows",
     "max_connections_per_address": "open connections from one client address (behind a proxy: set it high)",
+    "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
 }
@@ -56,6 +57,7 @@ class Settings:
     messages_per_s: float = 50.0
     max_long_poll_s: float = 30.0
     peer_requests_per_min: float = 240.0
+    address_checks_per_min: float = 600.0
     window_quota_bytes: int = 256 * 1024 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 120.0

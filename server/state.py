@@ -18,8 +18,9 @@ from .blobs import BlobStore
 from .errors import NotFound
 from .hub import Hub
 from .metrics import EdgeMetrics
-from .ratelimit import PeerRateLimiter
+from .ratelimit import KeyedRateLimiter
 from .settings import Settings
+from .signatures import install_native_verifier
 from .store import Store
 
 __all__ = ["EdgeState", "load_datasets"]
@@ -37,12 +38,14 @@ class EdgeState:
     signer: PureSigner
     network: NetworkManifest
     datasets: dict[DatasetId, FetchManifest]
-    peer_limits: PeerRateLimiter
+    peer_limits: KeyedRateLimiter
+    address_limits: KeyedRateLimiter  # signature checks per client address, before they are made
     admission: Admission
     clock: Clock
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
+        install_native_verifier()
         store = Store(settings.data_dir / "edge.sqlite3")
         signer = PureSigner(store.edge_seed())
         network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
@@ -57,8 +60,11 @@ class EdgeState:
             network=replace(network, edge_key=signer.public_key),
             datasets=load_datasets(settings.datasets_dir),
             admission=Admission(store, network.admission_required, clock),
-            peer_limits=PeerRateLimiter(
+            peer_limits=KeyedRateLimiter(
                 settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4), clock=clock
+            ),
+            address_limits=KeyedRateLimiter(
+                settings.address_checks_per_min / 60, max(1.0, settings.address_checks_per_min / 4), clock=clock
             ),
             clock=clock,
         )

@@ -262,3 +262,25 @@ def test_the_connection_cap_stays_inside_the_descriptor_limit(monkeypatch: pytes
     assert limits.connection_cap == 1024 - FD_RESERVE
     monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
     assert limits.connection_cap == 4096
+
+
+def test_bad_signature_floods_are_limited_per_address_before_they_are_checked(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    edge = _start(tmp_path, dataset_root, address_checks_per_min=60)  # burst 15
+    forger, victim = PureSigner(b"\xb1" * 32), PureSigner(b"\xb2" * 32)
+    codes = []
+    try:
+        for _ in range(25):
+            with connect(edge.url.replace("http", "ws") + "/v1/relay") as ws:
+                nonce = json.loads(ws.recv(timeout=5))["nonce"]
+                forged = proof(forger, "join", nonce) | {"public_key": proof(victim, "join", nonce)["public_key"]}
+                ws.send(json.dumps({"type": "join", "proof": forged}))
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=5)
+                assert closed.value.rcvd is not None
+                codes.append(closed.value.rcvd.code)
+        assert codes[0] == 4401 and codes[-1] == 4429 and set(codes) == {4401, 4429}
+        assert 10 <= codes.count(4401) <= 20  # the burst, give or take the refill during the test
+    finally:
+        edge.stop()

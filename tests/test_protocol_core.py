@@ -32,6 +32,7 @@ from protocol.ids import (
 from protocol.leases import assign_leases, assign_shards
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.signing import PureSigner, peer_id_from_public_key
+from server.signatures import native_verify
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "protocol"
 
@@ -133,6 +134,30 @@ def test_pure_ed25519_matches_cryptography() -> None:
         forged = bytearray(key.sign(message))
         forged[10] ^= 1
         assert not ed25519.verify(public, message, bytes(forged))
+
+
+def test_the_edges_native_verifier_gives_the_pure_answers() -> None:
+    """The edge verifies with ``cryptography``, the browser with ``protocol.ed25519``: same verdicts on
+    valid, tampered, non-canonical, small-order and malformed input."""
+    seed, message = os.urandom(32), b"lease body"
+    key = Ed25519PrivateKey.from_private_bytes(seed)
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    good = key.sign(message)
+    order = 2**252 + 27742317777372353535851937790883648493
+    s_plus_order = (int.from_bytes(good[32:], "little") + order).to_bytes(32, "little")
+    identity = b"\x01" + b"\x00" * 31  # the neutral point: a small-order key
+    cases = [
+        (public, message, good),
+        (public, message + b"!", good),
+        *[(public, message, good[:i] + bytes([good[i] ^ 1]) + good[i + 1 :]) for i in range(0, 64, 7)],
+        (public, message, good[:32] + s_plus_order),  # s >= L: not canonical
+        (identity, message, identity + b"\x00" * 32),
+        (os.urandom(32), message, good),
+        (public[:31], message, good),
+        (public, message, good[:63]),
+    ]
+    assert [native_verify(*case) for case in cases] == [ed25519.verify(*case) for case in cases]
+    assert native_verify(*cases[0]) and not native_verify(*cases[1])
 
 
 def _candidate(signer: PureSigner) -> Candidate:
