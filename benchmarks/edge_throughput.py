@@ -32,7 +32,6 @@ from protocol.signing import PureSigner
 
 from . import BENCH_EXPERIMENT, bench_network
 
-
 # every benchmark client comes from 127.0.0.1: per-connection and per-address limits stay out of the way
 NO_LOOPBACK_LIMITS = (
     "--messages-per-s", "100000", "--max-connections-per-address", "100000", "--address-checks-per-min", "1e9",
