@@ -1,4 +1,6 @@
 import { defineConfig } from "@playwright/test";
+// Debian's Chromium and the flags that work as root: one file, read by the demo too (lab/demo.py).
+import chromium from "./lab/chromium.json";
 
 // Browser tests on Debian's Chromium (apt), never a downloaded browser. The web server is the real
 // stack: edge (uvicorn) + validator, serving the self-hosted Pyodide runtime.
@@ -15,16 +17,8 @@ export default defineConfig({
     baseURL: `http://127.0.0.1:${port}`,
     browserName: "chromium",
     launchOptions: {
-      executablePath: "/usr/bin/chromium",
-      args: [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-      ],
+      executablePath: chromium.executable,
+      args: chromium.args,
     },
   },
   webServer: {

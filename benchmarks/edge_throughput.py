@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from datasets.layout import read_train_manifest
 from lab.stack import Fleet, free_port, prepare_network
-from protocol.messages import PeerProof
+from protocol.messages import LEASE_SECRET_HEADER, LeaseGrant, PeerProof
 from protocol.signing import PureSigner
 
 from . import BENCH_EXPERIMENT, bench_network
@@ -38,12 +38,14 @@ NO_LOOPBACK_LIMITS = (
 )  # fmt: skip
 
 
-def _fetch_all(urls: list[str], rounds: int, threads: int = 8) -> tuple[float, int]:
+def _fetch_all(
+    urls: list[str], rounds: int, threads: int = 8, headers: dict[str, str] | None = None
+) -> tuple[float, int]:
     local = threading.local()
 
     def get(url: str) -> int:
         if not hasattr(local, "client"):
-            local.client = httpx.Client(timeout=30)
+            local.client = httpx.Client(timeout=30, headers=headers)
         response = local.client.get(url)
         response.raise_for_status()
         return len(response.content)
@@ -54,11 +56,11 @@ def _fetch_all(urls: list[str], rounds: int, threads: int = 8) -> tuple[float, i
     return time.perf_counter() - started, total
 
 
-def _lease(url: str, signer: PureSigner) -> dict[str, object]:
+def _lease(url: str, signer: PureSigner) -> LeaseGrant:
     proof = PeerProof("lease", signer.public_key, "native", "-", int(time.time() * 1000)).signed(signer)
     response = httpx.post(f"{url}/v1/experiments/{BENCH_EXPERIMENT}/leases", json=proof.to_wire())
     response.raise_for_status()
-    return dict(response.json())
+    return LeaseGrant.from_wire(response.json())
 
 
 async def _fan_out(url: str, peers: int, messages: int) -> list[float]:
@@ -128,12 +130,13 @@ def main() -> None:
         validator = local.validator(edge_url)
         validator.ensure_genesis(local.network.experiment(BENCH_EXPERIMENT))
         validator.close()
-        lease = _lease(edge_url, PureSigner(b"\x02" * 32))
-        edge_urls = [f"{edge_url}/v1/datasets/mnist/shards/{s}?lease={lease['lease_id']}" for s in lease["shard_ids"]]  # type: ignore[attr-defined]
+        grant = _lease(edge_url, PureSigner(b"\x02" * 32))
+        lease, secret = grant.lease, {LEASE_SECRET_HEADER: grant.secret}
+        edge_urls = [f"{edge_url}/v1/datasets/mnist/shards/{s}?lease={lease.lease_id}" for s in lease.shard_ids]
         static_urls = [f"{static_url}/{entry.locator}" for entry in manifest.shards]
-        _fetch_all(edge_urls[:4], 1)  # warm up both
+        _fetch_all(edge_urls[:4], 1, headers=secret)  # warm up both
         _fetch_all(static_urls[:4], 1)
-        edge_s, edge_bytes = _fetch_all(edge_urls, args.rounds)
+        edge_s, edge_bytes = _fetch_all(edge_urls, args.rounds, headers=secret)
         static_s, static_bytes = _fetch_all(static_urls, args.rounds)
         edge_mbps, static_mbps = edge_bytes / edge_s / 1e6, static_bytes / static_s / 1e6
         print(f"shard serving, {args.rounds} rounds x {len(edge_urls)} shards, 8 client threads:")

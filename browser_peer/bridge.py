@@ -36,8 +36,8 @@ class Socket(Protocol):
 
 
 class Bridge(Protocol):
-    async def fetch_bytes(self, url: str) -> bytes:
-        """GET ``url``; raises ``HttpError`` for a status of 400 or more."""
+    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
+        """GET ``url`` with ``headers``; raises ``HttpError`` for a status of 400 or more."""
         ...
 
     async def connect(self, url: str) -> Socket: ...

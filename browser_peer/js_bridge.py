@@ -73,8 +73,8 @@ class JsSocket:
 
 
 class JsBridge:
-    async def fetch_bytes(self, url: str) -> bytes:
-        response = await pyfetch(url)
+    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
+        response = await pyfetch(url, headers=headers)
         if response.status >= 400:
             raise HttpError(response.status, url)
         return await response.bytes()  # type: ignore[no-any-return]

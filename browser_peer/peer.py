@@ -30,7 +30,7 @@ from protocol.errors import ProtocolError
 from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.messages import HeadDescriptor, Lease, PeerProof
+from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import MODELS
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -199,8 +199,14 @@ class BrowserPeer:
             reader.result()
 
     # -- one window ------------------------------------------------------------------------
+    async def _fetch(self, path: str, headers: dict[str, str] | None = None) -> bytes:
+        """GET ``path`` from the edge, with the admission token where the network needs one."""
+        if self.config.token is not None:
+            headers = {**(headers or {}), "authorization": f"Bearer {self.config.token}"}
+        return await self.bridge.fetch_bytes(self.config.edge_url + path, headers or {})
+
     async def _fetch_json(self, path: str) -> Any:
-        return json.loads(await self.bridge.fetch_bytes(self.config.edge_url + path))
+        return json.loads(await self._fetch(path))
 
     async def _current_head(self) -> HeadDescriptor | None:
         """The experiment's current head as the edge serves it; ``None`` before genesis."""
@@ -216,10 +222,11 @@ class BrowserPeer:
         head = head_to_train(await self._current_head(), self._network.validator_key_set, self._last_base)
         self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
         await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
-        lease = Lease.from_wire((await self._reply(reader, "lease"))["lease"])
+        grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))
+        lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
         self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")
-        artifact = await self.bridge.fetch_bytes(f"{self.config.edge_url}/v1/artifacts/{head.head_id}")
+        artifact = await self._fetch(f"/v1/artifacts/{head.head_id}")
         verify_content(artifact, head.head_id)
         params, _ = decode_tensors(artifact)
         model = MODELS[spec.model]
@@ -230,8 +237,9 @@ class BrowserPeer:
             )
         xs, ys = [], []
         for shard_id in lease.shard_ids:
-            data = await self.bridge.fetch_bytes(
-                f"{self.config.edge_url}/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}"
+            data = await self._fetch(
+                f"/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}",
+                {LEASE_SECRET_HEADER: grant.secret},
             )
             verify_shard(self._manifest.shard(shard_id), data)
             x, y = decode_shard(data)

@@ -30,17 +30,9 @@ from .stack import PYODIDE_DIR, Fleet, LocalNetwork, free_port, prepare_network
 
 __all__ = ["CHROMIUM", "BrowserUnavailable", "run_demo", "summary_markdown"]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
+_CHROMIUM_CONFIG = json.loads((Path(__file__).with_name("chromium.json")).read_text())  # shared with Playwright
+CHROMIUM = Path(_CHROMIUM_CONFIG["executable"])
+CHROMIUM_FLAGS = ("--headless=new", *_CHROMIUM_CONFIG["args"])
 RESTART_AFTER_WINDOWS = 3
 LATE_JOIN_AT_WINDOW = 5
 

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from protocol.errors import IntegrityError
-from protocol.messages import Lease
+from protocol.messages import LeaseGrant
 from protocol.shards import decode_shard, verify_shard
 
 from .edge_client import EdgeClient
@@ -30,7 +30,8 @@ class ShardCache:
         self.hits = 0
         self.downloads = 0
 
-    def _shard_bytes(self, lease: Lease, shard_id: str) -> bytes:
+    def _shard_bytes(self, grant: LeaseGrant, shard_id: str) -> bytes:
+        lease = grant.lease
         entry = self.edge.fetch_manifest(lease.dataset_id).shard(shard_id)
         path = self.storage.shard_path(lease.dataset_id, shard_id)
         if path.exists():
@@ -41,15 +42,15 @@ class ShardCache:
                 return data
             except IntegrityError:
                 log.warning("cached shard %s is corrupt; fetching it again", shard_id)
-        data = self.edge.shard(lease.dataset_id, entry.shard_id, lease.lease_id)
+        data = self.edge.shard(grant, entry.shard_id)
         verify_shard(entry, data)
         write_atomic(path, data)
         self.downloads += 1
         return data
 
-    def prefetch(self, lease: Lease) -> list[Future[bytes]]:
-        """Start fetching the lease's shards in the background."""
-        return [self.pool.submit(self._shard_bytes, lease, shard_id) for shard_id in lease.shard_ids]
+    def prefetch(self, grant: LeaseGrant) -> list[Future[bytes]]:
+        """Start fetching the granted lease's shards in the background."""
+        return [self.pool.submit(self._shard_bytes, grant, shard_id) for shard_id in grant.lease.shard_ids]
 
     @staticmethod
     def assemble(pending: list[Future[bytes]]) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.hashing import content_id, verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof, Verdict
+from protocol.messages import LEASE_SECRET_HEADER, Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof, Verdict
 from protocol.signing import Signer
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
@@ -130,9 +130,11 @@ class EdgeClient:
             self._manifests[dataset_id] = FetchManifest.from_wire(response.json())
         return self._manifests[dataset_id]
 
-    def shard(self, dataset_id: str, shard_id: ShardId, lease_id: LeaseId) -> bytes:
-        path = f"/v1/datasets/{dataset_id}/shards/{shard_id}"
-        return self._request("GET", path, params={"lease": lease_id}).content
+    def shard(self, grant: LeaseGrant, shard_id: ShardId) -> bytes:
+        """One shard of a lease this client was granted (its secret unlocks the bytes)."""
+        path = f"/v1/datasets/{grant.lease.dataset_id}/shards/{shard_id}"
+        headers = {LEASE_SECRET_HEADER: grant.secret}
+        return self._request("GET", path, params={"lease": grant.lease.lease_id}, headers=headers).content
 
     def artifact(self, cid: ContentId, destination: Path) -> bytes:
         """The artifact ``cid``, kept at ``destination``: read from there when it already holds exactly
@@ -163,9 +165,9 @@ class EdgeClient:
         raise EdgeRequestError(0, "TransportError", f"could not download {cid}")
 
     # -- writes -----------------------------------------------------------------------------
-    def request_lease(self, key: ExperimentKey, signer: Signer, peer_kind: str) -> Lease:
+    def request_lease(self, key: ExperimentKey, signer: Signer, peer_kind: str) -> LeaseGrant:
         proof = PeerProof("lease", signer.public_key, peer_kind, "-", self._clock.now_ms()).signed(signer)
-        return Lease.from_wire(
+        return LeaseGrant.from_wire(
             self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire()).json()
         )
 

@@ -240,9 +240,10 @@ class Trainer:
         raises ``WindowUnavailable`` when there is none."""
         started = time.perf_counter()
         head = self._head_to_train(experiment, wait_s)
-        lease = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
-        pending = self.shards.prefetch(lease)
+        pending = self.shards.prefetch(grant)
         params = self._head_params(head)
         opt_state = self._optimizer_state(experiment, params)
         x, y = ShardCache.assemble(pending)

@@ -4,6 +4,9 @@ Each is a frozen dataclass with ``body()`` (the signed fields as JSON-ready data
 ``from_wire()`` (strict: unknown shapes raise ``InvalidMessage``), ``signed(signer)`` and
 ``verify(public_key)``. A signature covers ``DOMAIN || canonical_json(body())``.
 
+A ``LeaseGrant`` is the one unsigned exception: the lease plus the secret that unlocks its shards,
+sent only to the lease's holder (``LEASE_SECRET_HEADER`` carries the secret on shard requests).
+
 Who signs what: the edge signs leases, a trainer signs its candidates, a validator signs heads and
 verdicts. Peer ids derive from public keys, so a candidate names its trainer verifiably.
 """
@@ -22,8 +25,19 @@ from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, S
 from .reasons import Reason
 from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
 
-__all__ = ["PEER_KINDS", "TRAINER_KINDS", "Candidate", "HeadDescriptor", "Lease", "PeerProof", "Verdict"]
+__all__ = [
+    "LEASE_SECRET_HEADER",
+    "PEER_KINDS",
+    "TRAINER_KINDS",
+    "Candidate",
+    "HeadDescriptor",
+    "Lease",
+    "LeaseGrant",
+    "PeerProof",
+    "Verdict",
+]
 
+LEASE_SECRET_HEADER = "dtn-lease-secret"
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 
@@ -133,6 +147,26 @@ class Lease(_Signed):
             expires_at_ms=read_int(d, "expires_at_ms"),
             signature=_signature(d),
         )
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """What the edge answers the holder of a lease: the signed ``lease`` and its ``secret``.
+
+    The lease itself is public (viewers see it); the secret is not, and shard bytes are served only
+    to a request that presents it, so knowing a lease id is not enough to read its training data.
+    """
+
+    lease: Lease
+    secret: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"lease": self.lease.to_wire(), "secret": self.secret}
+
+    @classmethod
+    def from_wire(cls, value: object) -> LeaseGrant:
+        d = read_object(value, "lease grant")
+        return cls(lease=Lease.from_wire(d.get("lease")), secret=read_str(d, "secret", max_len=128))
 
 
 @dataclass(frozen=True)

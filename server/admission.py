@@ -1,11 +1,16 @@
 """Optional admission: bearer tokens issued by the edge operator, each with a role.
 
-When the network manifest sets ``admission_required``, every write needs a token whose role allows
-it: HTTP requests carry ``Authorization: Bearer <token>``, relay peers put ``"token"`` in their join
-message. Only the sha256 of a token is stored. Signatures still decide what a message *is*; tokens
-decide who may send it at all (e.g. only operator-approved trainers may lease data).
+When the network manifest sets ``admission_required``, every write and every read of training data,
+leases and candidates needs a token whose role allows it: HTTP requests carry
+``Authorization: Bearer <token>``, relay peers put ``"token"`` in their join message (and the relay
+checks it again on every lease request and upload, so a revoked token stops working at once). Heads,
+verdicts and the directories stay public: anyone may verify the model. Only the sha256 of a token is
+stored; its first 12 hex digits are the token's id for listing and revocation. Signatures still decide
+what a message *is*; tokens decide who may send or read it at all.
 
     python -m tools token issue --data-dir var/edge --role trainer --label alice [--ttl-days 30]
+    python -m tools token list --data-dir var/edge
+    python -m tools token revoke --data-dir var/edge <token id or token>
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from protocol.messages import PEER_KINDS, TRAINER_KINDS
 from .errors import Forbidden, Unauthorized
 from .store import Store
 
-__all__ = ["ROLES", "ROLE_KINDS", "Admission", "issue_token"]
+__all__ = ["ROLES", "ROLE_KINDS", "TOKEN_ID_LENGTH", "Admission", "issue_token", "revoke_token", "token_id"]
 
+_TRAINER_ACTIONS = frozenset({"join", "lease", "candidate", "read_data"})
 # what each role may do; "validator" may do everything a trainer or viewer may
 ROLES: dict[str, frozenset[str]] = {
     "viewer": frozenset({"join"}),
-    "trainer": frozenset({"join", "lease", "candidate"}),
-    "validator": frozenset({"join", "lease", "candidate", "head", "verdict"}),
+    "trainer": _TRAINER_ACTIONS,
+    "validator": _TRAINER_ACTIONS | {"head", "verdict", "read_leases", "read_candidates"},
 }
 # the peer kinds a holder of each role may claim (a viewer's token cannot make a trainer)
 ROLE_KINDS: dict[str, frozenset[str]] = {
@@ -35,8 +41,16 @@ ROLE_KINDS: dict[str, frozenset[str]] = {
 }
 
 
+TOKEN_ID_LENGTH = 12
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_id(token: str) -> str:
+    """The short public id of ``token``: the first digits of its stored digest."""
+    return _digest(token)[:TOKEN_ID_LENGTH]
 
 
 def issue_token(store: Store, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK) -> str:
@@ -46,6 +60,12 @@ def issue_token(store: Store, role: str, label: str, ttl_s: float, clock: Clock 
     now_ms = clock.now_ms()
     store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000))
     return token
+
+
+def revoke_token(store: Store, token_or_id: str) -> int:
+    """Revoke a token given as itself or as its id (``token_id``); how many tokens were revoked (0 or 1)."""
+    is_id = len(token_or_id) == TOKEN_ID_LENGTH and all(c in "0123456789abcdef" for c in token_or_id)
+    return store.delete_tokens(token_or_id if is_id else _digest(token_or_id))
 
 
 class Admission:
@@ -71,5 +91,13 @@ class Admission:
             raise Forbidden(f"role {role!r} may not act as a {kind} peer")
 
     def check_header(self, authorization: str | None, action: str) -> None:
-        token = authorization.removeprefix("Bearer ").strip() if authorization else None
+        """``check`` for an HTTP ``Authorization`` header, which must use the ``Bearer`` scheme."""
+        if not self.required:
+            return
+        token = None
+        if authorization:
+            scheme, _, token = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+            token = token.strip()
         self.check(token, action)

@@ -9,8 +9,9 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from . import artifact_routes, bundle, dataset_routes, portal, relay
-from .errors import install_handlers
+from . import artifact_routes, bundle, dataset_routes, experiment_routes, portal, relay
+from .errors import install_handlers, replace_validation_docs
+from .headers import SecurityHeaders
 from .leasing import LeaseIssuer
 from .settings import Settings
 from .state import EdgeState
@@ -37,7 +38,12 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     install_handlers(app)
-    for module in (dataset_routes, artifact_routes, relay, portal, bundle):
+    generate_openapi = app.openapi
+    app.openapi = lambda: replace_validation_docs(generate_openapi())  # type: ignore[method-assign]
+    app.add_middleware(
+        SecurityHeaders, docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    )
+    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, bundle):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
     if settings.pyodide_dir.is_dir():

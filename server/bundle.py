@@ -14,6 +14,8 @@ from fastapi import APIRouter, Request, Response
 
 from protocol.hashing import content_id
 
+from .responses import conditional_get
+
 __all__ = ["PeerBundle", "router"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,10 +37,9 @@ class PeerBundle:
 
 
 @router.get("/bundle/peer.zip")
+@router.head("/bundle/peer.zip")
 async def peer_bundle(request: Request) -> Response:
     bundle: PeerBundle = request.app.state.bundle
-    etag = f'"{bundle.content_id}"'
-    headers = {"etag": etag, "cache-control": "no-cache"}
-    if request.headers.get("if-none-match") == etag:
-        return Response(status_code=304, headers=headers)
-    return Response(bundle.data, media_type="application/zip", headers=headers)
+    return conditional_get(
+        request, bundle.data, bundle.content_id, cache_control="no-cache", media_type="application/zip"
+    )

@@ -14,6 +14,12 @@
      ├── RateLimited        429 / 4429
      └── QuotaExceeded      507 / 4507   e.g. a window's candidate storage is full
 
+The framework's own refusals (no such route 404, method not allowed 405, a path or query parameter
+out of bounds 400 ``InvalidMessage``) answer in the same ``{"error", "detail"}`` shape.
+
+A client that closes its connection mid-request (starlette's ``ClientDisconnect``: an aborted
+upload) costs one log line, without a traceback; there is no one left to answer.
+
 Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4413 (slow consumer),
 1001 (server shutting down), 1009 (frame over the size limit, sent by the WebSocket layer).
 """
@@ -21,8 +27,14 @@ Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4413 (s
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge
 
@@ -33,13 +45,16 @@ __all__ = [
     "CLOSE_SLOW_CONSUMER",
     "Conflict",
     "EdgeError",
+    "ErrorBody",
     "Forbidden",
     "NotFound",
     "QuotaExceeded",
     "RateLimited",
     "Unauthorized",
     "close_code_for",
+    "documented",
     "install_handlers",
+    "replace_validation_docs",
     "status_for",
 ]
 
@@ -99,6 +114,43 @@ def _lookup(exc: Exception) -> tuple[int, int]:
     return 500, 1011
 
 
+class ErrorBody(BaseModel):
+    """What every refusal answers over HTTP."""
+
+    error: str
+    detail: str
+
+
+def documented(*errors: type[Exception]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route that may refuse with ``errors``: each status they map to,
+    with the error names it stands for and the ``ErrorBody`` schema."""
+    names: dict[int, list[str]] = {}
+    for error in errors:
+        names.setdefault(_lookup(error())[0], []).append(error.__name__)
+    return {
+        status: {"model": ErrorBody, "description": " or ".join(sorted(error_names))}
+        for status, error_names in sorted(names.items())
+    }
+
+
+def replace_validation_docs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI ``schema`` with FastAPI's generated "422 Validation Error" answers documented as what
+    the edge really sends for them (``install_handlers``): 400 ``InvalidMessage`` as an ``ErrorBody``."""
+    schemas = schema.get("components", {}).get("schemas", {})
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if responses.get("422", {}).get("description") == "Validation Error":
+                del responses["422"]
+                body = {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+                responses.setdefault("400", {"description": "InvalidMessage", "content": {"application/json": body}})
+    if "ErrorBody" not in schemas and schemas:
+        schemas["ErrorBody"] = ErrorBody.model_json_schema()
+    for generated in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(generated, None)
+    return schema
+
+
 def status_for(exc: Exception) -> int:
     return _lookup(exc)[0]
 
@@ -108,10 +160,35 @@ def close_code_for(exc: Exception) -> int:
 
 
 def install_handlers(app: FastAPI) -> None:
+    """Every refusal answers ``{"error": <name>, "detail": <text>}``: the edge's own errors by the table,
+    the framework's (no such route, method not allowed, a parameter out of bounds) in the same shape."""
+
+    def answer(request: Request, status: int, error: str, detail: str) -> JSON:
+        log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, error, detail)
+        return JSON({"error": error, "detail": detail}, status_code=status)
+
     async def handle(request: Request, exc: Exception) -> JSON:
-        status = status_for(exc)
-        log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, type(exc).__name__, exc)
-        return JSON({"error": type(exc).__name__, "detail": str(exc)}, status_code=status)
+        return answer(request, status_for(exc), type(exc).__name__, str(exc))
+
+    async def handle_http(request: Request, exc: Exception) -> JSON:
+        assert isinstance(exc, StarletteHTTPException)
+        error = HTTPStatus(exc.status_code).phrase.title().replace(" ", "").replace("-", "")
+        response = answer(request, exc.status_code, error, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
+
+    async def handle_validation(request: Request, exc: Exception) -> JSON:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        return answer(request, 400, InvalidMessage.__name__, problems)
+
+    async def handle_gone(request: Request, exc: Exception) -> Response:
+        client = request.client.host if request.client else "unknown"
+        log.info("%s %s: client %s closed the connection mid-request", request.method, request.url.path, client)
+        return Response(status_code=400)  # sent nowhere: uvicorn drops what goes to a closed connection
 
     app.add_exception_handler(ProtocolError, handle)
     app.add_exception_handler(EdgeError, handle)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(ClientDisconnect, handle_gone)

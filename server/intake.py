@@ -1,7 +1,8 @@
 """What the edge takes in: candidates, heads and verdicts, by HTTP or WebSocket alike.
 
-Each upload is checked in the same order everywhere: size, envelope, descriptor shape, signature,
-then for candidates: the sender's rate limit, a trainer kind, a lease its trainer holds for this
+Each upload is checked in the same order everywhere: size, envelope, descriptor shape, (for
+candidates: the client address's budget of signature checks,) signature, then for candidates: the sender's rate limit (``check_peer_rate``, per peer and experiment, which
+lease requests count against too), a trainer kind, a lease its trainer holds for this
 window (``protocol.window.lease_covers``, the rule validators apply too) and has not used yet (one
 candidate per lease, else 409), room in the window's storage quota (else 507); then the artifact's
 hash and that it is exactly an artifact of the experiment's model (``protocol.model.decode_artifact``:
@@ -28,7 +29,15 @@ from protocol.window import lease_covers
 from .errors import Conflict, Forbidden, QuotaExceeded
 from .state import EdgeState
 
-__all__ = ["accept_candidate", "accept_head", "accept_verdict"]
+__all__ = ["accept_candidate", "accept_head", "accept_verdict", "check_peer_rate"]
+
+
+def check_peer_rate(state: EdgeState, peer_id: str, experiment: ExperimentKey) -> None:
+    """Count a lease request or candidate upload of ``peer_id`` (signature checked) in ``experiment``
+    (one of this network's: a made-up one must get no budget of its own); ``RateLimited`` past
+    ``peer_requests_per_min``. Per experiment, because an honest trainer asks once of each per window
+    of every experiment it trains."""
+    state.peer_limits.check(f"{peer_id} in {experiment}")
 
 
 async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId, spec: ExperimentSpec) -> None:
@@ -54,16 +63,17 @@ def _same_experiment(claimed: ExperimentKey, route: ExperimentKey | None) -> Non
 
 
 async def accept_candidate(
-    state: EdgeState, body: bytes, *, via: str, route: ExperimentKey | None = None
+    state: EdgeState, body: bytes, *, via: str, address: str, route: ExperimentKey | None = None
 ) -> tuple[Candidate, bool]:
-    """Store a trainer's signed candidate; returns it and whether it was new."""
+    """Store a trainer's signed candidate, sent from client ``address``; returns it and whether it was new."""
     try:
         descriptor, artifact = _open(state, body)
         candidate = Candidate.from_wire(descriptor)
         _same_experiment(candidate.experiment, route)
         spec = state.experiment(candidate.experiment)
+        state.address_limits.check(address)  # before the signature is checked
         candidate.verify_own()
-        state.peer_limits.check(candidate.peer_id)
+        check_peer_rate(state, candidate.peer_id, candidate.experiment)
         if candidate.peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) upload candidates, not {candidate.peer_kind}")
         if not lease_covers(state.store.lease(candidate.lease_id), candidate):

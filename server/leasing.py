@@ -3,18 +3,24 @@
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
 holds (``protocol.leases.assign_shards``). Leases are signed by the edge and stored durably.
+
+Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
+from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
+same secret back, and nothing secret is stored. Shards are served only against it (``check_secret``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import secrets
 
 from protocol.ids import ExperimentKey, LeaseId, PeerId
 from protocol.leases import assign_shards
-from protocol.messages import Lease
+from protocol.messages import Lease, LeaseGrant
 
-from .errors import NotFound
+from .errors import Forbidden, NotFound
 from .state import EdgeState
 
 __all__ = ["LeaseIssuer"]
@@ -24,8 +30,20 @@ class LeaseIssuer:
     def __init__(self, state: EdgeState) -> None:
         self.state = state
         self._lock = asyncio.Lock()
+        self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
 
-    async def issue(self, experiment: ExperimentKey, peer_id: PeerId) -> Lease:
+    def secret(self, lease_id: LeaseId) -> str:
+        return hmac.new(self._secret_key, lease_id.encode(), hashlib.sha256).hexdigest()
+
+    def check_secret(self, lease_id: LeaseId, presented: str | None) -> Lease:
+        """The lease ``lease_id`` if ``presented`` is its secret; ``Forbidden`` otherwise (an unknown
+        lease and a wrong secret answer alike, so lease ids cannot be probed)."""
+        lease = self.state.store.lease(lease_id)
+        if lease is None or presented is None or not hmac.compare_digest(self.secret(lease_id), presented):
+            raise Forbidden("unknown lease or wrong lease secret")
+        return lease
+
+    async def issue(self, experiment: ExperimentKey, peer_id: PeerId) -> LeaseGrant:
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         async with self._lock:
@@ -38,7 +56,7 @@ class LeaseIssuer:
             ]
             for lease in live:
                 if lease.peer_id == peer_id:
-                    return lease
+                    return LeaseGrant(lease, self.secret(lease.lease_id))
             taken = {shard for lease in live for shard in lease.shard_ids}
             shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
             lease = Lease(
@@ -55,4 +73,4 @@ class LeaseIssuer:
             self.state.store.add_lease(lease)
         self.state.metrics.leases.inc()
         self.state.hub.publish(experiment, "leases", lease.to_wire())
-        return lease
+        return LeaseGrant(lease, self.secret(lease.lease_id))

@@ -1,4 +1,4 @@
-"""Directories and the viewer's snapshot: experiments, peers, health, metrics."""
+"""Directories and the viewer's snapshot: the network manifest, experiments, peers, health, metrics."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ async def healthz(state: State) -> JSON:
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/network")
+async def network(state: State) -> JSON:
+    """The network manifest: validator keys, the edge's key, experiments."""
+    return JSON(state.network.to_wire())
 
 
 @router.get("/v1/peers")

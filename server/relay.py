@@ -1,5 +1,10 @@
 """The WebSocket relay and signaling endpoint, ``/v1/relay``, and the viewers' event stream, ``/v1/events``.
 
+Both take handshakes from native clients (no ``Origin`` header), from the edge's own page (an
+``Origin`` whose host[:port] is the request's ``Host``) and from origins listed in the edge setting
+``allowed_origins`` (``*``: any). Any other browser origin is refused on the handshake, before a
+WebSocket exists: HTTP 403 with a JSON body ``{"error": "Forbidden", "detail"}`` saying why.
+
 A connection is accepted, challenged (the edge sends a nonce), then joined once the peer's signed
 proof of that nonce verifies: only then is it registered in the hub (``ConnectionState.JOINED``),
 until it is closed (``ConnectionState.CLOSED``).
@@ -8,7 +13,7 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
     edge → {"type": "welcome", "peer_id", "network"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
-    peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease"}
+    peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease", "secret"}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
@@ -36,9 +41,11 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from fastapi import APIRouter, WebSocket
+from starlette.datastructures import Headers
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from protocol.errors import InvalidMessage, ProtocolError
@@ -47,6 +54,7 @@ from protocol.ids import ExperimentKey, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import TRAINER_KINDS, PeerProof
 
+from .deps import client_address
 from .errors import (
     CLOSE_HEARTBEAT_TIMEOUT,
     CLOSE_SLOW_CONSUMER,
@@ -57,9 +65,10 @@ from .errors import (
     status_for,
 )
 from .hub import TOPICS, Connection, ConnectionState
-from .intake import accept_candidate
+from .intake import accept_candidate, check_peer_rate
 from .leasing import LeaseIssuer
 from .ratelimit import TokenBucket
+from .responses import JSON
 from .state import EdgeState
 
 router = APIRouter()
@@ -80,7 +89,12 @@ class _Close(Exception):
 async def relay(websocket: WebSocket) -> None:
     state: EdgeState = websocket.app.state.edge
     issuer: LeaseIssuer = websocket.app.state.issuer
-    await _session(websocket, state, lambda: _join(websocket, state), lambda peer: _peer_handler(state, issuer, peer))
+    await _session(
+        websocket,
+        state,
+        lambda: _join(websocket, state),
+        lambda peer: _peer_handler(state, issuer, peer, client_address(websocket)),
+    )
 
 
 @router.websocket("/v1/events")
@@ -101,7 +115,15 @@ async def _session(
     open_connection: Callable[[], Awaitable[Connection]],
     handler_for: Callable[[Connection], Handler],
 ) -> None:
-    """One WebSocket from accept to close: register, send and receive, close with the right code."""
+    """One WebSocket from accept to close: register, send and receive, close with the right code.
+    A handshake from a browser origin the edge does not allow is refused before it is accepted."""
+    if not _origin_allowed(websocket.headers, state.settings.allowed_origins):
+        origin = websocket.headers["origin"]
+        refusal = Forbidden(f"origin {origin} may not open this WebSocket (see the edge setting allowed_origins)")
+        log.info("refusing a WebSocket handshake to %s: %s", websocket.url.path, refusal)
+        body = {"error": type(refusal).__name__, "detail": str(refusal)}
+        await websocket.send_denial_response(JSON(body, status_code=status_for(refusal)))
+        return
     await websocket.accept()
     connection: Connection | None = None
     sender: asyncio.Task[None] | None = None
@@ -118,6 +140,19 @@ async def _session(
         await _stop(sender)
         if connection is not None:
             state.hub.unregister(connection)
+
+
+def _origin_allowed(headers: Headers, allowed_origins: str) -> bool:
+    """Whether a handshake with these headers may open a WebSocket: no ``Origin`` (a native client),
+    the edge's own page (the origin's host[:port] is the ``Host`` header) or an origin listed in
+    ``allowed_origins`` (comma-separated; ``*``: any)."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    listed = {entry.strip().rstrip("/").lower() for entry in allowed_origins.split(",") if entry.strip()}
+    own = headers.get("host", "").lower()
+    same_origin = own != "" and urlsplit(origin).netloc.lower() == own
+    return same_origin or "*" in listed or origin.lower() in listed
 
 
 async def _stop(sender: asyncio.Task[None] | None) -> None:
@@ -150,7 +185,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         proof = PeerProof.from_wire(data.get("proof"))
         if proof.purpose != "join" or proof.nonce != nonce:
             raise InvalidMessage("join proof must sign this connection's challenge nonce")
-        state.address_limits.check(websocket.client.host if websocket.client else "unknown")  # before the signature
+        state.address_limits.check(client_address(websocket))  # before the signature
         proof.verify_own()
         token = data.get("token")
         state.admission.check(token if isinstance(token, str) else None, "join", kind=proof.peer_kind)
@@ -226,12 +261,12 @@ async def _serve(
         overflow.cancel()
 
 
-def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection) -> Handler:
+def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection, address: str) -> Handler:
     async def handle(message: dict[str, Any]) -> None:
         try:
             if message.get("bytes") is not None:
                 state.admission.check(connection.token, "candidate")
-                candidate, _ = await accept_candidate(state, message["bytes"], via="ws")
+                candidate, _ = await accept_candidate(state, message["bytes"], via="ws", address=address)
                 connection.offer(
                     orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
                 )
@@ -283,10 +318,12 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         state.admission.check(connection.token, "lease")
         if connection.kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {connection.kind}")
-        state.peer_limits.check(connection.peer_id)
-        lease = await issuer.issue(ExperimentKey.parse(data.get("experiment")), connection.peer_id)
+        key = ExperimentKey.parse(data.get("experiment"))
+        state.experiment(key)
+        check_peer_rate(state, connection.peer_id, key)
+        grant = await issuer.issue(key, connection.peer_id)
         connection.offer(
-            orjson.dumps({"type": "lease", "request_id": data.get("request_id"), "lease": lease.to_wire()}).decode()
+            orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()
         )
     elif kind == "signal":
         target = PeerId(data.get("to"))

@@ -12,6 +12,13 @@ from pathlib import Path
 
 __all__ = ["Settings"]
 
+# What an honest trainer asks of the edge per window of each experiment it trains: one lease and one
+# candidate upload. A validator closes at most one window of an experiment per poll
+# (``native_peer.validator.ValidatorConfig.poll_s``), so the default per-peer budget of an experiment
+# covers honest trainers at that window rate.
+REQUESTS_PER_WINDOW = 2
+SHORTEST_WINDOW_S = 0.25
+
 _HELP = {
     "host": "interface to listen on",
     "port": "TCP port (0 picks a free one)",
@@ -28,12 +35,13 @@ _HELP = {
     "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",
     "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
     "max_long_poll_s": "longest a head long-poll may wait",
-    "peer_requests_per_min": "lease requests and candidate uploads per minute one peer may make (burst: a quarter)",
+    "peer_requests_per_min": f"lease requests and candidate uploads per minute one peer may make in one experiment (burst: a quarter); the default fits an honest trainer's {REQUESTS_PER_WINDOW} per window at one window per {SHORTEST_WINDOW_S} s",
     "header_timeout_s": "a request's headers must arrive within this, however slowly they trickle",
     "body_timeout_s": "a request body must arrive within this after its headers",
     "max_connections": "open connections (HTTP and WebSocket); lowered to what the file-descriptor limit allows",
+    "allowed_origins": "browser origins (scheme://host[:port], comma-separated; * for any) that may open the WebSockets besides the edge's own (an Origin whose host[:port] is the request's Host); behind a proxy that rewrites Host, list the public origin",
     "max_connections_per_address": "open connections from one client address (behind a proxy: set it high)",
-    "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter)",
+    "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
 }
@@ -56,14 +64,15 @@ class Settings:
     send_queue_size: int = 256
     messages_per_s: float = 50.0
     max_long_poll_s: float = 30.0
-    peer_requests_per_min: float = 240.0
-    address_checks_per_min: float = 600.0
+    peer_requests_per_min: float = REQUESTS_PER_WINDOW * 60 / SHORTEST_WINDOW_S
+    address_checks_per_min: float = 3000.0
     window_quota_bytes: int = 256 * 1024 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 120.0
     max_connections: int = 4096
     max_connections_per_address: int = 256
     candidate_retention_windows: int = 2
+    allowed_origins: str = ""
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:

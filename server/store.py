@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId
+from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.messages import Candidate, HeadDescriptor, Lease, Verdict
 
 from .errors import Conflict
@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS candidates (
     PRIMARY KEY (experiment, candidate_id));
 CREATE INDEX IF NOT EXISTS candidates_by_base ON candidates (experiment, base_head);
 CREATE UNIQUE INDEX IF NOT EXISTS candidates_by_lease ON candidates (lease_id);
+CREATE INDEX IF NOT EXISTS candidates_by_id ON candidates (candidate_id);
+CREATE INDEX IF NOT EXISTS heads_by_id ON heads (head_id);
 CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, peer_id TEXT NOT NULL, base_head TEXT NOT NULL,
     descriptor TEXT NOT NULL, expires_at_ms INTEGER NOT NULL);
@@ -207,6 +209,16 @@ class Store:
             )
         return [Candidate.from_wire(json.loads(str(r[0]))) for r in rows]
 
+    def is_candidate_only(self, cid: ContentId) -> bool:
+        """True for an artifact that some candidate uploaded and that is no head (heads are public)."""
+        rows = self._query(
+            "SELECT EXISTS (SELECT 1 FROM candidates WHERE candidate_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM heads WHERE head_id = ?)",
+            cid,
+            cid,
+        )
+        return bool(rows[0][0])
+
     # -- leases ----------------------------------------------------------------------------
     def add_lease(self, lease: Lease) -> None:
         with self._tx() as db:
@@ -276,6 +288,17 @@ class Store:
     def token(self, digest: str) -> tuple[str, int] | None:
         rows = self._query("SELECT role, expires_at_ms FROM tokens WHERE digest = ?", digest)
         return (str(rows[0][0]), int(rows[0][1])) if rows else None  # type: ignore[call-overload]
+
+    def tokens(self) -> list[dict[str, object]]:
+        rows = self._query("SELECT digest, role, label, issued_at_ms, expires_at_ms FROM tokens ORDER BY issued_at_ms")
+        return [dict(zip(("digest", "role", "label", "issued_at_ms", "expires_at_ms"), r, strict=True)) for r in rows]
+
+    def delete_tokens(self, digest_prefix: str) -> int:
+        """Delete the tokens whose digest starts with ``digest_prefix``; how many were deleted."""
+        with self._tx() as db:
+            return db.execute(
+                "DELETE FROM tokens WHERE substr(digest, 1, ?) = ?", (len(digest_prefix), digest_prefix)
+            ).rowcount
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:

@@ -44,9 +44,9 @@ class NativeBridge:
         self.fetched: list[str] = []
         self._http = httpx.AsyncClient(timeout=30)
 
-    async def fetch_bytes(self, url: str) -> bytes:
+    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
         self.fetched.append(url)
-        response = await self._http.get(url)
+        response = await self._http.get(url, headers=headers)
         if response.status_code >= 400:
             raise HttpError(response.status_code, url)
         return response.content

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from protocol.codec import encode_tensors
@@ -14,7 +15,7 @@ from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, Lease, PeerProof
+from protocol.messages import Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner, Signer, peer_id_from_public_key
 from server.settings import Settings
@@ -116,6 +117,15 @@ def signed_lease(
 
 def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "native") -> dict[str, object]:
     return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()
+
+
+def grant_lease(http: httpx.Client, signer: PureSigner, kind: str = "native", **headers: str) -> LeaseGrant:
+    """Lease the current window's shards for ``signer`` over HTTP (relative to the experiment BASE)."""
+    response = http.post(
+        f"/v1/experiments/{EXPERIMENT}/leases", json=proof(signer, "lease", kind=kind), headers=headers
+    )
+    assert response.status_code == 200, response.text
+    return LeaseGrant.from_wire(response.json())
 
 
 def edge_settings(root: Path, datasets: Path, **overrides: Any) -> Settings:

@@ -24,12 +24,12 @@ from websockets.sync.client import ClientConnection, connect
 
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
-from protocol.messages import Lease
+from protocol.messages import LEASE_SECRET_HEADER, Lease
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.serve import BackgroundEdge
 from server.settings import Settings
 
-from .support import EXPERIMENT, candidate_envelope, edge_settings, head_envelope, proof, write_network
+from .support import EXPERIMENT, candidate_envelope, edge_settings, grant_lease, head_envelope, proof, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -67,9 +67,7 @@ def _genesis(client: httpx.Client) -> str:
 
 
 def _lease(client: httpx.Client, trainer: PureSigner) -> Lease:
-    response = client.post(f"{BASE}/leases", json=proof(trainer, "lease"))
-    assert response.status_code == 200, response.text
-    return Lease.from_wire(response.json())
+    return grant_lease(client, trainer).lease
 
 
 _SOCKETS = ExitStack()
@@ -104,6 +102,37 @@ def test_health_docs_and_metrics(client: httpx.Client) -> None:
     assert "dtn_ws_connections" in client.get("/metrics").text
 
 
+def test_openapi_documents_upload_bodies_and_every_refusal(client: httpx.Client) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    experiment = "/v1/experiments/{study}/{experiment}/{revision}"
+    upload = paths[f"{experiment}/candidates"]["post"]
+    assert "DTN1 envelope" in upload["requestBody"]["description"]
+    assert upload["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
+    assert {"400", "401", "403", "404", "409", "413", "422", "429", "507"} <= set(upload["responses"])
+    assert upload["responses"]["507"]["description"] == "QuotaExceeded"
+    assert upload["responses"]["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    lease = paths[f"{experiment}/leases"]["post"]
+    assert "PeerProof" in lease["requestBody"]["description"] and "429" in lease["responses"]
+    assert {"401", "403", "404"} <= set(paths["/v1/datasets/{dataset_id}/shards/{shard_id}"]["get"]["responses"])
+    assert "409" in paths[f"{experiment}/heads"]["post"]["responses"]
+    for path, operations in paths.items():  # every operation that takes input says how it can refuse it
+        for method, operation in operations.items():
+            if method != "head" and ("parameters" in operation or "requestBody" in operation):
+                assert any(code.startswith("4") for code in operation["responses"]), (method, path)
+                assert "422" not in operation["responses"] or "Validation Error" not in str(
+                    operation["responses"]["422"]
+                )
+
+
+def test_framework_refusals_use_the_edges_error_shape(client: httpx.Client) -> None:
+    assert client.get("/v1/nowhere").json() == {"error": "NotFound", "detail": "Not Found"}
+    wrong_method = client.delete("/v1/network")
+    assert (wrong_method.status_code, wrong_method.json()["error"]) == (405, "MethodNotAllowed")
+    too_long = client.get(f"{BASE}/verdicts", params={"peer_id": "x" * 61})
+    assert (too_long.status_code, too_long.json()["error"]) == (400, "InvalidMessage")
+    assert "peer_id" in too_long.json()["detail"]
+
+
 def test_shard_fetch_with_range_etag_and_lease_scope(client: httpx.Client, dataset_root: Path) -> None:
     manifest = client.get("/v1/datasets/mnist/fetch-manifest.json")
     assert manifest.status_code == 200 and manifest.headers["etag"].startswith('"sha256:')
@@ -114,10 +143,12 @@ def test_shard_fetch_with_range_etag_and_lease_scope(client: httpx.Client, datas
         == 304
     )
     _genesis(client)
-    lease = _lease(client, PureSigner(b"\x21" * 32))
+    grant = grant_lease(client, PureSigner(b"\x21" * 32))
+    lease = grant.lease
     assert len(lease.shard_ids) == 2
     shard_id = lease.shard_ids[0]
     url = f"/v1/datasets/mnist/shards/{shard_id}"
+    client.headers[LEASE_SECRET_HEADER] = grant.secret
     assert client.get(url).status_code == 401
     outside = next(s["shard_id"] for s in manifest.json()["shards"] if s["shard_id"] not in lease.shard_ids)
     assert client.get(f"/v1/datasets/mnist/shards/{outside}", params={"lease": lease.lease_id}).status_code == 403
@@ -140,7 +171,84 @@ def test_shard_fetch_with_range_etag_and_lease_scope(client: httpx.Client, datas
 def test_validation_split_is_never_served(client: httpx.Client) -> None:
     for path in ("/v1/datasets/mnist/shards/validation", "/v1/datasets/validation/fetch-manifest.json"):
         assert client.get(path).status_code == 404
-    assert client.get("/v1/datasets/..%2Fmnist/fetch-manifest.json").status_code in (400, 404)
+    traversal = client.get("/v1/datasets/..%2Fmnist/fetch-manifest.json")  # "/" decoded: matches no route
+    assert traversal.status_code == 404 and traversal.json() == {"error": "NotFound", "detail": "Not Found"}
+
+
+MANIFEST = "/v1/datasets/mnist/fetch-manifest.json"
+
+
+def test_conditional_get_answers_304_for_star_and_any_matching_tag(client: httpx.Client) -> None:
+    for url in (f"/v1/artifacts/{_genesis(client)}", MANIFEST, "/bundle/peer.zip"):
+        full = client.get(url)
+        etag = full.headers["etag"]
+        for if_none_match in ("*", f'"other", {etag}', f'W/"other",W/{etag}'):
+            cached = client.get(url, headers={"if-none-match": if_none_match})
+            assert cached.status_code == 304 and cached.content == b"", (url, if_none_match)
+            assert cached.headers["etag"] == etag and cached.headers["cache-control"] == full.headers["cache-control"]
+        assert client.get(url, headers={"if-none-match": '"other", W/"another"'}).status_code == 200
+
+
+def test_head_answers_the_headers_of_get_without_the_body(client: httpx.Client) -> None:
+    artifact = f"/v1/artifacts/{_genesis(client)}"
+    grant = grant_lease(client, PureSigner(b"\x22" * 32))
+    client.headers[LEASE_SECRET_HEADER] = grant.secret
+    shard = f"/v1/datasets/mnist/shards/{grant.lease.shard_ids[0]}?lease={grant.lease.lease_id}"
+    for url in (artifact, shard, MANIFEST, "/bundle/peer.zip"):
+        got, head = client.get(url), client.head(url)
+        assert got.status_code == head.status_code == 200 and got.content and head.content == b"", url
+        assert dict(head.headers.items() - {("date", head.headers["date"])}) == dict(
+            got.headers.items() - {("date", got.headers["date"])}
+        )
+
+
+def test_artifact_ranges_are_served_as_rfc_9110_says(client: httpx.Client) -> None:
+    url = f"/v1/artifacts/{_genesis(client)}"
+    body = client.get(url).content
+    size = len(body)
+    part = client.get(url, headers={"range": "bytes=10-19"})
+    assert part.status_code == 206 and part.content == body[10:20]
+    assert part.headers["content-range"] == f"bytes 10-19/{size}"
+    # unsatisfiable range-specs are dropped, overlapping ones coalesced into one part
+    merged = client.get(url, headers={"range": f"bytes={size}-, 0-9, 5-14"})
+    assert merged.status_code == 206 and merged.content == body[:15]
+    assert merged.headers["content-range"] == f"bytes 0-14/{size}"
+    two = client.get(url, headers={"range": "bytes=0-1, -2"})
+    assert two.status_code == 206 and two.headers["content-type"].startswith("multipart/byteranges; boundary=")
+    for unsatisfiable in (f"bytes={size}-", f"bytes={size + 5}-{size + 9}", "bytes=-0"):
+        refused = client.get(url, headers={"range": unsatisfiable})
+        assert refused.status_code == 416 and refused.headers["content-range"] == f"bytes */{size}", unsatisfiable
+    matching = client.get(url, headers={"range": "bytes=0-1", "if-range": part.headers["etag"]})
+    assert matching.status_code == 206 and matching.content == body[:2]
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [
+        ("GET", {"range": "bytes=5-2"}),  # last-pos below first-pos: an invalid range-spec (RFC 9110 §14.1.1)
+        ("GET", {"range": "bytes=0-1, 5-2"}),  # one invalid range-spec makes the whole ranges-specifier invalid
+        ("GET", {"range": "bytes=1"}),
+        ("GET", {"range": "items=0-1"}),  # a unit the edge does not understand must be ignored (§14.2)
+        ("GET", {"range": "bytes=0-1", "if-range": '"other"'}),  # If-Range names another representation
+        ("GET", {"range": "bytes=0-1", "if-range": 'W/"other"'}),
+        ("HEAD", {"range": "bytes=0-1"}),  # ranges are defined for GET only (§14.2)
+    ],
+)
+def test_ignored_ranges_get_the_whole_artifact(client: httpx.Client, method: str, headers: dict[str, str]) -> None:
+    url = f"/v1/artifacts/{_genesis(client)}"
+    full = client.get(url)
+    whole = client.request(method, url, headers=headers)
+    assert whole.status_code == 200 and "content-range" not in whole.headers
+    assert whole.headers["content-length"] == full.headers["content-length"]
+    assert whole.content == (full.content if method == "GET" else b"")
+
+
+def test_in_memory_resources_ignore_ranges(client: httpx.Client) -> None:
+    for url in (MANIFEST, "/bundle/peer.zip"):
+        full = client.get(url)
+        assert full.status_code == 200 and "accept-ranges" not in full.headers
+        whole = client.get(url, headers={"range": "bytes=0-1"})
+        assert whole.status_code == 200 and whole.content == full.content
 
 
 def test_leases_are_distinct_and_idempotent(client: httpx.Client) -> None:
@@ -294,7 +402,8 @@ def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
     trainer = PureSigner(b"\xa1" * 32)
     with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
         head = _genesis(http)
-        lease = _lease(http, trainer)
+        grant = grant_lease(http, trainer)
+        lease = grant.lease
         candidate, body = candidate_envelope(trainer, head, lease.lease_id)
         assert http.post(f"{BASE}/candidates", content=body).status_code == 201
         edge_key = http.get("/v1/network").json()["edge_key"]
@@ -304,7 +413,7 @@ def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
         assert [c["candidate_id"] for c in http.get(f"{BASE}/candidates").json()] == [candidate.candidate_id]
         assert content_id(http.get(f"/v1/artifacts/{candidate.candidate_id}").content) == candidate.candidate_id
         assert http.get("/v1/network").json()["edge_key"] == edge_key
-        assert _lease(http, trainer).lease_id == lease.lease_id
+        assert grant_lease(http, trainer) == grant  # the same lease and secret after a restart
         _join(edge.url, trainer).close()
 
 

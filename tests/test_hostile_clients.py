@@ -4,6 +4,7 @@ that storage stays bounded however long the network runs, and that nobody speaks
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import resource
 import socket
@@ -24,15 +25,16 @@ from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import HeadId
-from protocol.messages import Candidate, Lease
+from protocol.messages import LEASE_SECRET_HEADER, Candidate, Lease
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
-from server.admission import issue_token
+from server.admission import issue_token, token_id
 from server.connections import FD_RESERVE, ConnectionLimits
 from server.serve import BackgroundEdge
 from server.store import Store
+from tools.cli import main as tools_main
 
-from .support import EXPERIMENT, edge_settings, head_envelope, proof, write_network
+from .support import EXPERIMENT, edge_settings, grant_lease, head_envelope, proof, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 SPEC = MODELS["mnist-mlp"]
@@ -63,9 +65,7 @@ def http(tmp_path: Path, dataset_root: Path) -> Iterator[httpx.Client]:
 
 
 def _lease(http: httpx.Client, signer: PureSigner, kind: str = "native") -> Lease:
-    response = http.post(f"{BASE}/leases", json=proof(signer, "lease", kind=kind))
-    response.raise_for_status()
-    return Lease.from_wire(response.json())
+    return grant_lease(http, signer, kind).lease
 
 
 def _upload(
@@ -284,3 +284,162 @@ def test_bad_signature_floods_are_limited_per_address_before_they_are_checked(
         assert 10 <= codes.count(4401) <= 20  # the burst, give or take the refill during the test
     finally:
         edge.stop()
+
+
+def test_bad_signature_floods_over_http_are_limited_per_address_too(tmp_path: Path, dataset_root: Path) -> None:
+    """Lease requests and candidate uploads with forged signatures, from one address: refused 401 until
+    the address's budget of signature checks is spent, then 429 without a check; another address is
+    untouched."""
+    edge = _start(tmp_path, dataset_root, address_checks_per_min=60)  # burst 15
+    forger, victim = PureSigner(b"\xb5" * 32), PureSigner(b"\xb6" * 32)
+    try:
+        with _client(edge) as http:
+            forged_lease = proof(forger, "lease") | {"public_key": proof(victim, "lease")["public_key"]}
+            artifact = encode_tensors(init_params(SPEC, 5))
+            own_lease = grant_lease(http, forger).lease
+            claims_victim = replace(  # the victim's key, the forger's signature
+                Candidate.for_lease(
+                    own_lease, artifact, forger, peer_kind="native", examples=64, steps=1, created_at_ms=1
+                ),
+                public_key=victim.public_key,
+            )
+            forged_upload = pack_envelope(claims_victim.to_wire(), artifact)
+            codes = []
+            for i in range(25):
+                if i % 2:
+                    codes.append(http.post(f"{BASE}/leases", json=forged_lease).status_code)
+                else:
+                    codes.append(http.post(f"{BASE}/candidates", content=forged_upload).status_code)
+            assert codes[0] == 401 and codes[-1] == 429 and set(codes) == {401, 429}
+            assert 10 <= codes.count(401) <= 20
+            other_address = httpx.HTTPTransport(local_address="127.0.0.3")
+            with httpx.Client(base_url=edge.url, transport=other_address) as other:
+                assert other.post(f"{BASE}/leases", json=proof(victim, "lease")).status_code == 200
+    finally:
+        edge.stop()
+
+
+def _admission_edge(tmp_path: Path, dataset_root: Path) -> tuple[BackgroundEdge, dict[str, str]]:
+    """An edge whose network requires admission, and a token for each role."""
+    network = write_network(tmp_path / "plain.json")
+    (tmp_path / "network.json").write_text(json.dumps(replace(network, admission_required=True).to_wire()))
+    store = Store(tmp_path / "edge" / "edge.sqlite3")
+    tokens = {role: issue_token(store, role, role, 3600) for role in ("viewer", "trainer", "validator")}
+    store.close()
+    return BackgroundEdge(edge_settings(tmp_path, dataset_root)).start(), tokens
+
+
+def test_a_lease_unlocks_its_shards_only_for_its_holder(http: httpx.Client) -> None:
+    """Lease ids are public (listings, events, candidates); the secret that reads the data is not."""
+    holder = PureSigner(b"\xb1" * 32)
+    grant = grant_lease(http, holder)
+    listed = http.get(f"{BASE}/leases", params={"base_head": grant.lease.base_head}).json()
+    assert [lease["lease_id"] for lease in listed] == [grant.lease.lease_id]
+    assert grant.secret not in json.dumps(listed)
+    url = f"/v1/datasets/mnist/shards/{grant.lease.shard_ids[0]}"
+    params = {"lease": grant.lease.lease_id}
+    _refused(http.get(url, params=params), 401, "Unauthorized")  # the lease id alone
+    _refused(http.get(url, params=params, headers={LEASE_SECRET_HEADER: "0" * 64}), 403, "Forbidden")
+    other = grant_lease(http, PureSigner(b"\xb2" * 32))
+    _refused(http.get(url, params=params, headers={LEASE_SECRET_HEADER: other.secret}), 403, "Forbidden")
+    unknown = {"lease": "lease-" + "0" * 32}
+    _refused(http.get(url, params=unknown, headers={LEASE_SECRET_HEADER: grant.secret}), 403, "Forbidden")
+    assert http.get(url, params=params, headers={LEASE_SECRET_HEADER: grant.secret}).status_code == 200
+    assert grant_lease(http, holder) == grant  # asking again in the window: the same lease and secret
+
+
+def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_path: Path, dataset_root: Path) -> None:
+    edge, tokens = _admission_edge(tmp_path, dataset_root)
+
+    def bearer(role: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {tokens[role]}"}
+
+    try:
+        with httpx.Client(base_url=edge.url) as http:
+            head, genesis = head_envelope()
+            assert http.post(f"{BASE}/heads", content=genesis, headers=bearer("validator")).status_code == 201
+            trainer = PureSigner(b"\xb3" * 32)
+            grant = grant_lease(http, trainer, **bearer("trainer"))
+            artifact = encode_tensors(init_params(SPEC, 3))
+            candidate = Candidate.for_lease(
+                grant.lease, artifact, trainer, peer_kind="native", examples=64, steps=1, created_at_ms=1
+            )
+            envelope = pack_envelope(candidate.to_wire(), artifact)
+            assert http.post(f"{BASE}/candidates", content=envelope, headers=bearer("trainer")).status_code == 201
+            shard = f"/v1/datasets/mnist/shards/{grant.lease.shard_ids[0]}"
+            secret = {LEASE_SECRET_HEADER: grant.secret}
+            reads = {
+                "fetch-manifest": ("/v1/datasets/mnist/fetch-manifest.json", {}, "trainer"),
+                "shard": (shard, {"params": {"lease": grant.lease.lease_id}, "headers": secret}, "trainer"),
+                "lease list": (f"{BASE}/leases", {"params": {"base_head": head.head_id}}, "validator"),
+                "one lease": (f"/v1/leases/{grant.lease.lease_id}", {}, "validator"),
+                "candidate list": (f"{BASE}/candidates", {}, "validator"),
+                "candidate artifact": (f"/v1/artifacts/{candidate.candidate_id}", {}, "validator"),
+            }
+            for name, (path, options, least_role) in reads.items():
+                headers = dict(options.get("headers", {}))
+                params = options.get("params")
+                anonymous = http.get(path, params=params, headers=headers)
+                assert (anonymous.status_code, anonymous.json()["error"]) == (401, "Unauthorized"), name
+                viewer = http.get(path, params=params, headers={**headers, **bearer("viewer")})
+                assert (viewer.status_code, viewer.json()["error"]) == (403, "Forbidden"), name
+                allowed = http.get(path, params=params, headers={**headers, **bearer(least_role)})
+                assert allowed.status_code == 200, (name, allowed.text)
+                if least_role == "validator":
+                    refused = http.get(path, params=params, headers={**headers, **bearer("trainer")})
+                    assert (refused.status_code, refused.json()["error"]) == (403, "Forbidden"), name
+            # what lets anyone check the model stays public: heads, their artifacts, verdicts
+            assert http.get(f"{BASE}/head").json()["head_id"] == head.head_id
+            assert content_id(http.get(f"/v1/artifacts/{head.head_id}").content) == head.head_id
+            assert http.get(f"{BASE}/verdicts").status_code == 200
+    finally:
+        edge.stop()
+
+
+def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: Path, dataset_root: Path) -> None:
+    edge, tokens = _admission_edge(tmp_path, dataset_root)
+    try:
+        with httpx.Client(base_url=edge.url) as http:
+            _, genesis = head_envelope()
+            assert (
+                http.post(f"{BASE}/heads", content=genesis, headers={"authorization": f"Bearer {tokens['validator']}"})
+            ).status_code == 201
+            trainer = PureSigner(b"\xb4" * 32)
+            for malformed in (tokens["trainer"], f"Basic {tokens['trainer']}", "Bearer", f"Token {tokens['trainer']}"):
+                refused = http.post(
+                    f"{BASE}/leases", json=proof(trainer, "lease"), headers={"authorization": malformed}
+                )
+                _refused(refused, 401, "Unauthorized")
+                assert "Bearer" in refused.json()["detail"]
+            grant_lease(http, trainer, authorization=f"bearer {tokens['trainer']}")  # the scheme is case-insensitive
+            with _join(edge.url, trainer, "native", tokens["trainer"]) as ws:
+                assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                listing = _tools(["token", "list", "--data-dir", str(tmp_path / "edge")])
+                assert tokens["trainer"] not in listing and token_id(tokens["trainer"]) in listing
+                assert "revoked" in _tools(
+                    ["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])]
+                )
+                with pytest.raises(SystemExit):
+                    _tools(["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])])
+                ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
+                reply = json.loads(ws.recv(timeout=5))
+                assert (reply["type"], reply["status"], reply["error"]) == ("error", 401, "Unauthorized")
+            refused = http.post(
+                f"{BASE}/leases", json=proof(trainer, "lease"), headers={"authorization": f"Bearer {tokens['trainer']}"}
+            )
+            _refused(refused, 401, "Unauthorized")
+            # the other tokens are untouched
+            assert (
+                http.get(f"{BASE}/candidates", headers={"authorization": f"Bearer {tokens['validator']}"}).status_code
+                == 200
+            )
+    finally:
+        edge.stop()
+
+
+def _tools(argv: list[str]) -> str:
+    """Run ``python -m tools`` in-process and return what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        tools_main(argv)
+    return out.getvalue()

@@ -107,7 +107,7 @@ def test_stale_candidates_are_rejected_with_reasons(
     experiment = fast.experiment(*BASELINE.parts)
     fast_outcome = fast.train_window_once(experiment)
     # slow leases in the same window but publishes only after the validator has moved on
-    lease = slow.edge.request_lease(BASELINE, slow.identity, "native")
+    lease = slow.edge.request_lease(BASELINE, slow.identity, "native").lease
     assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
     clock.advance(spec.window_timeout_s)  # no window history yet: the deadline is window_timeout_s
     report = validator.poll(spec)
@@ -157,7 +157,7 @@ def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(
     spec = validator.network.experiment(BASELINE)
     genesis = validator.ensure_genesis(spec)
     attacker, honest = _trainer(edge, root, "attacker"), _trainer(edge, root, "honest")
-    lease = attacker.edge.request_lease(BASELINE, attacker.identity, "native")
+    lease = attacker.edge.request_lease(BASELINE, attacker.identity, "native").lease
     junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id)  # a fresh init: huge update
     attacker.edge.publish_candidate(BASELINE, body)
     report = validator.poll(spec)  # every live lease delivered: the window closes now

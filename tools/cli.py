@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from server.admission import ROLES, issue_token
+from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
 from server.store import Store
 
 from .networks import write_network
@@ -20,12 +23,33 @@ def cmd_pyodide_runtime(args: argparse.Namespace) -> None:
     print(f"Pyodide {PYODIDE_VERSION} runtime ready in {args.out}")
 
 
-def cmd_token_issue(args: argparse.Namespace) -> None:
-    store = Store(args.data_dir / "edge.sqlite3")
+@contextmanager
+def _edge_store(data_dir: Path) -> Iterator[Store]:
+    store = Store(data_dir / "edge.sqlite3")
     try:
-        print(issue_token(store, args.role, args.label, args.ttl_days * 86400))
+        yield store
     finally:
         store.close()
+
+
+def cmd_token_issue(args: argparse.Namespace) -> None:
+    with _edge_store(args.data_dir) as store:
+        print(issue_token(store, args.role, args.label, args.ttl_days * 86400))
+
+
+def cmd_token_list(args: argparse.Namespace) -> None:
+    with _edge_store(args.data_dir) as store:
+        print(f"{'id':<{TOKEN_ID_LENGTH}}  {'role':<9}  {'expires (UTC)':<16}  label")
+        for row in store.tokens():
+            expires = time.strftime("%Y-%m-%d %H:%M", time.gmtime(int(row["expires_at_ms"]) / 1000))  # type: ignore[call-overload]
+            print(f"{str(row['digest'])[:TOKEN_ID_LENGTH]}  {row['role']!s:<9}  {expires:<16}  {row['label']}")
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> None:
+    with _edge_store(args.data_dir) as store:
+        if revoke_token(store, args.token) == 0:
+            raise SystemExit(f"no token {args.token!r} (give the token itself or its id from `token list`)")
+    print(f"revoked {args.token}; a running edge refuses it from its next request on")
 
 
 def cmd_init_network(args: argparse.Namespace) -> None:
@@ -43,13 +67,21 @@ def main(argv: list[str] | None = None) -> None:
     runtime.add_argument("--wheels", type=Path, default=None, help="folder with a fallback copy of the wheels")
     runtime.set_defaults(run=cmd_pyodide_runtime)
 
+    edge_dir = argparse.ArgumentParser(add_help=False)
+    edge_dir.add_argument("--data-dir", type=Path, default=Path("var/edge"), help="the edge's data dir")
     token = sub.add_parser("token", help="admission tokens").add_subparsers(dest="action", required=True)
-    issue = token.add_parser("issue", help="issue a bearer token with a role")
-    issue.add_argument("--data-dir", type=Path, default=Path("var/edge"), help="the edge's data dir")
+    issue = token.add_parser("issue", parents=[edge_dir], help="issue a bearer token with a role")
     issue.add_argument("--role", choices=sorted(ROLES), required=True)
     issue.add_argument("--label", default="")
     issue.add_argument("--ttl-days", type=float, default=30.0)
     issue.set_defaults(run=cmd_token_issue)
+    listing = token.add_parser(
+        "list", parents=[edge_dir], help="list tokens (id, role, expiry, label; never the token)"
+    )
+    listing.set_defaults(run=cmd_token_list)
+    revoke = token.add_parser("revoke", parents=[edge_dir], help="revoke a token, given as itself or as its id")
+    revoke.add_argument("token", help="the token, or its id from `token list`")
+    revoke.set_defaults(run=cmd_token_revoke)
 
     init = sub.add_parser("init-network", help="create a validator identity and the MNIST network manifest")
     init.add_argument("--validator-storage", type=Path, required=True)

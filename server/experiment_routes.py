@@ -1,0 +1,169 @@
+"""An experiment's window, over HTTP: its heads, leases, candidates and verdicts.
+
+Reads of heads and verdicts are public (anyone may verify the model); with admission on, leases and
+candidates are read by validators only. Writes carry their own signatures and, with admission on, a
+token whose role allows them (``admission``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from protocol.envelope import MAX_DESCRIPTOR_BYTES
+from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
+from protocol.ids import HeadId, LeaseId, PeerId
+from protocol.messages import PeerProof
+
+from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
+from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
+from .intake import accept_candidate, accept_head, accept_verdict, check_peer_rate
+from .responses import JSON
+
+router = APIRouter(prefix="/v1", tags=["experiments"])
+
+EXPERIMENT = "/experiments/{study}/{experiment}/{revision}"
+LEASE_PROOF_MAX_AGE_MS = 120_000
+ENVELOPE = (
+    "DTN1 envelope: b'DTN1', a 4-byte big-endian descriptor length, the signed descriptor as JSON, "
+    "then the safetensors artifact it names by content id"
+)
+_READ = documented(InvalidMessage, NotFound)
+_GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
+_UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
+
+
+@router.get(f"{EXPERIMENT}/head", responses=_READ)
+async def current_head(
+    key: Experiment,
+    state: State,
+    after: Annotated[str | None, Query(max_length=80)] = None,
+    wait_s: Annotated[float, Query(ge=0)] = 0.0,
+) -> JSON:
+    """The current head; with ``after=<head id>&wait_s=N`` waits up to N s for a newer one."""
+    state.experiment(key)
+    head = state.store.current_head(key)
+    if after is not None and head is not None and head.head_id == after and wait_s > 0:
+        await state.hub.wait_head_change(key, min(wait_s, state.settings.max_long_poll_s))
+        head = state.store.current_head(key)
+    if head is None:
+        raise NotFound(f"experiment {key} has no head yet")
+    return JSON(head.to_wire())
+
+
+@router.get(f"{EXPERIMENT}/heads", responses=_READ)
+async def head_lineage(key: Experiment, state: State) -> JSON:
+    """Every head of the experiment, oldest first."""
+    state.experiment(key)
+    return JSON([head.to_wire() for head in state.store.heads(key)])
+
+
+@router.post(
+    f"{EXPERIMENT}/heads",
+    status_code=201,
+    responses=documented(*_UPLOAD, Conflict),
+    openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (a validator-signed HeadDescriptor)"),
+)
+async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
+    """Promote a head: DTN1 envelope of a validator-signed HeadDescriptor and the artifact.
+
+    409 when its parent is not the current head."""
+    state.admission.check_header(request.headers.get("authorization"), "head")
+    body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
+    head = await accept_head(state, body, route=key)
+    return JSON(head.to_wire(), status_code=201)
+
+
+@router.post(
+    f"{EXPERIMENT}/candidates",
+    status_code=201,
+    responses=documented(*_UPLOAD, Conflict, RateLimited, QuotaExceeded),
+    openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (a trainer-signed Candidate)"),
+)
+async def publish_candidate(key: Experiment, state: State, request: Request) -> JSON:
+    """Upload a candidate: DTN1 envelope of a trainer-signed Candidate and the artifact.
+
+    201 when stored (durably, before this answer), 200 when it was already there; 409 when its lease
+    already delivered another candidate, 507 when the window's storage quota is full."""
+    state.admission.check_header(request.headers.get("authorization"), "candidate")
+    body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
+    candidate, created = await accept_candidate(state, body, via="http", address=client_address(request), route=key)
+    return JSON(candidate.to_wire(), status_code=201 if created else 200)
+
+
+@router.get(f"{EXPERIMENT}/candidates", responses=_GUARDED_READ)
+async def list_candidates(
+    key: Experiment,
+    state: State,
+    request: Request,
+    base_head: Annotated[str | None, Query(max_length=80)] = None,
+) -> JSON:
+    """Candidate descriptors in arrival order; with admission on, validators only."""
+    state.admission.check_header(request.headers.get("authorization"), "read_candidates")
+    state.experiment(key)
+    return JSON([c.to_wire() for c in state.store.candidates(key, None if base_head is None else HeadId(base_head))])
+
+
+@router.post(
+    f"{EXPERIMENT}/leases",
+    responses=documented(*_UPLOAD, RateLimited),
+    openapi_extra=body_doc("application/json", "a PeerProof signed by the trainer, purpose 'lease', issued now"),
+)
+async def request_lease(key: Experiment, state: State, issuer: Issuer, request: Request) -> JSON:
+    """Lease shards for the current window; the body is a ``PeerProof`` with purpose ``lease``.
+
+    The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
+    state.admission.check_header(request.headers.get("authorization"), "lease")
+    proof = PeerProof.from_wire(await read_json(request, 4096))
+    if proof.purpose != "lease" or abs(proof.issued_at_ms - state.clock.now_ms()) > LEASE_PROOF_MAX_AGE_MS:
+        raise InvalidMessage("lease proof must have purpose 'lease' and a current timestamp")
+    state.address_limits.check(client_address(request))  # before the signature is checked
+    proof.verify_own()
+    state.experiment(key)  # before the rate limit: a made-up experiment gets no budget of its own
+    check_peer_rate(state, proof.peer_id, key)
+    state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
+    grant = await issuer.issue(key, proof.peer_id)
+    return JSON(grant.to_wire())
+
+
+@router.get(f"{EXPERIMENT}/leases", responses=_GUARDED_READ)
+async def list_leases(
+    key: Experiment, state: State, request: Request, base_head: Annotated[str, Query(max_length=80)]
+) -> JSON:
+    """The leases of one window (never their secrets); with admission on, validators only."""
+    state.admission.check_header(request.headers.get("authorization"), "read_leases")
+    state.experiment(key)
+    return JSON([lease.to_wire() for lease in state.store.leases(key, HeadId(base_head))])
+
+
+@router.get("/leases/{lease_id}", responses=_GUARDED_READ)
+async def get_lease(lease_id: str, state: State, request: Request) -> JSON:
+    """One lease (never its secret); with admission on, validators only."""
+    state.admission.check_header(request.headers.get("authorization"), "read_leases")
+    lease = state.store.lease(LeaseId(lease_id))
+    if lease is None:
+        raise NotFound(f"no lease {lease_id}")
+    return JSON(lease.to_wire())
+
+
+@router.post(
+    f"{EXPERIMENT}/verdicts",
+    status_code=201,
+    responses=documented(*_UPLOAD),
+    openapi_extra=body_doc("application/json", "a Verdict signed by a validator of the network"),
+)
+async def publish_verdict(key: Experiment, state: State, request: Request) -> JSON:
+    """Publish a validator-signed verdict on a candidate (the first one per candidate is kept)."""
+    state.admission.check_header(request.headers.get("authorization"), "verdict")
+    verdict = accept_verdict(state, await read_json(request, 16384), route=key)
+    return JSON(verdict.to_wire(), status_code=201)
+
+
+@router.get(f"{EXPERIMENT}/verdicts", responses=_READ)
+async def list_verdicts(
+    key: Experiment, state: State, peer_id: Annotated[str | None, Query(max_length=60)] = None
+) -> JSON:
+    """The experiment's signed verdicts, newest first (500 at most), optionally of one peer."""
+    state.experiment(key)
+    return JSON([v.to_wire() for v in state.store.verdicts(key, None if peer_id is None else PeerId(peer_id))])
