@@ -219,7 +219,9 @@ class BrowserPeer:
 
     async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
         assert self._network is not None
-        head = head_to_train(await self._current_head(), self._network.validator_key_set, self._last_base)
+        head = head_to_train(
+            await self._current_head(), self._network.validator_key_set, self._last_base, quorum=self._network.quorum
+        )
         self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
         await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
         grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))

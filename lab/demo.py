@@ -217,7 +217,7 @@ def _summarize(
         heads = edge.heads(spec.key)
         previous = None
         for head in heads:
-            head.verify_trusted(validators)
+            head.verify_trusted(validators, network.quorum)
             data = edge.artifact(head.head_id, out / "verify" / head.head_id.removeprefix("sha256:"))
             lineage_ok &= content_id(data) == head.head_id
             lineage_ok &= head.parent == (None if previous is None else previous.head_id)

@@ -19,7 +19,16 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.hashing import content_id, verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
-from protocol.messages import LEASE_SECRET_HEADER, Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof, Verdict
+from protocol.messages import (
+    LEASE_SECRET_HEADER,
+    Attestation,
+    Candidate,
+    HeadDescriptor,
+    Lease,
+    LeaseGrant,
+    PeerProof,
+    Verdict,
+)
 from protocol.signing import Signer
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
@@ -92,6 +101,12 @@ class EdgeClient:
 
     def heads(self, key: ExperimentKey) -> list[HeadDescriptor]:
         return [HeadDescriptor.from_wire(h) for h in self._request("GET", f"{self._experiment_path(key)}/heads").json()]
+
+    def proposals(self, key: ExperimentKey, parent: HeadId | None) -> list[HeadDescriptor]:
+        """Heads proposed on top of ``parent`` (``None``: genesis), each with its certificate so far."""
+        params = {} if parent is None else {"parent": parent}
+        response = self._request("GET", f"{self._experiment_path(key)}/proposals", params=params)
+        return [HeadDescriptor.from_wire(h) for h in response.json()]
 
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         params = {} if base_head is None else {"base_head": base_head}
@@ -176,6 +191,10 @@ class EdgeClient:
 
     def publish_head(self, key: ExperimentKey, envelope: bytes) -> None:
         self._request("POST", f"{self._experiment_path(key)}/heads", content=envelope)
+
+    def publish_attestation(self, attestation: Attestation) -> None:
+        path = f"{self._experiment_path(attestation.experiment)}/attestations"
+        self._request("POST", path, json=attestation.to_wire())
 
     def publish_verdict(self, verdict: Verdict) -> None:
         self._request("POST", f"{self._experiment_path(verdict.experiment)}/verdicts", json=verdict.to_wire())

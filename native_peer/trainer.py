@@ -227,7 +227,7 @@ class Trainer:
         head = self.edge.current_head(experiment.key)
         if head is not None and head.head_id == last and wait_s > 0:
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
-        return head_to_train(head, self.network.validator_key_set, last)
+        return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
 
     def _head_params(self, head: HeadDescriptor) -> Any:
         tensors, _ = decode_tensors(self.edge.artifact(head.head_id, self.storage.head_path(head.head_id)))

@@ -33,9 +33,19 @@ published for every candidate.
 
 Each experiment has its own open window and deadline (one validator may run several experiments).
 
-State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of
-decisions not yet published) is one typed, bounded object, written to disk once per flush, before
-anything it records is published; evaluation data is read through ``datasets.layout``.
+Quorum (``NetworkManifest.quorum`` = k of the listed validators): a head is canonical only once k
+distinct validators vouch for it. Each validator judges independently and deterministically; the
+one whose turn it is (a rendezvous order over the validator keys, seeded by the current head id)
+proposes the next head with an ``Attestation`` listing the candidates it considered; every other
+validator judges exactly those candidates itself and attests the proposal when it computes the same
+head, byte for byte. The next validator in the order proposes its own head when the window has been
+closed for one more deadline without a canonical head (a validator down, or a proposal it disputes).
+A decision's verdicts and trust book take effect only when its head becomes canonical. With k = 1 a
+proposed head is canonical at once, as with a single validator.
+
+State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of final
+verdicts not yet published, decisions on open windows) is one typed, bounded object, written to disk
+before anything it records is published; evaluation data is read through ``datasets.layout``.
 """
 
 from __future__ import annotations
@@ -60,12 +70,12 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.deadline import DeadlinePolicy, window_deadline_s
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
-from protocol.fields import read_float, read_list, read_object, read_str
+from protocol.fields import read_bool, read_float, read_list, read_object, read_str
 from protocol.hashing import content_id
 from protocol.ids import HeadId
-from protocol.judging import Submission, judge_window, precheck, stale_base
+from protocol.judging import Submission, WindowDecision, judge_window, precheck, stale_base
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, Verdict
+from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen
 from protocol.trust import TrustBook
@@ -75,7 +85,7 @@ from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["Validator", "ValidatorConfig", "ValidatorState", "WindowReport"]
+__all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport"]
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +99,58 @@ class ValidatorConfig:
 
 
 @dataclass
+class Decision:
+    """What this validator decided about one window, kept until the edge shows which head follows it.
+
+    ``head`` is the head it computed: its own proposal (``propose``) or another validator's that it
+    reached too and attests (``attestation``, published when the network's quorum is above one).
+    Its ``verdicts`` and next ``trust`` book take effect only if ``head`` becomes canonical."""
+
+    head: HeadDescriptor
+    propose: bool
+    attestation: Attestation | None
+    trust: TrustBook
+    verdicts: list[Verdict]
+    published: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "head": self.head.to_wire(),
+            "propose": self.propose,
+            "attestation": None if self.attestation is None else self.attestation.to_wire(),
+            "trust": self.trust.to_wire(),
+            "verdicts": [v.to_wire() for v in self.verdicts],
+            "published": self.published,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Decision:
+        d = read_object(value, "decision")
+        attestation = d.get("attestation")
+        return cls(
+            head=HeadDescriptor.from_wire(d.get("head")),
+            propose=read_bool(d, "propose"),
+            attestation=None if attestation is None else Attestation.from_wire(attestation),
+            trust=TrustBook.from_wire(d.get("trust")),
+            verdicts=read_list(d, "verdicts", Verdict.from_wire, max_len=1 << 16),
+            published=read_bool(d, "published"),
+        )
+
+
+@dataclass
 class ValidatorState:
     """What a validator must remember across restarts, bounded; saved whole by ``save``.
 
     ``judged``: candidate id → the reason it was decided with (insertion order = age);
-    ``durations``: recent full-window durations per experiment; ``outbox``: recorded verdicts not yet
-    published; ``pending_head``: a signed head recorded but not yet published."""
+    ``durations``: recent full-window durations per experiment; ``outbox``: final verdicts not yet
+    published; ``decisions``: head id → this validator's decision on an open window (kept until the
+    window's canonical head is known)."""
 
     judged: dict[str, Reason] = field(default_factory=dict)
     durations: dict[str, list[float]] = field(default_factory=dict)
     trust: TrustBook = field(default_factory=TrustBook)
     outbox: list[Verdict] = field(default_factory=list)
-    pending_head: HeadDescriptor | None = None
+    decisions: dict[str, Decision] = field(default_factory=dict)
 
     def record(self, verdicts: Sequence[Verdict], max_judged: int) -> None:
         for verdict in verdicts:
@@ -118,7 +168,7 @@ class ValidatorState:
             "durations": self.durations,
             "trust": self.trust.to_wire(),
             "outbox": [v.to_wire() for v in self.outbox],
-            "pending_head": None if self.pending_head is None else self.pending_head.to_wire(),
+            "decisions": {head_id: decision.to_wire() for head_id, decision in self.decisions.items()},
         }
 
     @classmethod
@@ -126,13 +176,13 @@ class ValidatorState:
         d = read_object(value, "validator state")
         judged = read_object(d.get("judged"), "judged")
         durations = read_object(d.get("durations"), "durations")
-        pending = d.get("pending_head")
+        decisions = read_object(d.get("decisions", {}), "decisions")
         return cls(
             judged={cid: Reason(read_str(judged, cid, max_len=32)) for cid in judged},
             durations={key: read_list(durations, key, _seconds) for key in durations},
             trust=TrustBook.from_wire(d.get("trust")),
             outbox=read_list(d, "outbox", Verdict.from_wire, max_len=1 << 20),
-            pending_head=None if pending is None else HeadDescriptor.from_wire(pending),
+            decisions={head_id: Decision.from_wire(decisions[head_id]) for head_id in decisions},
         )
 
     @classmethod
@@ -200,6 +250,7 @@ class Validator:
         self._state_path = storage.root / "validator-state.json"
         self.state = ValidatorState.load(self._state_path)
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
+        self._disputed: set[str] = set()  # proposals of others this validator computed differently
 
     @property
     def trust(self) -> TrustBook:
@@ -247,22 +298,25 @@ class Validator:
         return head, artifact
 
     def ensure_genesis(self, spec: ExperimentSpec) -> HeadDescriptor:
-        """The experiment's current head, creating the genesis head if there is none."""
+        """The experiment's current head; without one, the genesis head this validator computes (from
+        a seed derived from the experiment's key, so every validator computes the same bytes), proposed
+        or attested. With a quorum above one it is canonical once enough validators have done so."""
         head = self.edge.current_head(spec.key)
         if head is not None:
-            head.verify_trusted(self.network.validator_key_set)
+            head.verify_trusted(self.network.validator_key_set, self.network.quorum)
             return head
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
         params = self.learner.init(jax.random.PRNGKey(seed))
-        head, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "validation"))
-        try:
-            self.edge.publish_head(spec.key, pack_envelope(head.to_wire(), artifact))
-        except EdgeRequestError as exc:
-            if exc.status != 409:
-                raise
-            return self.ensure_genesis(spec)
-        log.info("%s: genesis head %s (val acc %.4f)", spec.key, head.head_id[:19], head.metrics["val_accuracy"])
-        return head
+        genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "validation"))
+        write_atomic(self.storage.head_path(genesis.head_id), artifact)
+        proposed = {p.head_id: p for p in self.edge.proposals(spec.key, None)}
+        if genesis.head_id in proposed and self.identity.public_key in proposed[genesis.head_id].signers(
+            self.network.validator_key_set
+        ):
+            return proposed[genesis.head_id]
+        self._decide_on(spec, proposed.get(genesis.head_id, genesis), (), self.state.trust, [])
+        log.info("%s: genesis head %s (val acc %.4f)", spec.key, genesis.head_id[:19], genesis.metrics["val_accuracy"])
+        return self.edge.current_head(spec.key) or genesis
 
     def _head_params(self, head: HeadDescriptor) -> dict[str, np.ndarray]:
         data = self.edge.artifact(head.head_id, self.storage.head_path(head.head_id))
@@ -271,9 +325,16 @@ class Validator:
 
     # -- one polling round -----------------------------------------------------------------
     def poll(self, spec: ExperimentSpec) -> WindowReport | None:
-        """Judge what is ready; close the window and promote when its time has come."""
+        """Judge what is ready; close the window and propose its head when its time has come (with a
+        quorum above one: attest the proposals of other validators that reach the same head)."""
         self._flush()
-        head = self.ensure_genesis(spec)
+        if self.edge.current_head(spec.key) is None:
+            self.ensure_genesis(spec)
+        head = self.edge.current_head(spec.key)
+        if head is None:
+            return None  # the genesis head waits for more validators
+        head.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        self._settle(head)
         fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in self.state.judged]
         stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id]
         window = [c for c in fresh if c.base_head == head.head_id]
@@ -283,6 +344,10 @@ class Validator:
             self._windows[spec.key] = (head.head_id, opened)
         if stale:
             self._record(stale)
+        if self.network.quorum > 1:
+            self._attest_proposals(spec, head, window)
+        if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
+            return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates:
             return None
         now_ms = self.clock.now_ms()
@@ -293,13 +358,27 @@ class Validator:
         deadline_s = window_deadline_s(
             self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
         )
-        if not everyone_in and elapsed_s < deadline_s:
+        turn_s = self._turn(head) * deadline_s  # later proposers step in only when earlier ones did not
+        if not (everyone_in and elapsed_s >= turn_s) and elapsed_s < deadline_s + turn_s:
             return None
-        if everyone_in:
+        if everyone_in and turn_s == 0:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
         return self._close_window(spec, head, window)
 
-    def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
+    def _turn(self, head: HeadDescriptor) -> int:
+        """This validator's place in the order in which validators propose the window after ``head``
+        (0: first). The order is a rendezvous hash of the head id, so it rotates from window to window."""
+        if self.network.quorum == 1:
+            return 0
+        order = sorted(
+            self.network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest()
+        )
+        return order.index(self.identity.public_key)
+
+    def _judge(
+        self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate]
+    ) -> tuple[HeadDescriptor, bytes, WindowDecision]:
+        """Judge ``window`` on top of ``head``: the signed next head, its artifact, the decision."""
         policy = PRESETS[spec.screening]
         val_x, val_y = self._split(spec, "validation")
         decision = judge_window(
@@ -320,15 +399,13 @@ class Validator:
         promoted, artifact = self._sign_head(
             spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation
         )
+        return promoted, artifact, decision
+
+    def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
+        promoted, artifact, decision = self._judge(spec, head, window)
         write_atomic(self.storage.head_path(promoted.head_id), artifact)
-        self.state.pending_head = promoted
-        metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
-        verdicts = [
-            self._verdict(c, decision.screens[c.candidate_id], promoted, metrics.get(c.candidate_id, {}))
-            for c in window
-        ]
-        self.state.trust = decision.trust
-        self._record(verdicts)
+        verdicts = self._verdicts(window, decision, promoted)
+        self._decide_on(spec, promoted, [c.candidate_id for c in window], decision.trust, verdicts)
         log.info(
             "%s: window %d closed, %d/%d accepted, head %s val acc %.4f test acc %.4f",
             spec.key,
@@ -340,6 +417,80 @@ class Validator:
             promoted.metrics["test_accuracy"],
         )
         return WindowReport(spec.key, head.window, promoted, tuple(verdicts))
+
+    def _verdicts(self, window: Sequence[Candidate], decision: WindowDecision, head: HeadDescriptor) -> list[Verdict]:
+        metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
+        return [
+            self._verdict(c, decision.screens[c.candidate_id], head, metrics.get(c.candidate_id, {})) for c in window
+        ]
+
+    def _attest_proposals(self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate]) -> None:
+        """Judge each head other validators proposed after ``head`` from the candidates its proposer
+        considered; attest it when this validator computes exactly the same head."""
+        keys = self.network.validator_key_set
+        for proposal in self.edge.proposals(spec.key, head.head_id):
+            if proposal.head_id in self.state.decisions or proposal.head_id in self._disputed:
+                continue
+            if self.identity.public_key in proposal.signers(keys):
+                continue
+            considered = next(
+                (a.considered for a in proposal.certificate if a.validator_key == proposal.validator_key), None
+            )
+            candidates = [c for c in window if considered is not None and c.candidate_id in considered]
+            if considered is None or len(candidates) != len(considered):
+                continue  # not all of what its proposer judged is visible here (yet)
+            mine, artifact, decision = self._judge(spec, head, candidates)
+            if mine.head_id != proposal.head_id:
+                self._disputed.add(proposal.head_id)
+                log.warning(
+                    "%s: proposal %s of window %d disagrees with this validator's %s",
+                    spec.key,
+                    proposal.head_id[:19],
+                    proposal.window,
+                    mine.head_id[:19],
+                )
+                continue
+            write_atomic(self.storage.head_path(mine.head_id), artifact)
+            verdicts = self._verdicts(candidates, decision, proposal)
+            self._decide_on(spec, proposal, considered, decision.trust, verdicts)
+
+    def _decide_on(
+        self,
+        spec: ExperimentSpec,
+        head: HeadDescriptor,
+        considered: Sequence[str],
+        trust: TrustBook,
+        verdicts: list[Verdict],
+    ) -> None:
+        """Record this validator's decision for ``head`` (its own when it signed it, else one it
+        attests), publish it, and settle the window if the head is canonical already."""
+        mine = head.validator_key == self.identity.public_key
+        attestation = None
+        if self.network.quorum > 1:
+            attestation = Attestation.of(head, considered, self.identity, self.clock.now_ms())
+        self.state.decisions[head.head_id] = Decision(replace(head, certificate=()), mine, attestation, trust, verdicts)
+        self.state.save(self._state_path)
+        self._flush()
+        current = self.edge.current_head(spec.key)
+        if current is not None:
+            self._settle(current)
+
+    def _settle(self, current: HeadDescriptor) -> None:
+        """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are
+        published, its trust book kept); decisions about windows now closed are dropped."""
+        settled = False
+        for head_id, decision in list(self.state.decisions.items()):
+            if decision.head.experiment != current.experiment:
+                continue
+            if head_id == current.head_id:
+                self.state.trust = decision.trust
+                self.state.record(decision.verdicts, self.config.max_judged)
+            if head_id == current.head_id or decision.head.parent != current.head_id:
+                del self.state.decisions[head_id]
+                settled = True
+        if settled:
+            self.state.save(self._state_path)
+            self._flush()
 
     def _precheck(self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate) -> Submission:
         """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact."""
@@ -397,27 +548,34 @@ class Validator:
         self._flush()
 
     def _flush(self) -> None:
-        """Publish the recorded head, then the recorded verdicts, then save the state once.
+        """Publish recorded proposals and attestations, then final verdicts; save the state once.
 
-        Safe to repeat after a crash: the edge keeps the first copy of a head or verdict."""
-        if not self.state.outbox and self.state.pending_head is None:
+        Safe to repeat after a crash: the edge keeps the first copy of a head, attestation or verdict."""
+        unpublished = [d for d in self.state.decisions.values() if not d.published]
+        if not self.state.outbox and not unpublished:
             return
-        head = self.state.pending_head
-        if head is not None:
-            artifact = self.storage.head_path(head.head_id).read_bytes()
-            try:
-                self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
-            except EdgeRequestError as exc:
-                if exc.status != 409:
-                    raise
-                log.warning("recorded head %s was not promoted: %s", head.head_id[:19], exc)
-            self.state.pending_head = None
         try:
+            for decision in unpublished:
+                self._publish(decision)
+                decision.published = True
             while self.state.outbox:
                 self.edge.publish_verdict(self.state.outbox[0])
                 self.state.outbox.pop(0)
         finally:
             self.state.save(self._state_path)
+
+    def _publish(self, decision: Decision) -> None:
+        head = decision.head
+        try:
+            if decision.propose:
+                artifact = self.storage.head_path(head.head_id).read_bytes()
+                self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
+            if decision.attestation is not None:
+                self.edge.publish_attestation(decision.attestation)
+        except EdgeRequestError as exc:
+            if exc.status not in (404, 409):
+                raise
+            log.warning("head %s of window %d was not taken: %s", head.head_id[:19], head.window, exc)
 
     def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
         """Validate ``specs`` until ``stop`` is set."""

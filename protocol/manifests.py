@@ -155,6 +155,13 @@ class NetworkManifest:
     experiments: tuple[ExperimentSpec, ...]
     edge_key: bytes | None = None  # filled in by the edge that serves the manifest
     admission_required: bool = False
+    quorum: int = 1  # distinct validators that must vouch for a head before it is canonical
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.quorum <= max(1, len(self.validator_keys)):
+            raise InvalidMessage(
+                f"quorum {self.quorum} must be between 1 and the {len(self.validator_keys)} validators"
+            )
 
     def experiment(self, key: str) -> ExperimentSpec:
         for spec in self.experiments:
@@ -173,6 +180,7 @@ class NetworkManifest:
             "validator_keys": [b64encode(k) for k in self.validator_keys],
             "experiments": [spec.to_wire() for spec in self.experiments],
             "admission_required": self.admission_required,
+            "quorum": self.quorum,
         }
 
     @classmethod
@@ -184,6 +192,7 @@ class NetworkManifest:
             validator_keys=tuple(read_list(d, "validator_keys", lambda k: b64decode(k, size=32), max_len=64)),
             experiments=tuple(read_list(d, "experiments", ExperimentSpec.from_wire, max_len=256)),
             admission_required=read_bool(d, "admission_required") if "admission_required" in d else False,
+            quorum=read_int(d, "quorum", low=1, high=64) if "quorum" in d else 1,
         )
 
 

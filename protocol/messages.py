@@ -7,14 +7,15 @@ Each is a frozen dataclass with ``body()`` (the signed fields as JSON-ready data
 A ``LeaseGrant`` is the one unsigned exception: the lease plus the secret that unlocks its shards,
 sent only to the lease's holder (``LEASE_SECRET_HEADER`` carries the secret on shard requests).
 
-Who signs what: the edge signs leases, a trainer signs its candidates, a validator signs heads and
-verdicts. Peer ids derive from public keys, so a candidate names its trainer verifiably.
+Who signs what: the edge signs leases, a trainer signs its candidates, a validator signs heads,
+attestations of other validators' heads, and verdicts. Peer ids derive from public keys, so a
+candidate names its trainer verifiably.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -29,6 +30,7 @@ __all__ = [
     "LEASE_SECRET_HEADER",
     "PEER_KINDS",
     "TRAINER_KINDS",
+    "Attestation",
     "Candidate",
     "HeadDescriptor",
     "Lease",
@@ -274,6 +276,13 @@ class HeadDescriptor(_Signed):
     created_at_ms: int
     metrics: dict[str, float] = field(default_factory=dict)
     signature: bytes = b""
+    certificate: tuple[Attestation, ...] = ()  # other validators' attestations; not signed by the proposer
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = super().to_wire()
+        if self.certificate:
+            wire["certificate"] = [attestation.to_wire() for attestation in self.certificate]
+        return wire
 
     def body(self) -> dict[str, Any]:
         return {
@@ -303,13 +312,107 @@ class HeadDescriptor(_Signed):
             created_at_ms=read_int(d, "created_at_ms"),
             metrics=_metrics(d),
             signature=_signature(d),
+            certificate=tuple(read_list(d, "certificate", Attestation.from_wire, max_len=64))
+            if "certificate" in d
+            else (),
         )
 
-    def verify_trusted(self, validator_keys: frozenset[bytes]) -> None:
-        """Raise ``SignatureError`` unless a key listed as a validator signed this head."""
+    def signers(self, validator_keys: frozenset[bytes]) -> frozenset[bytes]:
+        """The distinct listed validators that vouch for this head: its proposer (whose signature is
+        checked) and every attestation in ``certificate`` that attests exactly this head and verifies."""
         if self.validator_key not in validator_keys:
             raise SignatureError("head is not signed by a validator of this network")
         self.verify(self.validator_key)
+        vouching = {self.validator_key}
+        for attestation in self.certificate:
+            if attestation.validator_key in validator_keys and attestation.attests(self):
+                try:
+                    attestation.verify(attestation.validator_key)
+                except SignatureError:
+                    continue
+                vouching.add(attestation.validator_key)
+        return frozenset(vouching)
+
+    def verify_trusted(self, validator_keys: frozenset[bytes], quorum: int = 1) -> None:
+        """Raise ``SignatureError`` unless at least ``quorum`` distinct listed validators vouch for this
+        head (``signers``): its proposer's signature and the attestations of its certificate."""
+        vouching = len(self.signers(validator_keys))
+        if vouching < quorum:
+            raise SignatureError(f"head is certified by {vouching} validator(s); this network needs {quorum}")
+
+
+@dataclass(frozen=True)
+class Attestation(_Signed):
+    """A validator's statement that it judged the window on top of ``parent`` itself and computed
+    exactly ``head_id``, merging ``merged``, from the candidates ``considered``.
+
+    A head is canonical once ``NetworkManifest.quorum`` distinct validators vouch for it: the one that
+    proposed (signed the ``HeadDescriptor``) and those whose attestations form its ``certificate``.
+    Anyone can check a certificate from the head and the validator keys alone."""
+
+    DOMAIN: ClassVar[bytes] = b"dtn/attestation/v1\n"
+
+    experiment: ExperimentKey
+    head_id: HeadId
+    parent: HeadId | None
+    window: int
+    merged: tuple[ContentId, ...]
+    considered: tuple[ContentId, ...]
+    validator_key: bytes
+    created_at_ms: int
+    signature: bytes = b""
+
+    @classmethod
+    def of(cls, head: HeadDescriptor, considered: Sequence[str], signer: Signer, created_at_ms: int) -> Attestation:
+        """The signed attestation of ``head``, judged from the candidates ``considered``."""
+        return cls(
+            experiment=head.experiment,
+            head_id=head.head_id,
+            parent=head.parent,
+            window=head.window,
+            merged=head.merged,
+            considered=tuple(sorted(ContentId(c) for c in considered)),
+            validator_key=signer.public_key,
+            created_at_ms=created_at_ms,
+        ).signed(signer)
+
+    def attests(self, head: HeadDescriptor) -> bool:
+        """True when this attestation is about exactly ``head`` (same window, parent, merge and bytes)."""
+        return (self.experiment, self.head_id, self.parent, self.window, self.merged) == (
+            head.experiment,
+            head.head_id,
+            head.parent,
+            head.window,
+            head.merged,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "head_id": self.head_id,
+            "parent": self.parent,
+            "window": self.window,
+            "merged": list(self.merged),
+            "considered": list(self.considered),
+            "validator_key": b64encode(self.validator_key),
+            "created_at_ms": self.created_at_ms,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Attestation:
+        d = read_object(value, "attestation")
+        parent = d.get("parent")
+        return cls(
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            head_id=HeadId(d.get("head_id")),
+            parent=None if parent is None else HeadId(parent),
+            window=read_int(d, "window"),
+            merged=tuple(read_list(d, "merged", ContentId)),
+            considered=tuple(read_list(d, "considered", ContentId)),
+            validator_key=_key(d, "validator_key"),
+            created_at_ms=read_int(d, "created_at_ms"),
+            signature=_signature(d),
+        )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and training differ:
 
-    head = head_to_train(current_head, validator_keys, last_trained)  # trusted and not trained on
+    head = head_to_train(current_head, validator_keys, last_trained, quorum=k)  # certified, not trained on
     lease = ...                                                         # asked of the edge
     check_lease(lease, head, peer_id=me, edge_key=network.edge_key)     # this window, this peer
     seed = epoch_seed(lease, epoch)                                     # the batch order per epoch
@@ -35,14 +35,15 @@ class NoWindow(Exception):
 
 
 def head_to_train(
-    head: HeadDescriptor | None, validator_keys: frozenset[bytes], last_trained: HeadId | None
+    head: HeadDescriptor | None, validator_keys: frozenset[bytes], last_trained: HeadId | None, *, quorum: int = 1
 ) -> HeadDescriptor:
-    """``head`` when a validator of the network signed it and it is not the head last trained on.
+    """``head`` when ``quorum`` validators of the network vouch for it (its signature and certificate)
+    and it is not the head last trained on.
 
     Raises ``NoWindow`` (no head, or already trained on it) or ``SignatureError`` (untrusted head)."""
     if head is None:
         raise NoWindow("no head yet")
-    head.verify_trusted(validator_keys)
+    head.verify_trusted(validator_keys, quorum)
     if head.head_id == last_trained:
         raise NoWindow(f"already trained on window {head.window}; waiting for a newer head")
     return head

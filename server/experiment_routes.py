@@ -18,7 +18,7 @@ from protocol.messages import PeerProof
 
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
-from .intake import accept_candidate, accept_head, accept_verdict, check_peer_rate
+from .intake import accept_attestation, accept_candidate, accept_head, accept_verdict, check_peer_rate
 from .responses import JSON
 
 router = APIRouter(prefix="/v1", tags=["experiments"])
@@ -66,13 +66,43 @@ async def head_lineage(key: Experiment, state: State) -> JSON:
     openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (a validator-signed HeadDescriptor)"),
 )
 async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
-    """Promote a head: DTN1 envelope of a validator-signed HeadDescriptor and the artifact.
+    """Propose a head: DTN1 envelope of a validator-signed HeadDescriptor and the artifact.
 
-    409 when its parent is not the current head."""
+    201 when it is canonical (``quorum`` validators vouch for it: with a quorum of 1, at once), 202
+    while it waits for attestations; 409 when its parent is not the current head."""
     state.admission.check_header(request.headers.get("authorization"), "head")
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
-    head = await accept_head(state, body, route=key)
-    return JSON(head.to_wire(), status_code=201)
+    head, canonical = await accept_head(state, body, route=key)
+    return JSON(head.to_wire(), status_code=201 if canonical else 202)
+
+
+@router.post(
+    f"{EXPERIMENT}/attestations",
+    status_code=201,
+    responses=documented(InvalidMessage, SignatureError, Unauthorized, Forbidden, NotFound, Conflict),
+    openapi_extra=body_doc("application/json", "an Attestation signed by a validator of the network"),
+)
+async def publish_attestation(key: Experiment, state: State, request: Request) -> JSON:
+    """Vouch for a proposed head: a validator-signed ``Attestation`` of exactly that head.
+
+    Answers the head with its certificate so far: 201 once it is canonical, 202 while it waits;
+    409 for an attestation of the same head id with another parent, window or merge."""
+    state.admission.check_header(request.headers.get("authorization"), "head")
+    head, canonical = accept_attestation(state, await read_json(request, 1 << 20), route=key)
+    return JSON(head.to_wire(), status_code=201 if canonical else 202)
+
+
+@router.get(f"{EXPERIMENT}/proposals", responses=_READ)
+async def list_proposals(
+    key: Experiment, state: State, parent: Annotated[str | None, Query(max_length=80)] = None
+) -> JSON:
+    """Heads proposed on top of ``parent`` (the current head when omitted), each with the attestations
+    gathered so far as its ``certificate``: rival proposals on one parent are validators disagreeing."""
+    state.experiment(key)
+    if parent is None:
+        current = state.store.current_head(key)
+        parent = None if current is None else current.head_id
+    return JSON([head.to_wire() for head in state.store.proposals(key, None if parent is None else HeadId(parent))])
 
 
 @router.post(

@@ -23,7 +23,7 @@ from .metrics import EdgeMetrics
 
 __all__ = ["TOPICS", "Connection", "ConnectionState", "Hub"]
 
-TOPICS = frozenset({"heads", "leases", "candidates", "verdicts", "metrics", "peers"})
+TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
 
 
 class ConnectionState(enum.Enum):

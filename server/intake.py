@@ -9,27 +9,36 @@ hash and that it is exactly an artifact of the experiment's model (``protocol.mo
 size, names, shapes, float32), stored fsynced; then the record is committed and only then acknowledged
 and announced. Whether a candidate is any good is the validators' call, not the edge's.
 
+Heads are proposals until ``NetworkManifest.quorum`` distinct validators vouch for them: the
+proposer's signature and validators' ``Attestation`` of exactly that head (same parent, window, merge
+and bytes). The first proposal on the current head to gather its quorum becomes canonical; rival
+proposals on one parent and attestations of another merge are published on the ``quorum`` topic and
+counted (``dtn_quorum_conflicts_total``), so viewers see validators disagree.
+
 Retention: when a head is promoted, artifacts of candidates whose window is
 ``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
-from protocol.ids import ContentId, ExperimentKey
+from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
-from protocol.messages import TRAINER_KINDS, Candidate, HeadDescriptor, Verdict
+from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.model import MODELS, decode_artifact
+from protocol.signing import b64encode
 from protocol.window import lease_covers
 
-from .errors import Conflict, Forbidden, QuotaExceeded
+from .errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from .state import EdgeState
 
-__all__ = ["accept_candidate", "accept_head", "accept_verdict", "check_peer_rate"]
+__all__ = ["accept_attestation", "accept_candidate", "accept_head", "accept_verdict", "check_peer_rate"]
 
 
 def check_peer_rate(state: EdgeState, peer_id: str, experiment: ExperimentKey) -> None:
@@ -96,24 +105,97 @@ async def accept_candidate(
     return candidate, created
 
 
-async def accept_head(state: EdgeState, body: bytes, *, route: ExperimentKey | None = None) -> HeadDescriptor:
-    """Promote a validator-signed head whose parent is the current head."""
+async def accept_head(
+    state: EdgeState, body: bytes, *, route: ExperimentKey | None = None
+) -> tuple[HeadDescriptor, bool]:
+    """Take a validator-signed head proposed on top of the current head; returns it (with the
+    certificate gathered so far) and whether it is canonical now (``NetworkManifest.quorum``
+    validators vouch for it: with a quorum of 1, at once)."""
     try:
         descriptor, artifact = _open(state, body)
         head = HeadDescriptor.from_wire(descriptor)
         _same_experiment(head.experiment, route)
         spec = state.experiment(head.experiment)
-        head.verify_trusted(state.network.validator_key_set)
+        head.verify_trusted(state.network.validator_key_set)  # its proposer is a validator of the network
+        current = state.store.current_head(head.experiment)
+        if current is not None and current.head_id == head.head_id:
+            return current, True
+        _on_current(state, head.experiment, head.parent, current)
         await _store_artifact(state, artifact, head.head_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
+    if state.store.add_proposal(replace(head, certificate=()), state.clock.now_ms()) and state.network.quorum > 1:
+        rivals = [p.head_id for p in state.store.proposals(head.experiment, head.parent) if p.head_id != head.head_id]
+        state.hub.publish(head.experiment, "quorum", _quorum_event("proposed", head, rivals))
+        if rivals:  # validators computed different heads from the same window: visible to viewers
+            state.metrics.quorum_conflicts.inc()
+    return _promote_if_certified(state, head.experiment, head.head_id)
+
+
+def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey) -> tuple[HeadDescriptor, bool]:
+    """Add a validator's attestation to the proposed head it names; returns that head and whether
+    it is canonical now."""
+    attestation = Attestation.from_wire(value)
+    _same_experiment(attestation.experiment, route)
+    state.experiment(attestation.experiment)
+    if attestation.validator_key not in state.network.validator_key_set:
+        raise SignatureError("attestation is not signed by a validator of this network")
+    attestation.verify(attestation.validator_key)
+    head = state.store.proposal(attestation.experiment, attestation.head_id)
+    if head is None:
+        current = state.store.current_head(attestation.experiment)
+        if current is not None and current.head_id == attestation.head_id:
+            return current, True  # certified already; one more voice changes nothing
+        raise NotFound(f"no proposed head {attestation.head_id}")
+    if not attestation.attests(head):
+        state.metrics.quorum_conflicts.inc()
+        state.hub.publish(head.experiment, "quorum", _quorum_event("disputed", head, [], attestation.validator_key))
+        raise Conflict("the attestation names this head with another parent, window or merge")
+    if state.store.add_attestation(attestation):
+        state.metrics.attestations.inc()
+        event = _quorum_event("attested", head, [], attestation.validator_key)
+        state.hub.publish(head.experiment, "quorum", event)
+    return _promote_if_certified(state, head.experiment, head.head_id)
+
+
+def _on_current(
+    state: EdgeState, experiment: ExperimentKey, parent: HeadId | None, current: HeadDescriptor | None
+) -> None:
+    if parent != (None if current is None else current.head_id):
+        raise Conflict(f"head parent {parent} is not the current head {None if current is None else current.head_id}")
+
+
+def _promote_if_certified(state: EdgeState, experiment: ExperimentKey, head_id: HeadId) -> tuple[HeadDescriptor, bool]:
+    head = state.store.proposal(experiment, head_id)
+    assert head is not None  # the callers stored or found it
+    vouching = head.signers(state.network.validator_key_set)
+    if len(vouching) < state.network.quorum:
+        return head, False
+    certificate = tuple(
+        a for a in head.certificate if a.validator_key in vouching and a.validator_key != head.validator_key
+    )
+    head = replace(head, certificate=certificate)
     if state.store.promote_head(head, state.clock.now_ms()):
         state.metrics.heads.inc()
         state.hub.publish(head.experiment, "heads", head.to_wire())
         state.hub.head_changed(head.experiment)
         _retire_candidates(state, head.experiment)
-    return head
+    return head, True
+
+
+def _quorum_event(
+    what: str, head: HeadDescriptor, rivals: list[HeadId], validator_key: bytes | None = None
+) -> dict[str, object]:
+    return {
+        "event": what,
+        "head_id": head.head_id,
+        "parent": head.parent,
+        "window": head.window,
+        "proposer": b64encode(head.validator_key),
+        "validator": b64encode(validator_key or head.validator_key),
+        "rivals": rivals,
+    }
 
 
 def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:

@@ -19,6 +19,14 @@ class EdgeMetrics:
         self.leases = Counter("dtn_leases_total", "Leases issued", registry=self.registry)
         self.candidates = Counter("dtn_candidates_total", "Candidates stored", ["via"], registry=self.registry)
         self.heads = Counter("dtn_heads_total", "Heads promoted", registry=self.registry)
+        self.attestations = Counter(
+            "dtn_attestations_total", "Validator attestations of proposed heads", registry=self.registry
+        )
+        self.quorum_conflicts = Counter(
+            "dtn_quorum_conflicts_total",
+            "Validators disagreeing: rival heads on one parent, or an attestation of another merge",
+            registry=self.registry,
+        )
         self.rejected_uploads = Counter(
             "dtn_rejected_uploads_total", "Uploads refused", ["error"], registry=self.registry
         )

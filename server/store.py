@@ -1,4 +1,5 @@
-"""The edge's durable state in SQLite: heads, candidates, leases, verdicts, peers, its own key.
+"""The edge's durable state in SQLite: heads (canonical, and proposed ones with their attestations),
+candidates, leases, verdicts, tokens, peers, its own key.
 
 Everything a peer needs after an edge restart lives here or in the blob store. Writes commit with
 ``synchronous=FULL`` before the caller acknowledges anything. The schema has a version
@@ -14,10 +15,12 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
-from protocol.messages import Candidate, HeadDescriptor, Lease, Verdict
+from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.signing import b64encode
 
 from .errors import Conflict
 
@@ -48,6 +51,13 @@ CREATE TABLE IF NOT EXISTS verdicts (
 CREATE TABLE IF NOT EXISTS tokens (
     digest TEXT PRIMARY KEY, role TEXT NOT NULL, label TEXT NOT NULL, issued_at_ms INTEGER NOT NULL,
     expires_at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS proposals (
+    experiment TEXT NOT NULL, head_id TEXT NOT NULL, parent TEXT, validator_key TEXT NOT NULL,
+    descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL, PRIMARY KEY (experiment, head_id));
+CREATE INDEX IF NOT EXISTS proposals_by_parent ON proposals (experiment, parent);
+CREATE TABLE IF NOT EXISTS attestations (
+    experiment TEXT NOT NULL, head_id TEXT NOT NULL, validator_key TEXT NOT NULL, descriptor TEXT NOT NULL,
+    PRIMARY KEY (experiment, head_id, validator_key));
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
 """
@@ -243,6 +253,61 @@ class Store:
             "SELECT descriptor FROM leases WHERE experiment = ? AND base_head = ? ORDER BY rowid", experiment, base_head
         )
         return [Lease.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    # -- proposals and attestations (quorum) -----------------------------------------------
+    def add_proposal(self, head: HeadDescriptor, now_ms: int) -> bool:
+        """Keep a validator-signed head until enough validators vouch for it; False if already kept."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO proposals VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    head.experiment,
+                    head.head_id,
+                    head.parent,
+                    b64encode(head.validator_key),
+                    json.dumps(head.to_wire()),
+                    now_ms,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def proposal(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
+        """The proposed head ``head_id`` with every attestation received for it as its certificate."""
+        rows = self._query("SELECT descriptor FROM proposals WHERE experiment = ? AND head_id = ?", experiment, head_id)
+        if not rows:
+            return None
+        head = HeadDescriptor.from_wire(json.loads(str(rows[0][0])))
+        return replace(head, certificate=tuple(self.attestations(experiment, head_id)))
+
+    def proposals(self, experiment: ExperimentKey, parent: HeadId | None) -> list[HeadDescriptor]:
+        """Every head proposed on top of ``parent`` (``None``: genesis), oldest first, with certificates."""
+        rows = self._query(
+            "SELECT head_id FROM proposals WHERE experiment = ? AND parent IS ? ORDER BY received_at_ms, rowid",
+            experiment,
+            parent,
+        )
+        return [head for (head_id,) in rows if (head := self.proposal(experiment, HeadId(str(head_id)))) is not None]
+
+    def add_attestation(self, attestation: Attestation) -> bool:
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?)",
+                (
+                    attestation.experiment,
+                    attestation.head_id,
+                    b64encode(attestation.validator_key),
+                    json.dumps(attestation.to_wire()),
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def attestations(self, experiment: ExperimentKey, head_id: HeadId) -> list[Attestation]:
+        rows = self._query(
+            "SELECT descriptor FROM attestations WHERE experiment = ? AND head_id = ? ORDER BY rowid",
+            experiment,
+            head_id,
+        )
+        return [Attestation.from_wire(json.loads(str(r[0]))) for r in rows]
 
     # -- verdicts --------------------------------------------------------------------------
     def add_verdict(self, verdict: Verdict) -> bool:

@@ -138,6 +138,13 @@ function eventItem(event) {
   else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "peers") text = `${d.kind} peer joined`;
   else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
+  else if (event.topic === "quorum") {
+    const head = String(d.head_id).slice(7, 19);
+    text = d.rivals.length
+      ? `validators disagree on window ${d.window}: ${d.rivals.length + 1} rival heads (${head} by ${d.proposer.slice(0, 8)}…)`
+      : `head ${head} of window ${d.window} ${d.event} by validator ${d.validator.slice(0, 8)}…`;
+    if (d.rivals.length || d.event === "disputed") li.className = "bad";
+  }
   li.textContent = `${time} ${event.experiment === "_network" ? "" : event.experiment.split("/")[1] + ": "}${text}`;
   return li;
 }

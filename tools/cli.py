@@ -53,7 +53,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
 
 
 def cmd_init_network(args: argparse.Namespace) -> None:
-    network = write_network(args.validator_storage, args.out, args.network_id)
+    network = write_network(args.validator_storage, args.out, args.network_id, args.quorum)
     print(f"wrote {args.out}: experiments {[s.key for s in network.experiments]}")
 
 
@@ -83,8 +83,15 @@ def main(argv: list[str] | None = None) -> None:
     revoke.add_argument("token", help="the token, or its id from `token list`")
     revoke.set_defaults(run=cmd_token_revoke)
 
-    init = sub.add_parser("init-network", help="create a validator identity and the MNIST network manifest")
-    init.add_argument("--validator-storage", type=Path, required=True)
+    init = sub.add_parser("init-network", help="create validator identities and the MNIST network manifest")
+    init.add_argument(
+        "--validator-storage",
+        type=Path,
+        action="append",
+        required=True,
+        help="a validator's storage dir (its identity is created there); repeat for several validators",
+    )
+    init.add_argument("--quorum", type=int, default=1, help="validators that must vouch for a head (k of n)")
     init.add_argument("--out", type=Path, required=True)
     init.add_argument("--network-id", default="demo")
     init.set_defaults(run=cmd_init_network)

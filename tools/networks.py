@@ -1,9 +1,11 @@
 """Network manifests an operator starts from: the MNIST preset (a baseline and a low learning rate),
-which the demo runs too, and ``write_network`` (a validator identity plus the manifest file)."""
+which the demo runs too, and ``write_network`` (validator identities plus the manifest file)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from native_peer.identity import NodeIdentity
@@ -37,10 +39,15 @@ def mnist_network(validator_key: bytes, network_id: str = "demo") -> NetworkMani
     return NetworkManifest(network_id, (validator_key,), (_spec(BASELINE, 2e-3), _spec(LOW_LR, 2e-5)))
 
 
-def write_network(validator_storage: Path, out: Path, network_id: str = "demo") -> NetworkManifest:
-    """Create (or reuse) the validator identity under ``validator_storage`` and write its network to ``out``."""
-    identity = NodeIdentity.load_or_create(StorageConfig(validator_storage).identity_path)
-    network = mnist_network(identity.public_key, network_id)
+def write_network(
+    validator_storages: Sequence[Path], out: Path, network_id: str = "demo", quorum: int = 1
+) -> NetworkManifest:
+    """Create (or reuse) a validator identity under each of ``validator_storages`` and write their
+    network to ``out``: a head is canonical once ``quorum`` of them vouch for it."""
+    keys = tuple(
+        NodeIdentity.load_or_create(StorageConfig(path).identity_path).public_key for path in validator_storages
+    )
+    network = replace(mnist_network(keys[0], network_id), validator_keys=keys, quorum=quorum)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(network.to_wire(), indent=1))
     return network

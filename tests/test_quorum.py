@@ -1,0 +1,227 @@
+"""k-of-n validator quorum against a real edge: 3 validators, k = 2.
+
+A head is canonical only once two distinct validators vouch for it (its proposer's signature plus
+attestations); trainers verify that certificate. One validator down: the others go on. One
+Byzantine validator signing a different merge: its head never becomes canonical, and the
+disagreement shows in the edge's metrics and in the events viewers watch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.trainer import Trainer
+from protocol.clock import ManualClock
+from protocol.errors import InvalidMessage, SignatureError
+from protocol.judging import WindowDecision
+from protocol.manifests import ExperimentSpec, NetworkManifest
+from protocol.messages import Attestation, HeadDescriptor
+from server.serve import BackgroundEdge
+from tools.cli import main as tools_main
+from tools.networks import BASELINE, mnist_network
+
+from .support import edge_settings
+
+Env = tuple[BackgroundEdge, NetworkManifest, list[Validator], ManualClock, Path]
+
+
+class ByzantineValidator(Validator):
+    """Proposes as soon as a window closes, and signs a merge other than the one it judged."""
+
+    def _turn(self, head: HeadDescriptor) -> int:
+        return 0
+
+    def _judge(
+        self, spec: ExperimentSpec, head: HeadDescriptor, window: Any
+    ) -> tuple[HeadDescriptor, bytes, WindowDecision]:
+        _, _, decision = super()._judge(spec, head, window)
+        params = self._head_params(head)
+        skewed = {name: (value + np.float32(0.05)).astype(np.float32) for name, value in params.items()}
+        promoted, artifact = self._sign_head(
+            spec, self.learner.from_tensors(skewed), head, decision.accepted, 0, _validation(head)
+        )
+        return promoted, artifact, decision
+
+
+def _validation(head: HeadDescriptor) -> dict[str, float]:
+    return {"loss": head.metrics["val_loss"], "accuracy": head.metrics["val_accuracy"]}
+
+
+@pytest.fixture
+def quorum_env(tmp_path: Path, dataset_root: Path) -> Iterator[Env]:
+    identities = [NodeIdentity.load_or_create(tmp_path / f"validator-{i}" / "identity.key") for i in range(3)]
+    network = replace(
+        mnist_network(identities[0].public_key), validator_keys=tuple(i.public_key for i in identities), quorum=2
+    )
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
+        validators: list[Validator] = []
+        yield edge, network, validators, clock, tmp_path
+        for validator in validators:
+            validator.close()
+
+
+def _validator(env: Env, index: int, cls: type[Validator] = Validator, *, dataset_root: Path) -> Validator:
+    edge, network, validators, clock, root = env
+    storage = StorageConfig(root / f"validator-{index}")
+    validator = cls(mlp_learner(), network, storage, edge.url, dataset_root, ValidatorConfig(clock=clock))
+    validators.append(validator)
+    return validator
+
+
+def _trainer(env: Env, name: str) -> Trainer:
+    edge, network, _, _, root = env
+    return (
+        NodeBuilder(mlp_learner())
+        .trainer(RELEASE, WORKLOAD)
+        .with_network(network)
+        .with_storage(StorageConfig(root / name))
+        .with_bootstrap_peer(edge.url)
+        .spawn()
+    )
+
+
+def _current(edge: BackgroundEdge) -> HeadDescriptor | None:
+    response = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/head")
+    return HeadDescriptor.from_wire(response.json()) if response.status_code == 200 else None
+
+
+def _next_head(env: Env, validators: list[Validator], spec: ExperimentSpec, after: int) -> HeadDescriptor:
+    """Poll ``validators`` (advancing their clock) until a head past window ``after`` is canonical."""
+    edge, _, _, clock, _ = env
+    for _ in range(40):
+        for validator in validators:
+            validator.poll(spec)
+        head = _current(edge)
+        if head is not None and head.window > after:
+            return head
+        clock.advance(5.0)
+    raise AssertionError(f"no head after window {after}")
+
+
+def test_a_head_is_canonical_only_with_a_quorum_and_trainers_check_it(quorum_env: Env, dataset_root: Path) -> None:
+    edge, network, _, _, _ = quorum_env
+    first, second = (
+        _validator(quorum_env, 0, dataset_root=dataset_root),
+        _validator(quorum_env, 1, dataset_root=dataset_root),
+    )
+    spec = network.experiment(BASELINE)
+    proposed = first.ensure_genesis(spec)
+    assert _current(edge) is None  # one validator alone cannot make a head canonical
+    assert second.ensure_genesis(spec).head_id == proposed.head_id  # it computed the same genesis and attested
+    genesis = _current(edge)
+    assert genesis is not None and genesis.head_id == proposed.head_id
+    keys = network.validator_key_set
+    assert len(genesis.signers(keys)) == 2
+    genesis.verify_trusted(keys, 2)
+    with pytest.raises(SignatureError):
+        genesis.verify_trusted(keys, 3)
+    with pytest.raises(SignatureError):
+        replace(genesis, certificate=()).verify_trusted(keys, 2)  # the proposer's signature alone
+    trainer = _trainer(quorum_env, "trainer")
+    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))  # verifies the certificate
+    head = _next_head(quorum_env, [first, second], spec, genesis.window)
+    assert head.merged == (outcome.candidate_id,) and len(head.signers(keys)) == 2
+    trainer.close()
+
+
+def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_root: Path) -> None:
+    edge, network, _, _, _ = quorum_env
+    alive = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (0, 1)]  # validator 2 never runs
+    spec = network.experiment(BASELINE)
+    for validator in alive:
+        validator.ensure_genesis(spec)
+    head = _current(edge)
+    assert head is not None
+    trainer = _trainer(quorum_env, "trainer")
+    dead = network.validator_keys[2]
+    skipped_turns = 0
+    for _ in range(8):  # until the dead validator's turn to propose first has come (and been taken over)
+        first_turn = min(network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest())
+        outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+        head = _next_head(quorum_env, alive, spec, head.window)
+        assert outcome.candidate_id in head.merged
+        assert len(head.signers(network.validator_key_set)) == 2
+        skipped_turns += first_turn == dead
+        if skipped_turns:
+            break
+    assert skipped_turns == 1
+    trainer.close()
+
+
+def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, dataset_root: Path) -> None:
+    edge, network, _, _, _ = quorum_env
+    byzantine = _validator(quorum_env, 0, ByzantineValidator, dataset_root=dataset_root)
+    honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
+    everyone = [byzantine, *honest]
+    spec = network.experiment(BASELINE)
+    for validator in everyone:
+        validator.ensure_genesis(spec)
+    head = _current(edge)
+    assert head is not None
+    trainer = _trainer(quorum_env, "trainer")
+    byzantine_heads: set[str] = set()
+    for _ in range(2):
+        trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+        parent = head
+        head = _next_head(quorum_env, everyone, spec, head.window)
+        rivals = byzantine.edge.proposals(spec.key, parent.head_id)
+        byzantine_heads |= {p.head_id for p in rivals if p.validator_key == byzantine.identity.public_key}
+        assert head.head_id not in byzantine_heads
+        assert byzantine.identity.public_key not in head.signers(network.validator_key_set)
+        assert head.validator_key != byzantine.identity.public_key
+    assert len(byzantine_heads) == 2  # it did propose, every window
+    with httpx.Client(base_url=edge.url) as http:
+        conflicts = [
+            float(line.split()[-1])
+            for line in http.get("/metrics").text.splitlines()
+            if line.startswith("dtn_quorum_conflicts_total ")
+        ]
+        assert conflicts and conflicts[0] >= 2
+        events = http.get("/portal/snapshot").json()["events"]
+    disputes = [e["data"] for e in events if e["topic"] == "quorum" and e["data"]["rivals"]]
+    assert disputes and any(set(d["rivals"]) & byzantine_heads or d["head_id"] in byzantine_heads for d in disputes)
+    trainer.close()
+
+
+def test_an_attestation_must_name_exactly_the_proposed_head(quorum_env: Env, dataset_root: Path) -> None:
+    edge, network, _, _, _ = quorum_env
+    first = _validator(quorum_env, 0, dataset_root=dataset_root)
+    second = _validator(quorum_env, 1, dataset_root=dataset_root)
+    spec = network.experiment(BASELINE)
+    proposed = first.ensure_genesis(spec)
+    wrong = Attestation.of(replace(proposed, window=7), (), second.identity, 1)
+    response = httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/attestations", json=wrong.to_wire())
+    assert (response.status_code, response.json()["error"]) == (409, "Conflict")
+    outsider = Attestation.of(proposed, (), NodeIdentity.load_or_create(edge.settings.data_dir / "x.key"), 1)
+    response = httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/attestations", json=outsider.to_wire())
+    assert (response.status_code, response.json()["error"]) == (401, "SignatureError")
+    assert _current(edge) is None
+    right = Attestation.of(proposed, (), second.identity, 1)
+    response = httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/attestations", json=right.to_wire())
+    assert response.status_code == 201 and _current(edge) is not None
+
+
+def test_init_network_writes_a_k_of_n_manifest(tmp_path: Path) -> None:
+    storages = [str(tmp_path / f"v{i}") for i in range(3)]
+    argv = [arg for path in storages for arg in ("--validator-storage", path)]
+    tools_main(["init-network", *argv, "--quorum", "2", "--out", str(tmp_path / "network.json")])
+    network = NetworkManifest.from_wire(json.loads((tmp_path / "network.json").read_text()))
+    assert network.quorum == 2 and len(network.validator_key_set) == 3
+    assert network.validator_keys[1] == NodeIdentity.load_or_create(tmp_path / "v1" / "identity.key").public_key
+    with pytest.raises(InvalidMessage):
+        tools_main(["init-network", *argv, "--quorum", "4", "--out", str(tmp_path / "too-many.json")])
