@@ -183,7 +183,7 @@ class BrowserPeer:
             raise SocketClosed(1006, "reader stopped")
         message = getter.result()
         if message.get("type") == "error":
-            if message.get("status") == 404:
+            if message.get("status") in (404, 409):  # no head yet; every shard of the window leased
                 raise NoWindow(message.get("detail", "not found"))
             raise SocketClosed(4400, f"edge refused: {message.get('detail')}")
         if message.get("type") not in types:
@@ -224,7 +224,11 @@ class BrowserPeer:
         )
         self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
         await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
-        grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))
+        try:
+            grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))
+        except NoWindow:
+            self._last_base = head.head_id  # every shard of this window is leased: wait for the next head
+            raise
         lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
         self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")

@@ -161,6 +161,7 @@ class Trainer:
         self.shards = ShardCache(self.edge, storage, self._pool)
         self._engines: dict[str, TrainEngine] = {}
         self._opt_states: dict[str, Any] = {}
+        self._full_windows: dict[str, HeadId] = {}  # experiment -> a head whose shards were all leased
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
@@ -223,10 +224,11 @@ class Trainer:
 
     # -- one window -------------------------------------------------------------------------
     def _head_to_train(self, experiment: Experiment, wait_s: float) -> HeadDescriptor:
-        last = self.state(experiment.key)["last_base_head"]
+        done = {self.state(experiment.key)["last_base_head"], self._full_windows.get(experiment.key)}
         head = self.edge.current_head(experiment.key)
-        if head is not None and head.head_id == last and wait_s > 0:
+        if head is not None and head.head_id in done and wait_s > 0:
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
+        last = head.head_id if head is not None and head.head_id in done else None
         return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
 
     def _head_params(self, head: HeadDescriptor) -> Any:
@@ -240,7 +242,13 @@ class Trainer:
         raises ``WindowUnavailable`` when there is none."""
         started = time.perf_counter()
         head = self._head_to_train(experiment, wait_s)
-        grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        try:
+            grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        except EdgeRequestError as exc:
+            if exc.status != 409:
+                raise
+            self._full_windows[experiment.key] = head.head_id  # every shard is leased: wait for the next head
+            raise WindowUnavailable(exc.detail) from None
         lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
         pending = self.shards.prefetch(grant)

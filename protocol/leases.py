@@ -24,16 +24,12 @@ def rendezvous_score(seed: str, peer_id: str, shard_id: str) -> int:
 def assign_shards(
     seed: str, peer_id: PeerId, shard_ids: Sequence[ShardId], taken: Iterable[str], count: int
 ) -> tuple[ShardId, ...]:
-    """The ``count`` highest-scoring shards for ``peer_id`` not in ``taken``.
-
-    When every shard is taken (more peers than data), the peer gets its highest-scoring shards
-    regardless, so it still has work; callers see the overlap in ``taken``.
-    """
+    """The ``count`` highest-scoring shards for ``peer_id`` not in ``taken``: fewer when fewer are
+    free, none when every shard of the window is taken (a fair share: more identities never buy a
+    peer more of the window's data, and the edge grants no lease then)."""
     taken_set = set(taken)
     ranked = sorted(shard_ids, key=lambda s: (-rendezvous_score(seed, peer_id, s), s))
-    free = [s for s in ranked if s not in taken_set]
-    chosen = (free if len(free) >= count else free + [s for s in ranked if s in taken_set])[:count]
-    return tuple(sorted(chosen))
+    return tuple(sorted([s for s in ranked if s not in taken_set][:count]))
 
 
 def assign_leases(

@@ -2,7 +2,7 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``). Leases are signed by the edge and stored durably.
+holds (``protocol.leases.assign_shards``), and no lease at all (409) when every shard is held. Leases are signed by the edge and stored durably.
 
 Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
 from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
@@ -20,7 +20,7 @@ from protocol.ids import ExperimentKey, LeaseId, PeerId
 from protocol.leases import assign_shards
 from protocol.messages import Lease, LeaseGrant
 
-from .errors import Forbidden, NotFound
+from .errors import Conflict, Forbidden, NotFound
 from .state import EdgeState
 
 __all__ = ["LeaseIssuer"]
@@ -59,6 +59,8 @@ class LeaseIssuer:
                     return LeaseGrant(lease, self.secret(lease.lease_id))
             taken = {shard for lease in live for shard in lease.shard_ids}
             shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
+            if not shards:
+                raise Conflict(f"every shard of window {head.window} is leased; wait for the next head")
             lease = Lease(
                 lease_id=LeaseId(f"lease-{secrets.token_hex(16)}"),
                 experiment=experiment,

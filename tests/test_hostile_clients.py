@@ -443,3 +443,16 @@ def _tools(argv: list[str]) -> str:
     with contextlib.redirect_stdout(out):
         tools_main(argv)
     return out.getvalue()
+
+
+def test_no_lease_once_every_shard_of_the_window_is_held(http: httpx.Client, dataset_root: Path) -> None:
+    """Identities are free, data is not: once the window's shards are all leased, a new key gets none."""
+    shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
+    per_lease = 2  # tests.support.experiment_spec
+    leases = [_lease(http, PureSigner(bytes([0x10 + i]) * 32)) for i in range(shards // per_lease)]
+    held = [shard for lease in leases for shard in lease.shard_ids]
+    assert len(held) == len(set(held)) == shards
+    sybil = http.post(f"{BASE}/leases", json=proof(PureSigner(b"\xee" * 32), "lease"))
+    _refused(sybil, 409, "Conflict")
+    assert "every shard" in sybil.json()["detail"]
+    assert _lease(http, PureSigner(b"\x10" * 32)) == leases[0]  # a holder asking again still gets its lease

@@ -209,3 +209,31 @@ def test_validator_state_survives_restart(
     assert [v.candidate_id for v in again.verdicts] == [second.candidate_id]
     restarted.close()
     trainer.close()
+
+
+def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    edge, fixture_validator, root = network_env
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
+    squatters = [_trainer(edge, root, f"squatter-{i}") for i in range(-(-shards // spec.shards_per_lease))]
+    for squatter in squatters:
+        squatter.edge.request_lease(BASELINE, squatter.identity, "native")
+    late = _trainer(edge, root, "late")
+    experiment = late.experiment(*BASELINE.parts)
+    with pytest.raises(WindowUnavailable):
+        late.train_window_once(experiment)
+    with pytest.raises(WindowUnavailable):  # it waits for the next head rather than asking again
+        late.train_window_once(experiment)
+    squatters[0].train_window_once(squatters[0].experiment(*BASELINE.parts))
+    assert validator.poll(spec) is None  # the other squatters' leases keep the window open until its deadline
+    clock.advance(spec.window_timeout_s)
+    report = validator.poll(spec)
+    assert report is not None and report.merged
+    assert late.train_window_once(experiment).base_head_id == report.head.head_id
+    for node in (*squatters, late, validator):
+        node.close()

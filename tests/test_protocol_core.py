@@ -235,4 +235,5 @@ def test_incremental_assignment_matches_taken_set() -> None:
         shards = assign_shards(seed, PeerId(peer), SHARDS, taken, 4)
         assert not taken & set(shards)
         taken |= set(shards)
-    assert assign_shards(seed, PEERS[0], SHARDS[:2], {"train-00000"}, 2) == SHARDS[:2]
+    assert assign_shards(seed, PEERS[0], SHARDS[:2], {SHARDS[0]}, 2) == SHARDS[1:2]  # only what is free
+    assert assign_shards(seed, PEERS[0], SHARDS[:2], set(SHARDS[:2]), 2) == ()  # a full window: nothing
