@@ -21,6 +21,7 @@ from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, Shar
 from protocol.manifests import FetchManifest, NetworkManifest
 from protocol.messages import (
     LEASE_SECRET_HEADER,
+    READ_PROOF_HEADER,
     Attestation,
     Candidate,
     HeadDescriptor,
@@ -46,6 +47,7 @@ class EdgeClient:
         base_url: str,
         *,
         token: str | None = None,
+        reader: Signer | None = None,
         timeout_s: float = 30.0,
         retries: int = 3,
         clock: Clock = SYSTEM_CLOCK,
@@ -56,6 +58,14 @@ class EdgeClient:
         self._retries = retries
         self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}
+        self._reader = reader
+
+    def _read_proof(self, path: str) -> dict[str, str]:
+        """With a ``reader`` (a validator's key): the signed proof that lets it read an open window's
+        candidates (``READ_PROOF_HEADER``); without one, nothing."""
+        if self._reader is None:
+            return {}
+        return {READ_PROOF_HEADER: PeerProof.for_read(self._reader, "validator", path, self._clock.now_ms())}
 
     def close(self) -> None:
         self._http.close()
@@ -110,7 +120,8 @@ class EdgeClient:
 
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         params = {} if base_head is None else {"base_head": base_head}
-        response = self._request("GET", f"{self._experiment_path(key)}/candidates", params=params)
+        path = f"{self._experiment_path(key)}/candidates"
+        response = self._request("GET", path, params=params, headers=self._read_proof(path))
         return [Candidate.from_wire(c) for c in response.json()]
 
     def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:
@@ -162,9 +173,10 @@ class EdgeClient:
         destination.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(self._retries + 1):
             have = partial.stat().st_size if partial.exists() else 0
-            headers = {"range": f"bytes={have}-"} if have else {}
+            path = f"/v1/artifacts/{cid}"
+            headers = ({"range": f"bytes={have}-"} if have else {}) | self._read_proof(path)
             try:
-                with self._http.stream("GET", f"/v1/artifacts/{cid}", headers=headers) as response:
+                with self._http.stream("GET", path, headers=headers) as response:
                     if response.status_code >= 400:
                         raise EdgeRequestError(response.status_code, "", f"artifact {cid}")
                     mode = "ab" if response.status_code == 206 else "wb"

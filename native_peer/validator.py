@@ -242,7 +242,7 @@ class Validator:
         self.storage = storage
         self.config = config
         self.clock = config.clock
-        self.edge = EdgeClient(edge_url, token=admission_token)
+        self.edge = EdgeClient(edge_url, token=admission_token, reader=self.identity)
         self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
         self.datasets_dir = datasets_dir
         self.evaluate = Evaluator(learner)

@@ -15,6 +15,7 @@ candidate names its trainer verifiably.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -24,11 +25,12 @@ from .fields import opt, read_bool, read_dict, read_int, read_list, read_object,
 from .hashing import content_id
 from .ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from .reasons import Reason
-from .signing import Signer, b64decode, b64encode, peer_id_from_public_key, require_signature
+from .signing import Signer, b64decode, b64encode, canonical_json, peer_id_from_public_key, require_signature
 
 __all__ = [
     "LEASE_SECRET_HEADER",
     "PEER_KINDS",
+    "READ_PROOF_HEADER",
     "TRAINER_KINDS",
     "Attestation",
     "Candidate",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 LEASE_SECRET_HEADER = "dtn-lease-secret"
+READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 
@@ -55,8 +58,6 @@ class _Signed:
         return {**self.body(), "signature": b64encode(self.signature)}
 
     def signed(self, signer: Signer) -> Self:
-        from .signing import canonical_json
-
         return dataclasses.replace(self, signature=signer.sign(self.DOMAIN + canonical_json(self.body())))  # type: ignore[type-var]
 
     def verify(self, public_key: bytes) -> None:
@@ -476,8 +477,9 @@ class Verdict(_Signed):
 @dataclass(frozen=True)
 class PeerProof(_SelfSigned):
     """A peer proving it holds the key behind its id: to join the relay (``purpose="join"``, with
-    the edge's challenge nonce) or to ask for a lease over HTTP (``purpose="lease"``, with a fresh
-    timestamp)."""
+    the edge's challenge nonce), to ask for a lease over HTTP (``purpose="lease"``, with a fresh
+    timestamp), or to read what only some peers may read (``purpose="read"``, the request path as
+    nonce, sent in ``READ_PROOF_HEADER``)."""
 
     DOMAIN: ClassVar[bytes] = b"dtn/peer-proof/v1\n"
 
@@ -496,6 +498,21 @@ class PeerProof(_SelfSigned):
             "nonce": self.nonce,
             "issued_at_ms": self.issued_at_ms,
         }
+
+    @classmethod
+    def for_read(cls, signer: Signer, peer_kind: str, path: str, now_ms: int) -> str:
+        """A ``READ_PROOF_HEADER`` value: this peer's signed proof that it reads ``path`` now."""
+        return b64encode(
+            canonical_json(cls("read", signer.public_key, peer_kind, path, now_ms).signed(signer).to_wire())
+        )
+
+    @classmethod
+    def from_read_header(cls, value: str) -> PeerProof:
+        """The proof in a ``READ_PROOF_HEADER`` value (``InvalidMessage`` if it is not one)."""
+        try:
+            return cls.from_wire(json.loads(b64decode(value)))
+        except ValueError:
+            raise InvalidMessage("read proof is not base64url JSON") from None
 
     @classmethod
     def from_wire(cls, value: object) -> PeerProof:

@@ -18,13 +18,25 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from starlette.requests import HTTPConnection
+
 from protocol.clock import SYSTEM_CLOCK, Clock
-from protocol.messages import PEER_KINDS, TRAINER_KINDS
+from protocol.errors import ProtocolError
+from protocol.messages import PEER_KINDS, READ_PROOF_HEADER, TRAINER_KINDS, PeerProof
 
 from .errors import Forbidden, Unauthorized
 from .store import Store
 
-__all__ = ["ROLES", "ROLE_KINDS", "TOKEN_ID_LENGTH", "Admission", "issue_token", "revoke_token", "token_id"]
+__all__ = [
+    "ROLES",
+    "ROLE_KINDS",
+    "TOKEN_ID_LENGTH",
+    "Admission",
+    "issue_token",
+    "reads_as_validator",
+    "revoke_token",
+    "token_id",
+]
 
 _TRAINER_ACTIONS = frozenset({"join", "lease", "candidate", "read_data"})
 # what each role may do; "validator" may do everything a trainer or viewer may
@@ -42,6 +54,7 @@ ROLE_KINDS: dict[str, frozenset[str]] = {
 
 
 TOKEN_ID_LENGTH = 12
+READ_PROOF_MAX_AGE_MS = 120_000
 
 
 def _digest(token: str) -> str:
@@ -60,6 +73,25 @@ def issue_token(store: Store, role: str, label: str, ttl_s: float, clock: Clock 
     now_ms = clock.now_ms()
     store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000))
     return token
+
+
+def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes], now_ms: int) -> bool:
+    """True when ``request`` carries a validator's fresh signed proof (``READ_PROOF_HEADER``) that it
+    reads exactly this path: what lets validators, and only them, read an open window's candidates."""
+    value = request.headers.get(READ_PROOF_HEADER)
+    if value is None:
+        return False
+    try:
+        proof = PeerProof.from_read_header(value)
+        fresh = abs(proof.issued_at_ms - now_ms) <= READ_PROOF_MAX_AGE_MS
+        if proof.purpose != "read" or proof.nonce != request.url.path or not fresh:
+            return False
+        if proof.public_key not in validator_keys:
+            return False
+        proof.verify_own()
+    except ProtocolError:
+        return False
+    return True
 
 
 def revoke_token(store: Store, token_or_id: str) -> int:

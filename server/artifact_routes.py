@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request, Response
 from protocol.errors import InvalidMessage
 from protocol.ids import ContentId
 
+from .admission import reads_as_validator
 from .deps import State
 from .errors import Forbidden, NotFound, Unauthorized, documented
 from .responses import immutable_file
@@ -19,11 +20,17 @@ router = APIRouter(prefix="/v1", tags=["artifacts"])
 async def artifact(cid: str, state: State, request: Request) -> Response:
     """An artifact by content id: immutable, ETag = content id, conditional GET, HEAD and Range.
 
-    Heads are public; with admission on, a candidate's artifact is served to validators only."""
+    Heads are public. A candidate's artifact is served to validators only while its window is open
+    (a signed ``READ_PROOF_HEADER``), to anyone after (with admission on: to validator tokens only)."""
     content = ContentId(cid)
     if not state.blobs.exists(content):
         raise NotFound(f"no artifact {cid}")
-    restricted = state.admission.required and state.store.is_candidate_only(content)
-    if restricted:
+    window = state.store.candidate_window(content)
+    if window is not None:
         state.admission.check_header(request.headers.get("authorization"), "read_candidates")
-    return immutable_file(request, state.blobs.path(content), content, private=restricted)
+        experiment, base = window
+        current = state.store.current_head(experiment)
+        open_window = current is not None and current.head_id == base
+        if open_window and not reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms()):
+            raise Forbidden("a candidate of an open window is read by validators only, until the window closes")
+    return immutable_file(request, state.blobs.path(content), content, private=window is not None)

@@ -16,6 +16,7 @@ from protocol.errors import CodecError, IntegrityError, InvalidMessage, Signatur
 from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.messages import PeerProof
 
+from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
 from .intake import accept_attestation, accept_candidate, accept_head, accept_verdict, check_peer_rate
@@ -129,10 +130,15 @@ async def list_candidates(
     request: Request,
     base_head: Annotated[str | None, Query(max_length=80)] = None,
 ) -> JSON:
-    """Candidate descriptors in arrival order; with admission on, validators only."""
+    """Candidate descriptors in arrival order; those of the open window only to validators (a signed
+    ``READ_PROOF_HEADER``); with admission on, to validator tokens only."""
     state.admission.check_header(request.headers.get("authorization"), "read_candidates")
     state.experiment(key)
-    return JSON([c.to_wire() for c in state.store.candidates(key, None if base_head is None else HeadId(base_head))])
+    candidates = state.store.candidates(key, None if base_head is None else HeadId(base_head))
+    if not reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms()):
+        current = state.store.current_head(key)
+        candidates = [c for c in candidates if current is None or c.base_head != current.head_id]
+    return JSON([c.to_wire() for c in candidates])
 
 
 @router.post(

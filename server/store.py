@@ -219,15 +219,16 @@ class Store:
             )
         return [Candidate.from_wire(json.loads(str(r[0]))) for r in rows]
 
-    def is_candidate_only(self, cid: ContentId) -> bool:
-        """True for an artifact that some candidate uploaded and that is no head (heads are public)."""
+    def candidate_window(self, cid: ContentId) -> tuple[ExperimentKey, HeadId] | None:
+        """For an artifact that a candidate uploaded and that is no head (heads are public): the
+        experiment and base head of the window it was trained for; ``None`` otherwise."""
         rows = self._query(
-            "SELECT EXISTS (SELECT 1 FROM candidates WHERE candidate_id = ?)"
-            " AND NOT EXISTS (SELECT 1 FROM heads WHERE head_id = ?)",
+            "SELECT experiment, base_head FROM candidates WHERE candidate_id = ?"
+            " AND NOT EXISTS (SELECT 1 FROM heads WHERE head_id = ?) LIMIT 1",
             cid,
             cid,
         )
-        return bool(rows[0][0])
+        return (ExperimentKey.parse(str(rows[0][0])), HeadId(str(rows[0][1]))) if rows else None
 
     # -- leases ----------------------------------------------------------------------------
     def add_lease(self, lease: Lease) -> None:

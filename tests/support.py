@@ -15,7 +15,7 @@ from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof
+from protocol.messages import READ_PROOF_HEADER, Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner, Signer, peer_id_from_public_key
 from server.settings import Settings
@@ -117,6 +117,11 @@ def signed_lease(
 
 def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "native") -> dict[str, object]:
     return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()
+
+
+def validator_reads(path: str, signer: PureSigner = VALIDATOR) -> dict[str, str]:
+    """Headers with a validator's signed proof that it reads ``path`` (open windows' candidates)."""
+    return {READ_PROOF_HEADER: PeerProof.for_read(signer, "validator", path, now_ms())}
 
 
 def grant_lease(http: httpx.Client, signer: PureSigner, kind: str = "native", **headers: str) -> LeaseGrant:

@@ -29,7 +29,16 @@ from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.serve import BackgroundEdge
 from server.settings import Settings
 
-from .support import EXPERIMENT, candidate_envelope, edge_settings, grant_lease, head_envelope, proof, write_network
+from .support import (
+    EXPERIMENT,
+    candidate_envelope,
+    edge_settings,
+    grant_lease,
+    head_envelope,
+    proof,
+    validator_reads,
+    write_network,
+)
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -298,8 +307,8 @@ def test_candidate_upload_checks_hash_signature_and_size(client: httpx.Client) -
     assert client.post(f"{BASE}/candidates", content=b"garbage").status_code == 400
     assert client.post(f"{BASE}/candidates", content=body).status_code == 201
     assert client.post(f"{BASE}/candidates", content=body).status_code == 200
-    listed = client.get(f"{BASE}/candidates", params={"base_head": base}).json()
-    assert [c["candidate_id"] for c in listed] == [candidate.candidate_id]
+    listed = client.get(f"{BASE}/candidates", params={"base_head": base}, headers=validator_reads(f"{BASE}/candidates"))
+    assert [c["candidate_id"] for c in listed.json()] == [candidate.candidate_id]
 
 
 def test_ws_join_requires_signed_challenge(edge: BackgroundEdge) -> None:
@@ -410,8 +419,10 @@ def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
     with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url) as http:
         assert http.get(f"{BASE}/head").json()["head_id"] == head
         assert http.get(f"/v1/leases/{lease.lease_id}").json()["shard_ids"] == list(lease.shard_ids)
-        assert [c["candidate_id"] for c in http.get(f"{BASE}/candidates").json()] == [candidate.candidate_id]
-        assert content_id(http.get(f"/v1/artifacts/{candidate.candidate_id}").content) == candidate.candidate_id
+        listed = http.get(f"{BASE}/candidates", headers=validator_reads(f"{BASE}/candidates")).json()
+        assert [c["candidate_id"] for c in listed] == [candidate.candidate_id]
+        path = f"/v1/artifacts/{candidate.candidate_id}"
+        assert content_id(http.get(path, headers=validator_reads(path)).content) == candidate.candidate_id
         assert http.get("/v1/network").json()["edge_key"] == edge_key
         assert grant_lease(http, trainer) == grant  # the same lease and secret after a restart
         _join(edge.url, trainer).close()

@@ -25,7 +25,7 @@ from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import HeadId
-from protocol.messages import LEASE_SECRET_HEADER, Candidate, Lease
+from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
 from server.admission import issue_token, token_id
@@ -34,7 +34,16 @@ from server.serve import BackgroundEdge
 from server.store import Store
 from tools.cli import main as tools_main
 
-from .support import EXPERIMENT, edge_settings, grant_lease, head_envelope, proof, write_network
+from .support import (
+    EXPERIMENT,
+    VALIDATOR,
+    edge_settings,
+    grant_lease,
+    head_envelope,
+    proof,
+    validator_reads,
+    write_network,
+)
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 SPEC = MODELS["mnist-mlp"]
@@ -110,7 +119,7 @@ def test_one_candidate_per_lease_and_only_trainers_upload(http: httpx.Client) ->
     assert _upload(http, trainer, lease, first).status_code == 201
     assert _upload(http, trainer, lease, first).status_code == 200  # the same upload again is idempotent
     _refused(_upload(http, trainer, lease, encode_tensors(init_params(SPEC, 2))), 409, "Conflict")
-    listed = http.get(f"{BASE}/candidates").json()
+    listed = http.get(f"{BASE}/candidates", headers=validator_reads(f"{BASE}/candidates")).json()
     assert [c["candidate_id"] for c in listed] == [content_id(first)]
     claims_validator = PureSigner(b"\x73" * 32)
     lease = _lease(http, claims_validator)
@@ -377,7 +386,7 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
                 "candidate artifact": (f"/v1/artifacts/{candidate.candidate_id}", {}, "validator"),
             }
             for name, (path, options, least_role) in reads.items():
-                headers = dict(options.get("headers", {}))
+                headers = dict(options.get("headers", {})) | validator_reads(path)  # the window is open
                 params = options.get("params")
                 anonymous = http.get(path, params=params, headers=headers)
                 assert (anonymous.status_code, anonymous.json()["error"]) == (401, "Unauthorized"), name
@@ -456,3 +465,27 @@ def test_no_lease_once_every_shard_of_the_window_is_held(http: httpx.Client, dat
     _refused(sybil, 409, "Conflict")
     assert "every shard" in sybil.json()["detail"]
     assert _lease(http, PureSigner(b"\x10" * 32)) == leases[0]  # a holder asking again still gets its lease
+
+
+def test_an_open_windows_candidates_are_read_by_validators_only(http: httpx.Client) -> None:
+    """What adaptive attacks (ALIE, IPM) need is the other candidates of the window they attack: while
+    a window is open its candidates are listed and served to validators only (a signed read proof)."""
+    trainer = PureSigner(b"\xc1" * 32)
+    artifact = encode_tensors(init_params(SPEC, 4))
+    assert _upload(http, trainer, _lease(http, trainer), artifact).status_code == 201
+    listing, blob = f"{BASE}/candidates", f"/v1/artifacts/{content_id(artifact)}"
+    assert http.get(listing).json() == []
+    _refused(http.get(blob), 403, "Forbidden")
+    impostor = PureSigner(b"\xc2" * 32)  # a valid proof, but not of a listed validator
+    _refused(http.get(blob, headers=validator_reads(blob, impostor)), 403, "Forbidden")
+    _refused(http.get(blob, headers=validator_reads(listing)), 403, "Forbidden")  # a proof for another path
+    stale = {READ_PROOF_HEADER: PeerProof.for_read(VALIDATOR, "validator", blob, int(time.time() * 1000) - 600_000)}
+    _refused(http.get(blob, headers=stale), 403, "Forbidden")
+    _refused(http.get(blob, headers={READ_PROOF_HEADER: "not-a-proof"}), 403, "Forbidden")
+    assert len(http.get(listing, headers=validator_reads(listing)).json()) == 1
+    assert content_id(http.get(blob, headers=validator_reads(blob)).content) == content_id(artifact)
+    genesis = HeadId(http.get(f"{BASE}/head").json()["head_id"])
+    _, next_head = head_envelope(window=1, parent=genesis)
+    assert http.post(f"{BASE}/heads", content=next_head).status_code == 201  # the window closes
+    assert [c["candidate_id"] for c in http.get(listing).json()] == [content_id(artifact)]
+    assert content_id(http.get(blob).content) == content_id(artifact)
