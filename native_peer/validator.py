@@ -77,7 +77,7 @@ from protocol.judging import Submission, WindowDecision, judge_window, precheck,
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.reasons import Reason
-from protocol.screening import PRESETS, Screen
+from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
 
 from .edge_client import EdgeClient, EdgeRequestError
@@ -85,7 +85,7 @@ from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport"]
+__all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,26 @@ def _named(split: str, result: dict[str, float]) -> dict[str, float]:
 def _unnamed(split: str, metrics: dict[str, float]) -> dict[str, float]:
     """The inverse of ``_named``: ``{"<split>_loss", ...}`` back to ``{"loss", "accuracy"}``."""
     return {"loss": metrics[f"{split}_loss"], "accuracy": metrics[f"{split}_accuracy"]}
+
+
+def share_principal_weight(
+    prechecked: Sequence[tuple[Submission, str | None]], policy: ScreeningPolicy
+) -> list[Submission]:
+    """The submissions, with the merge weight of all keys under one admission principal capped
+    together at what one peer may weigh: more keys on one token never buy more influence."""
+    caps = dict(policy.max_examples_by_kind)
+    groups: dict[str, list[Submission]] = {}
+    for submission, principal in prechecked:
+        if principal is not None and submission.precheck.accepted:
+            groups.setdefault(principal, []).append(submission)
+    scaled: dict[str, float] = {}
+    for members in groups.values():
+        weights = [min(s.examples, caps.get(s.peer_kind, s.examples)) for s in members]
+        limit = max(caps.get(s.peer_kind, w) for s, w in zip(members, weights, strict=True))
+        if sum(weights) > limit:
+            for s, w in zip(members, weights, strict=True):
+                scaled[s.candidate_id] = w * limit / sum(weights)
+    return [replace(s, examples=scaled[s.candidate_id]) if s.candidate_id in scaled else s for s, _ in prechecked]
 
 
 def _seconds(value: object) -> float:
@@ -385,7 +405,7 @@ class Validator:
             self.learner.model,
             self._head_params(head),
             {"loss": head.metrics["val_loss"]},
-            [self._precheck(spec, head, candidate) for candidate in window],
+            share_principal_weight([self._precheck(spec, head, candidate) for candidate in window], policy),
             policy,
             lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
             self.state.trust,
@@ -492,8 +512,11 @@ class Validator:
             self.state.save(self._state_path)
             self._flush()
 
-    def _precheck(self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate) -> Submission:
-        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact."""
+    def _precheck(
+        self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate
+    ) -> tuple[Submission, str | None]:
+        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact; with the
+        submission, the principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
         if lease is not None:
@@ -514,9 +537,10 @@ class Validator:
                 tensors, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
-        return Submission(
+        submission = Submission(
             candidate.candidate_id, candidate.peer_id, candidate.peer_kind, float(candidate.examples), tensors, screen
         )
+        return submission, None if lease is None else lease.principal
 
     def _verdict(
         self,

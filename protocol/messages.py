@@ -107,7 +107,10 @@ def _reason(data: Mapping[str, object]) -> Reason:
 
 @dataclass(frozen=True)
 class Lease(_Signed):
-    """Which shards ``peer_id`` trains on, on top of ``base_head``, for one window. Signed by the edge."""
+    """Which shards ``peer_id`` trains on, on top of ``base_head``, for one window. Signed by the edge.
+
+    ``principal`` names who answers for the peer on an admission network (its token's id), so that
+    validators can cap the merge weight of all keys under one token together."""
 
     DOMAIN: ClassVar[bytes] = b"dtn/lease/v1\n"
 
@@ -120,10 +123,12 @@ class Lease(_Signed):
     shard_ids: tuple[ShardId, ...]
     issued_at_ms: int
     expires_at_ms: int
+    principal: str | None = None  # the admission token (its id) the lease was granted under, if any
     signature: bytes = b""
 
     def body(self) -> dict[str, Any]:
         return {
+            "principal": self.principal,
             "lease_id": self.lease_id,
             "experiment": self.experiment,
             "peer_id": self.peer_id,
@@ -148,6 +153,7 @@ class Lease(_Signed):
             shard_ids=tuple(read_list(d, "shard_ids", ShardId, max_len=256)),
             issued_at_ms=read_int(d, "issued_at_ms"),
             expires_at_ms=read_int(d, "expires_at_ms"),
+            principal=opt(d, "principal", lambda m, k: read_str(m, k, max_len=64)),
             signature=_signature(d),
         )
 

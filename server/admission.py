@@ -32,6 +32,7 @@ __all__ = [
     "ROLE_KINDS",
     "TOKEN_ID_LENGTH",
     "Admission",
+    "bearer_token",
     "issue_token",
     "reads_as_validator",
     "revoke_token",
@@ -66,12 +67,17 @@ def token_id(token: str) -> str:
     return _digest(token)[:TOKEN_ID_LENGTH]
 
 
-def issue_token(store: Store, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK) -> str:
+def issue_token(
+    store: Store, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK, *, max_keys: int = 1
+) -> str:
+    """A new token of ``role``; the first ``max_keys`` peer keys that use it are bound to it for good."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; roles: {sorted(ROLES)}")
+    if max_keys < 1:
+        raise ValueError("a token binds at least one key")
     token = "dtn_" + secrets.token_urlsafe(24)
     now_ms = clock.now_ms()
-    store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000))
+    store.add_token(_digest(token), role, label, now_ms, now_ms + int(ttl_s * 1000), max_keys)
     return token
 
 
@@ -106,9 +112,10 @@ class Admission:
         self.required = required
         self.clock = clock
 
-    def check(self, token: str | None, action: str, *, kind: str | None = None) -> None:
-        """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (the role lacks ``action``, or
-        may not claim peer ``kind``)."""
+    def check(self, token: str | None, action: str, *, kind: str | None = None, peer_id: str | None = None) -> None:
+        """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (the role lacks ``action``, may
+        not claim peer ``kind``, or the token is bound to other keys than ``peer_id``'s: a token admits
+        a bounded number of identities, so Sybils cost tokens)."""
         if not self.required:
             return
         if not token:
@@ -121,15 +128,24 @@ class Admission:
             raise Forbidden(f"role {role!r} may not {action}")
         if kind is not None and kind not in ROLE_KINDS[role]:
             raise Forbidden(f"role {role!r} may not act as a {kind} peer")
+        if peer_id is not None and not self.store.bind_token_key(_digest(token), peer_id, self.clock.now_ms()):
+            raise Forbidden("this admission token is bound to other peer keys")
 
-    def check_header(self, authorization: str | None, action: str) -> None:
+    def check_header(self, authorization: str | None, action: str, *, peer_id: str | None = None) -> None:
         """``check`` for an HTTP ``Authorization`` header, which must use the ``Bearer`` scheme."""
-        if not self.required:
-            return
-        token = None
-        if authorization:
-            scheme, _, token = authorization.strip().partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthorized("the Authorization header must be 'Bearer <token>'")
-            token = token.strip()
-        self.check(token, action)
+        if self.required:
+            self.check(bearer_token(authorization), action, peer_id=peer_id)
+
+    def principal(self, token: str | None) -> str | None:
+        """Who answers for a peer: its token's id on an admission network (``None`` without one)."""
+        return token_id(token) if self.required and token else None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (``Unauthorized`` for another scheme)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+    return token.strip()

@@ -16,7 +16,7 @@ from protocol.errors import CodecError, IntegrityError, InvalidMessage, Signatur
 from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.messages import PeerProof
 
-from .admission import reads_as_validator
+from .admission import bearer_token, reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
 from .intake import accept_attestation, accept_candidate, accept_head, accept_verdict, check_peer_rate
@@ -119,7 +119,10 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
     already delivered another candidate, 507 when the window's storage quota is full."""
     state.admission.check_header(request.headers.get("authorization"), "candidate")
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
-    candidate, created = await accept_candidate(state, body, via="http", address=client_address(request), route=key)
+    token = bearer_token(request.headers.get("authorization"))
+    candidate, created = await accept_candidate(
+        state, body, via="http", address=client_address(request), token=token, route=key
+    )
     return JSON(candidate.to_wire(), status_code=201 if created else 200)
 
 
@@ -156,10 +159,12 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
         raise InvalidMessage("lease proof must have purpose 'lease' and a current timestamp")
     state.address_limits.check(client_address(request))  # before the signature is checked
     proof.verify_own()
+    state.admission.check_header(request.headers.get("authorization"), "lease", peer_id=proof.peer_id)
     state.experiment(key)  # before the rate limit: a made-up experiment gets no budget of its own
     check_peer_rate(state, proof.peer_id, key)
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
-    grant = await issuer.issue(key, proof.peer_id)
+    principal = state.admission.principal(bearer_token(request.headers.get("authorization")))
+    grant = await issuer.issue(key, proof.peer_id, principal)
     return JSON(grant.to_wire())
 
 

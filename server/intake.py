@@ -72,7 +72,13 @@ def _same_experiment(claimed: ExperimentKey, route: ExperimentKey | None) -> Non
 
 
 async def accept_candidate(
-    state: EdgeState, body: bytes, *, via: str, address: str, route: ExperimentKey | None = None
+    state: EdgeState,
+    body: bytes,
+    *,
+    via: str,
+    address: str,
+    token: str | None = None,
+    route: ExperimentKey | None = None,
 ) -> tuple[Candidate, bool]:
     """Store a trainer's signed candidate, sent from client ``address``; returns it and whether it was new."""
     try:
@@ -82,6 +88,8 @@ async def accept_candidate(
         spec = state.experiment(candidate.experiment)
         state.address_limits.check(address)  # before the signature is checked
         candidate.verify_own()
+        if state.admission.required:  # the token admits only the keys bound to it
+            state.admission.check(token, "candidate", peer_id=candidate.peer_id)
         check_peer_rate(state, candidate.peer_id, candidate.experiment)
         if candidate.peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) upload candidates, not {candidate.peer_kind}")

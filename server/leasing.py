@@ -43,7 +43,7 @@ class LeaseIssuer:
             raise Forbidden("unknown lease or wrong lease secret")
         return lease
 
-    async def issue(self, experiment: ExperimentKey, peer_id: PeerId) -> LeaseGrant:
+    async def issue(self, experiment: ExperimentKey, peer_id: PeerId, principal: str | None = None) -> LeaseGrant:
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         async with self._lock:
@@ -71,6 +71,7 @@ class LeaseIssuer:
                 shard_ids=shards,
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + int(self.state.settings.lease_ttl_s * 1000),
+                principal=principal,
             ).signed(self.state.signer)
             self.state.store.add_lease(lease)
         self.state.metrics.leases.inc()

@@ -188,7 +188,8 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         state.address_limits.check(client_address(websocket))  # before the signature
         proof.verify_own()
         token = data.get("token")
-        state.admission.check(token if isinstance(token, str) else None, "join", kind=proof.peer_kind)
+        admitted = token if isinstance(token, str) else None
+        state.admission.check(admitted, "join", kind=proof.peer_kind, peer_id=proof.peer_id)
     except (ProtocolError, EdgeError) as exc:
         raise _Close(close_code_for(exc), str(exc)) from None
     connection, previous = state.hub.register(proof.peer_id, proof.peer_kind)
@@ -266,7 +267,9 @@ def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection,
         try:
             if message.get("bytes") is not None:
                 state.admission.check(connection.token, "candidate")
-                candidate, _ = await accept_candidate(state, message["bytes"], via="ws", address=address)
+                candidate, _ = await accept_candidate(
+                    state, message["bytes"], via="ws", address=address, token=connection.token
+                )
                 connection.offer(
                     orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
                 )
@@ -321,7 +324,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         key = ExperimentKey.parse(data.get("experiment"))
         state.experiment(key)
         check_peer_rate(state, connection.peer_id, key)
-        grant = await issuer.issue(key, connection.peer_id)
+        grant = await issuer.issue(key, connection.peer_id, state.admission.principal(connection.token))
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()
         )

@@ -58,6 +58,9 @@ CREATE INDEX IF NOT EXISTS proposals_by_parent ON proposals (experiment, parent)
 CREATE TABLE IF NOT EXISTS attestations (
     experiment TEXT NOT NULL, head_id TEXT NOT NULL, validator_key TEXT NOT NULL, descriptor TEXT NOT NULL,
     PRIMARY KEY (experiment, head_id, validator_key));
+CREATE TABLE IF NOT EXISTS token_keys (
+    digest TEXT NOT NULL, peer_id TEXT NOT NULL, bound_at_ms INTEGER NOT NULL, PRIMARY KEY (digest, peer_id));
+CREATE TABLE IF NOT EXISTS token_limits (digest TEXT PRIMARY KEY, max_keys INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
 """
@@ -347,9 +350,25 @@ class Store:
         return counts
 
     # -- admission tokens (sha256 digests only) ----------------------------------------------
-    def add_token(self, digest: str, role: str, label: str, issued_at_ms: int, expires_at_ms: int) -> None:
+    def add_token(
+        self, digest: str, role: str, label: str, issued_at_ms: int, expires_at_ms: int, max_keys: int = 1
+    ) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?, ?)", (digest, role, label, issued_at_ms, expires_at_ms))
+            db.execute("INSERT INTO token_limits VALUES (?, ?)", (digest, max_keys))
+
+    def bind_token_key(self, digest: str, peer_id: str, now_ms: int) -> bool:
+        """Bind ``peer_id`` to the token (once); False when the token already has its ``max_keys``
+        other keys bound (a token without a recorded limit binds one)."""
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM token_keys WHERE digest = ? AND peer_id = ?", (digest, peer_id)).fetchone():
+                return True
+            row = db.execute("SELECT max_keys FROM token_limits WHERE digest = ?", (digest,)).fetchone()
+            bound = db.execute("SELECT COUNT(*) FROM token_keys WHERE digest = ?", (digest,)).fetchone()[0]
+            if bound >= (1 if row is None else int(row[0])):
+                return False
+            db.execute("INSERT INTO token_keys VALUES (?, ?, ?)", (digest, peer_id, now_ms))
+            return True
 
     def token(self, digest: str) -> tuple[str, int] | None:
         rows = self._query("SELECT role, expires_at_ms FROM tokens WHERE digest = ?", digest)
@@ -362,9 +381,10 @@ class Store:
     def delete_tokens(self, digest_prefix: str) -> int:
         """Delete the tokens whose digest starts with ``digest_prefix``; how many were deleted."""
         with self._tx() as db:
-            return db.execute(
-                "DELETE FROM tokens WHERE substr(digest, 1, ?) = ?", (len(digest_prefix), digest_prefix)
-            ).rowcount
+            match = (len(digest_prefix), digest_prefix)
+            db.execute("DELETE FROM token_keys WHERE substr(digest, 1, ?) = ?", match)
+            db.execute("DELETE FROM token_limits WHERE substr(digest, 1, ?) = ?", match)
+            return int(db.execute("DELETE FROM tokens WHERE substr(digest, 1, ?) = ?", match).rowcount)
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:

@@ -489,3 +489,38 @@ def test_an_open_windows_candidates_are_read_by_validators_only(http: httpx.Clie
     assert http.post(f"{BASE}/heads", content=next_head).status_code == 201  # the window closes
     assert [c["candidate_id"] for c in http.get(listing).json()] == [content_id(artifact)]
     assert content_id(http.get(blob).content) == content_id(artifact)
+
+
+def test_an_admission_token_admits_a_bounded_number_of_keys(tmp_path: Path, dataset_root: Path) -> None:
+    """Keys are free, tokens are not: a token binds the first key(s) that use it, and a lease names it
+    as the principal, so validators can cap the weight of everything under one token."""
+    edge, tokens = _admission_edge(tmp_path, dataset_root)
+    store = Store(tmp_path / "edge" / "edge.sqlite3")
+    pair = issue_token(store, "trainer", "two keys", 3600, max_keys=2)
+    store.close()
+    try:
+        with httpx.Client(base_url=edge.url) as http:
+            _, genesis = head_envelope()
+            validator = {"authorization": f"Bearer {tokens['validator']}"}
+            assert http.post(f"{BASE}/heads", content=genesis, headers=validator).status_code == 201
+            first = grant_lease(http, PureSigner(b"\xd1" * 32), authorization=f"Bearer {tokens['trainer']}")
+            assert first.lease.principal == token_id(tokens["trainer"])
+            sybil = PureSigner(b"\xd2" * 32)
+            refused = http.post(
+                f"{BASE}/leases", json=proof(sybil, "lease"), headers={"authorization": f"Bearer {tokens['trainer']}"}
+            )
+            _refused(refused, 403, "Forbidden")
+            assert "bound to other peer keys" in refused.json()["detail"]
+            with _join(edge.url, sybil, "native", tokens["trainer"]) as ws, pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+            for key in (b"\xd3", b"\xd4"):
+                grant_lease(http, PureSigner(key * 32), authorization=f"Bearer {pair}")
+            third = http.post(
+                f"{BASE}/leases",
+                json=proof(PureSigner(b"\xd5" * 32), "lease"),
+                headers={"authorization": f"Bearer {pair}"},
+            )
+            _refused(third, 403, "Forbidden")
+    finally:
+        edge.stop()

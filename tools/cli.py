@@ -34,7 +34,7 @@ def _edge_store(data_dir: Path) -> Iterator[Store]:
 
 def cmd_token_issue(args: argparse.Namespace) -> None:
     with _edge_store(args.data_dir) as store:
-        print(issue_token(store, args.role, args.label, args.ttl_days * 86400))
+        print(issue_token(store, args.role, args.label, args.ttl_days * 86400, max_keys=args.max_keys))
 
 
 def cmd_token_list(args: argparse.Namespace) -> None:
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     issue.add_argument("--role", choices=sorted(ROLES), required=True)
     issue.add_argument("--label", default="")
     issue.add_argument("--ttl-days", type=float, default=30.0)
+    issue.add_argument(
+        "--max-keys", type=int, default=1, help="peer keys the token admits (bound on first use; default 1)"
+    )
     issue.set_defaults(run=cmd_token_issue)
     listing = token.add_parser(
         "list", parents=[edge_dir], help="list tokens (id, role, expiry, label; never the token)"
