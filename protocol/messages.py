@@ -97,6 +97,18 @@ def _metrics(data: Mapping[str, object]) -> dict[str, float]:
     return read_dict(data, "metrics") if "metrics" in data else {}
 
 
+def _head_fields(data: Mapping[str, object]) -> dict[str, Any]:
+    """What a head and an attestation of it both name: experiment, head id, parent, window, merge."""
+    parent = data.get("parent")
+    return {
+        "experiment": ExperimentKey.parse(data.get("experiment")),
+        "head_id": HeadId(data.get("head_id")),
+        "parent": None if parent is None else HeadId(parent),
+        "window": read_int(data, "window"),
+        "merged": tuple(read_list(data, "merged", ContentId)),
+    }
+
+
 def _reason(data: Mapping[str, object]) -> Reason:
     code = read_str(data, "reason", max_len=32)
     try:
@@ -307,14 +319,9 @@ class HeadDescriptor(_Signed):
     @classmethod
     def from_wire(cls, value: object) -> HeadDescriptor:
         d = read_object(value, "head")
-        parent = d.get("parent")
         return cls(
-            experiment=ExperimentKey.parse(d.get("experiment")),
-            head_id=HeadId(d.get("head_id")),
-            parent=None if parent is None else HeadId(parent),
-            window=read_int(d, "window"),
+            **_head_fields(d),
             global_step=read_int(d, "global_step"),
-            merged=tuple(read_list(d, "merged", ContentId)),
             validator_key=_key(d, "validator_key"),
             created_at_ms=read_int(d, "created_at_ms"),
             metrics=_metrics(d),
@@ -408,13 +415,8 @@ class Attestation(_Signed):
     @classmethod
     def from_wire(cls, value: object) -> Attestation:
         d = read_object(value, "attestation")
-        parent = d.get("parent")
         return cls(
-            experiment=ExperimentKey.parse(d.get("experiment")),
-            head_id=HeadId(d.get("head_id")),
-            parent=None if parent is None else HeadId(parent),
-            window=read_int(d, "window"),
-            merged=tuple(read_list(d, "merged", ContentId)),
+            **_head_fields(d),
             considered=tuple(read_list(d, "considered", ContentId)),
             validator_key=_key(d, "validator_key"),
             created_at_ms=read_int(d, "created_at_ms"),

@@ -259,21 +259,18 @@ class Store:
         return [Lease.from_wire(json.loads(str(r[0]))) for r in rows]
 
     # -- proposals and attestations (quorum) -----------------------------------------------
+    def _insert_new(self, table: str, *row: object) -> bool:
+        """Insert ``row`` into ``table`` (one of this module's fixed names) unless its key is there;
+        True when it was new."""
+        marks = ", ".join("?" * len(row))
+        with self._tx() as db:
+            return db.execute(f"INSERT OR IGNORE INTO {table} VALUES ({marks})", row).rowcount == 1
+
     def add_proposal(self, head: HeadDescriptor, now_ms: int) -> bool:
         """Keep a validator-signed head until enough validators vouch for it; False if already kept."""
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO proposals VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    head.experiment,
-                    head.head_id,
-                    head.parent,
-                    b64encode(head.validator_key),
-                    json.dumps(head.to_wire()),
-                    now_ms,
-                ),
-            )
-            return cursor.rowcount == 1
+        descriptor = json.dumps(head.to_wire())
+        key = b64encode(head.validator_key)
+        return self._insert_new("proposals", head.experiment, head.head_id, head.parent, key, descriptor, now_ms)
 
     def proposal(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
         """The proposed head ``head_id`` with every attestation received for it as its certificate."""
@@ -293,17 +290,8 @@ class Store:
         return [head for (head_id,) in rows if (head := self.proposal(experiment, HeadId(str(head_id)))) is not None]
 
     def add_attestation(self, attestation: Attestation) -> bool:
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?)",
-                (
-                    attestation.experiment,
-                    attestation.head_id,
-                    b64encode(attestation.validator_key),
-                    json.dumps(attestation.to_wire()),
-                ),
-            )
-            return cursor.rowcount == 1
+        key, descriptor = b64encode(attestation.validator_key), json.dumps(attestation.to_wire())
+        return self._insert_new("attestations", attestation.experiment, attestation.head_id, key, descriptor)
 
     def attestations(self, experiment: ExperimentKey, head_id: HeadId) -> list[Attestation]:
         rows = self._query(
@@ -315,18 +303,9 @@ class Store:
 
     # -- verdicts --------------------------------------------------------------------------
     def add_verdict(self, verdict: Verdict) -> bool:
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?)",
-                (
-                    verdict.experiment,
-                    verdict.candidate_id,
-                    verdict.peer_id,
-                    int(verdict.accepted),
-                    json.dumps(verdict.to_wire()),
-                ),
-            )
-            return cursor.rowcount == 1
+        descriptor = json.dumps(verdict.to_wire())
+        row = (verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor)
+        return self._insert_new("verdicts", *row)
 
     def verdicts(self, experiment: ExperimentKey, peer_id: PeerId | None = None, limit: int = 500) -> list[Verdict]:
         if peer_id is None:
