@@ -21,6 +21,7 @@ from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, Shar
 from protocol.manifests import FetchManifest, NetworkManifest
 from protocol.messages import (
     LEASE_SECRET_HEADER,
+    NEXT_SINCE_HEADER,
     READ_PROOF_HEADER,
     Attestation,
     Candidate,
@@ -117,6 +118,19 @@ class EdgeClient:
         params = {} if parent is None else {"parent": parent}
         response = self._request("GET", f"{self._experiment_path(key)}/proposals", params=params)
         return [HeadDescriptor.from_wire(h) for h in response.json()]
+
+    def candidates_since(self, key: ExperimentKey, since: int) -> tuple[list[Candidate], int]:
+        """The candidates received after cursor ``since`` (0: from the start), every page of them, and
+        the cursor to continue from: a follower that never lists history twice."""
+        path = f"{self._experiment_path(key)}/candidates"
+        found: list[Candidate] = []
+        while True:
+            response = self._request("GET", path, params={"since": since}, headers=self._read_proof(path))
+            page = [Candidate.from_wire(c) for c in response.json()]
+            found += page
+            since = int(response.headers[NEXT_SINCE_HEADER])
+            if not page:
+                return found, since
 
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         params = {} if base_head is None else {"base_head": base_head}

@@ -272,6 +272,8 @@ class Validator:
         self.state = ValidatorState.load(self._state_path)
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
         self._disputed: set[str] = set()  # proposals of others this validator computed differently
+        # experiment -> (cursor into the edge's candidates, those read and not judged yet)
+        self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
 
     @property
     def trust(self) -> TrustBook:
@@ -356,7 +358,7 @@ class Validator:
             return None  # the genesis head waits for more validators
         head.verify_trusted(self.network.validator_key_set, self.network.quorum)
         self._settle(head)
-        fresh = [c for c in self.edge.candidates(spec.key) if c.candidate_id not in self.state.judged]
+        fresh = self._unjudged(spec)
         stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id]
         window = [c for c in fresh if c.base_head == head.head_id]
         base, opened = self._windows.get(spec.key, (None, 0.0))
@@ -385,6 +387,17 @@ class Validator:
         if everyone_in and turn_s == 0:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
         return self._close_window(spec, head, window)
+
+    def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
+        """The experiment's candidates not judged yet, in arrival order. The edge is followed with a
+        cursor, so each poll reads only what arrived since the last one (history once, at start-up)."""
+        since, waiting = self._followed.get(spec.key, (0, {}))
+        arrived, since = self.edge.candidates_since(spec.key, since)
+        waiting.update({c.candidate_id: c for c in arrived})
+        for judged in [cid for cid in waiting if cid in self.state.judged]:
+            del waiting[judged]
+        self._followed[spec.key] = (since, waiting)
+        return list(waiting.values())
 
     def _turn(self, head: HeadDescriptor) -> int:
         """This validator's place in the order in which validators propose the window after ``head``

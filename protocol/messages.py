@@ -29,6 +29,7 @@ from .signing import Signer, b64decode, b64encode, canonical_json, peer_id_from_
 
 __all__ = [
     "LEASE_SECRET_HEADER",
+    "NEXT_SINCE_HEADER",
     "PEER_KINDS",
     "READ_PROOF_HEADER",
     "TRAINER_KINDS",
@@ -42,7 +43,8 @@ __all__ = [
 ]
 
 LEASE_SECRET_HEADER = "dtn-lease-secret"
-READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
+READ_PROOF_HEADER = "dtn-read-proof"
+NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 

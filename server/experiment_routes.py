@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
-from protocol.messages import PeerProof
+from protocol.messages import NEXT_SINCE_HEADER, Candidate, PeerProof
 
 from .admission import bearer_token, reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
@@ -26,6 +26,7 @@ router = APIRouter(prefix="/v1", tags=["experiments"])
 
 EXPERIMENT = "/experiments/{study}/{experiment}/{revision}"
 LEASE_PROOF_MAX_AGE_MS = 120_000
+CANDIDATE_PAGE = 500
 ENVELOPE = (
     "DTN1 envelope: b'DTN1', a 4-byte big-endian descriptor length, the signed descriptor as JSON, "
     "then the safetensors artifact it names by content id"
@@ -132,16 +133,33 @@ async def list_candidates(
     state: State,
     request: Request,
     base_head: Annotated[str | None, Query(max_length=80)] = None,
+    since: Annotated[int | None, Query(ge=0)] = None,
 ) -> JSON:
     """Candidate descriptors in arrival order; those of the open window only to validators (a signed
-    ``READ_PROOF_HEADER``); with admission on, to validator tokens only."""
+    ``READ_PROOF_HEADER``); with admission on, to validator tokens only.
+
+    With ``since=<cursor>`` (0 to start): the next page of at most ``CANDIDATE_PAGE`` candidates
+    received after it, and the cursor to continue from in the ``NEXT_SINCE_HEADER`` header, so a
+    follower never lists history twice. A reader who is no validator is stopped before the open
+    window's first candidate (it continues there once the window closes)."""
     state.admission.check_header(request.headers.get("authorization"), "read_candidates")
     state.experiment(key)
-    candidates = state.store.candidates(key, None if base_head is None else HeadId(base_head))
-    if not reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms()):
-        current = state.store.current_head(key)
-        candidates = [c for c in candidates if current is None or c.base_head != current.head_id]
-    return JSON([c.to_wire() for c in candidates])
+    validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms())
+    current = state.store.current_head(key)
+
+    def visible(candidate: Candidate) -> bool:
+        return validator or current is None or candidate.base_head != current.head_id
+
+    if since is None:
+        candidates = state.store.candidates(key, None if base_head is None else HeadId(base_head))
+        return JSON([c.to_wire() for c in candidates if visible(c)])
+    page, cursor = [], since
+    for position, candidate in state.store.candidates_since(key, since, CANDIDATE_PAGE):
+        if not visible(candidate):
+            break
+        page.append(candidate.to_wire())
+        cursor = position
+    return JSON(page, headers={NEXT_SINCE_HEADER: str(cursor)})
 
 
 @router.post(

@@ -222,6 +222,16 @@ class Store:
             )
         return [Candidate.from_wire(json.loads(str(r[0]))) for r in rows]
 
+    def candidates_since(self, experiment: ExperimentKey, since: int, limit: int) -> list[tuple[int, Candidate]]:
+        """At most ``limit`` candidates received after cursor ``since``, each with its own cursor."""
+        rows = self._query(
+            "SELECT rowid, descriptor FROM candidates WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
+            experiment,
+            since,
+            limit,
+        )
+        return [(int(str(r[0])), Candidate.from_wire(json.loads(str(r[1])))) for r in rows]
+
     def candidate_window(self, cid: ContentId) -> tuple[ExperimentKey, HeadId] | None:
         """For an artifact that a candidate uploaded and that is no head (heads are public): the
         experiment and base head of the window it was trained for; ``None`` otherwise."""

@@ -24,7 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
-from protocol.messages import LEASE_SECRET_HEADER, Lease
+from protocol.messages import LEASE_SECRET_HEADER, NEXT_SINCE_HEADER, Lease
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.serve import BackgroundEdge
 from server.settings import Settings
@@ -462,3 +462,26 @@ def test_viewers_get_a_read_only_event_stream(edge: BackgroundEdge, client: http
     with pytest.raises(ConnectionClosed) as closed:
         viewers[1].recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+
+
+def test_candidates_are_followed_with_a_cursor(client: httpx.Client) -> None:
+    """A follower reads each candidate once: ``since=<cursor>`` pages and ``dtn-next-since``; a reader
+    who is no validator stops before the open window's first candidate."""
+    genesis = _genesis(client)
+    path = f"{BASE}/candidates"
+    first, body = candidate_envelope(
+        PureSigner(b"\xe1" * 32), genesis, _lease(client, PureSigner(b"\xe1" * 32)).lease_id
+    )
+    assert client.post(path, content=body).status_code == 201
+    page = client.get(path, params={"since": 0}, headers=validator_reads(path))
+    assert [c["candidate_id"] for c in page.json()] == [first.candidate_id]
+    cursor = int(page.headers[NEXT_SINCE_HEADER])
+    again = client.get(path, params={"since": cursor}, headers=validator_reads(path))
+    assert again.json() == [] and int(again.headers[NEXT_SINCE_HEADER]) == cursor
+    public = client.get(path, params={"since": 0})
+    assert public.json() == [] and public.headers[NEXT_SINCE_HEADER] == "0"  # the window is open
+    _, next_head = head_envelope(window=1, parent=genesis)
+    assert client.post(f"{BASE}/heads", content=next_head).status_code == 201
+    public = client.get(path, params={"since": 0})
+    assert [c["candidate_id"] for c in public.json()] == [first.candidate_id]
+    assert int(public.headers[NEXT_SINCE_HEADER]) == cursor

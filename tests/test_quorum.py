@@ -150,7 +150,7 @@ def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_ro
     trainer = _trainer(quorum_env, "trainer")
     dead = network.validator_keys[2]
     skipped_turns = 0
-    for _ in range(8):  # until the dead validator's turn to propose first has come (and been taken over)
+    for _ in range(20):  # until the dead validator's turn to propose first has come (and been taken over)
         first_turn = min(network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest())
         outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
         head = _next_head(quorum_env, alive, spec, head.window)
