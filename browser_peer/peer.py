@@ -31,9 +31,10 @@ from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
-from protocol.model import MODELS
+from protocol.model import MODELS, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
@@ -81,6 +82,7 @@ class BrowserPeer:
         self._matmul, backend = fastest_matmul()
         self.status["matmul"] = backend
         self._optimizer: Adam | None = None
+        self._residual: Params | None = None  # what the experiment's lossy codec dropped last window
         self._manifest: FetchManifest | None = None
         self._network: NetworkManifest | None = None
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -237,6 +239,7 @@ class BrowserPeer:
         params, _ = decode_tensors(artifact)
         model = MODELS[spec.model]
         model.check(params)
+        base = {name: array.copy() for name, array in params.items()}  # training may update in place
         if self._manifest is None:
             self._manifest = FetchManifest.from_wire(
                 await self._fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
@@ -273,12 +276,14 @@ class BrowserPeer:
         seconds = time.perf_counter() - started
         examples = steps * spec.batch_size
         rate = examples / max(seconds, 1e-9)
+        tensors, self._residual = encode_update(model, base, params, spec.codec, self._residual)
         candidate, envelope = package_candidate(
             lease,
-            params,
+            tensors,
             self.signer,
             peer_kind=self.peer_kind,
             model=spec.model,
+            codec=spec.codec,
             examples=examples,
             steps=steps,
             created_at_ms=self.clock.now_ms(),

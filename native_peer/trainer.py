@@ -40,6 +40,7 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor
+from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .dataset_client import ShardCache
@@ -231,9 +232,18 @@ class Trainer:
         last = head.head_id if head is not None and head.head_id in done else None
         return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
 
-    def _head_params(self, head: HeadDescriptor) -> Any:
+    def _head_tensors(self, head: HeadDescriptor) -> dict[str, np.ndarray]:
         tensors, _ = decode_tensors(self.edge.artifact(head.head_id, self.storage.head_path(head.head_id)))
-        return self.project.learner.from_tensors(tensors)
+        return tensors
+
+    def _residual(self, experiment: Experiment) -> dict[str, np.ndarray] | None:
+        """What the experiment's lossy codec dropped from this trainer's last update (error feedback)."""
+        path = self.storage.experiment_dir(experiment.key) / "residual.safetensors"
+        if experiment.spec.codec == "fp32" or not path.exists():
+            return None
+        saved, _ = decode_tensors(path.read_bytes())
+        shapes = self.project.learner.model.shapes
+        return saved if {k: v.shape for k, v in saved.items()} == shapes else None
 
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
         """Train one window on the current head and publish the candidate.
@@ -252,7 +262,8 @@ class Trainer:
         lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
         pending = self.shards.prefetch(grant)
-        params = self._head_params(head)
+        base = self._head_tensors(head)
+        params = self.project.learner.from_tensors(base)
         opt_state = self._optimizer_state(experiment, params)
         x, y = ShardCache.assemble(pending)
         engine = self._engine(experiment)
@@ -273,18 +284,26 @@ class Trainer:
         if latest is None or latest.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
+        codec = experiment.spec.codec
+        model = self.project.learner.model
+        tensors, residual = encode_update(
+            model, base, self.project.learner.to_tensors(params), codec, self._residual(experiment)
+        )
         candidate, envelope = package_candidate(
             lease,
-            self.project.learner.to_tensors(params),
+            tensors,
             self.identity,
             peer_kind=self.peer_kind,
             model=experiment.spec.model,
+            codec=codec,
             examples=examples,
             steps=steps,
             created_at_ms=self.clock.now_ms(),
             metrics=metrics,
         )
         self.edge.publish_candidate(experiment.key, envelope)
+        if codec != "fp32":
+            write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)

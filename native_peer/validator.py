@@ -80,6 +80,7 @@ from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
+from protocol.updates import decode_update
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
@@ -415,11 +416,12 @@ class Validator:
         """Judge ``window`` on top of ``head``: the signed next head, its artifact, the decision."""
         policy = PRESETS[spec.screening]
         val_x, val_y = self._split(spec, "holdout")
+        base = self._head_params(head)
         decision = judge_window(
             self.learner.model,
-            self._head_params(head),
+            base,
             {"loss": head.metrics["val_loss"]},
-            share_principal_weight([self._precheck(spec, head, candidate) for candidate in window], policy),
+            share_principal_weight([self._precheck(spec, head, base, c) for c in window], policy),
             policy,
             lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
             self.state.trust,
@@ -429,7 +431,7 @@ class Validator:
             assert decision.merged_metrics is not None  # judge_window measures every merge it promotes
             merged, validation = decision.merged, decision.merged_metrics
         else:  # nothing to merge: the next attempt starts from the same parameters under a new head
-            steps, merged, validation = 0, self._head_params(head), _unnamed("val", head.metrics)
+            steps, merged, validation = 0, base, _unnamed("val", head.metrics)
         promoted, artifact = self._sign_head(
             spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation
         )
@@ -527,9 +529,10 @@ class Validator:
             self._flush()
 
     def _precheck(
-        self, spec: ExperimentSpec, head: HeadDescriptor, candidate: Candidate
+        self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray], candidate: Candidate
     ) -> tuple[Submission, str | None]:
-        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact; with the
+        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact, decoded
+        with the experiment's update codec against ``base`` (the head's parameters); with the
         submission, the principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
@@ -548,7 +551,8 @@ class Validator:
         if screen.accepted:
             path = self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:")
             try:
-                tensors, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
+                encoded, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
+                tensors = decode_update(self.learner.model, base, encoded, spec.codec)
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
         submission = Submission(

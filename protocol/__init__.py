@@ -10,10 +10,11 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     ed25519      pure-Python RFC 8032 signatures (what the browser signs with)
     signing      Signer interface, peer ids from keys, canonical JSON
     fields       strict readers for decoded JSON
-    messages     signed wire messages: Lease, Candidate, HeadDescriptor, Verdict
+    messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
     envelope     descriptor + artifact in one upload body or binary frame
     model        model specs and the NumPy reference forward pass
+    updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification

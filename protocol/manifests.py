@@ -15,6 +15,7 @@ from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
 from .signing import b64decode, b64encode
+from .updates import CODECS
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -125,6 +126,11 @@ class ExperimentSpec:
     min_candidates: int = 1
     window_timeout_s: float = 60.0
     screening: str = "balanced"
+    codec: str = "fp32"  # how candidates carry their update (``protocol.updates``)
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise InvalidMessage(f"unknown update codec {self.codec!r}; codecs: {CODECS}")
 
     def to_wire(self) -> dict[str, Any]:
         return {**asdict(self), "key": str(self.key)}
@@ -143,6 +149,7 @@ class ExperimentSpec:
             min_candidates=read_int(d, "min_candidates", low=1, high=10_000),
             window_timeout_s=read_float(d, "window_timeout_s"),
             screening=read_str(d, "screening", max_len=32),
+            codec=read_str(d, "codec", max_len=8) if "codec" in d else "fp32",
         )
 
 

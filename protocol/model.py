@@ -14,15 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .codec import decode_tensors
-from .errors import InvalidMessage, TooLarge
+from .errors import InvalidMessage
 
 __all__ = [
     "MAX_ARTIFACT_METADATA_BYTES",
     "MODELS",
     "ModelSpec",
     "Params",
-    "decode_artifact",
     "evaluate",
     "forward",
     "init_params",
@@ -69,16 +67,6 @@ class ModelSpec:
     def max_artifact_bytes(self) -> int:
         """The largest artifact that can hold this model: float32 tensors plus a small header."""
         return 8 + MAX_ARTIFACT_METADATA_BYTES + 4 * self.num_params
-
-
-def decode_artifact(spec: ModelSpec, data: bytes) -> Params:
-    """The parameters in ``data`` if it is exactly an artifact of ``spec`` (size, names, shapes,
-    float32); raises ``TooLarge``, ``CodecError`` or ``InvalidMessage`` otherwise."""
-    if len(data) > spec.max_artifact_bytes:
-        raise TooLarge(f"{len(data)} bytes is more than a {spec.name} artifact can be ({spec.max_artifact_bytes})")
-    tensors, _ = decode_tensors(data)
-    spec.check(tensors)
-    return tensors  # type: ignore[return-value]
 
 
 MODELS: dict[str, ModelSpec] = {"mnist-mlp": ModelSpec("mnist-mlp", (784, 128, 10))}

@@ -6,7 +6,8 @@ Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and 
     lease = ...                                                         # asked of the edge
     check_lease(lease, head, peer_id=me, edge_key=network.edge_key)     # this window, this peer
     seed = epoch_seed(lease, epoch)                                     # the batch order per epoch
-    candidate, body = package_candidate(lease, params, signer, ...)     # signed, in one envelope
+    tensors, residual = encode_update(model, base, params, codec, residual)  # protocol.updates
+    candidate, body = package_candidate(lease, tensors, signer, ...)    # signed, in one envelope
 
 ``lease_covers`` is the one lease-ownership rule: the edge's intake and the validators' precheck
 both ask it whether a candidate names a lease its trainer holds for this window.
@@ -88,16 +89,18 @@ def package_candidate(
     *,
     peer_kind: str,
     model: str,
+    codec: str,
     examples: int,
     steps: int,
     created_at_ms: int,
     metrics: Mapping[str, float],
 ) -> tuple[Candidate, bytes]:
-    """The signed candidate for ``tensors`` trained on ``lease``, and the envelope to upload.
+    """The signed candidate for ``tensors`` (encoded with ``codec``: ``protocol.updates``) trained on
+    ``lease``, and the envelope to upload.
 
-    The artifact records ``model`` and the base head in its metadata; the candidate id is its
-    content id."""
-    artifact = encode_tensors(tensors, {"model": model, "base_head": lease.base_head})
+    The artifact records ``model``, ``codec`` and the base head in its metadata; the candidate id is
+    its content id."""
+    artifact = encode_tensors(tensors, {"model": model, "codec": codec, "base_head": lease.base_head})
     candidate = Candidate.for_lease(
         lease,
         artifact,

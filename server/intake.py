@@ -5,8 +5,9 @@ candidates: the client address's budget of signature checks,) signature, then fo
 lease requests count against too), a trainer kind, a lease its trainer holds for this
 window (``protocol.window.lease_covers``, the rule validators apply too) and has not used yet (one
 candidate per lease, else 409), room in the window's storage quota (else 507); then the artifact's
-hash and that it is exactly an artifact of the experiment's model (``protocol.model.decode_artifact``:
-size, names, shapes, float32), stored fsynced; then the record is committed and only then acknowledged
+hash and that it is exactly an artifact of the experiment's model (``protocol.updates.read_artifact``:
+size, names, shapes, dtypes of the experiment's update codec; heads are float32 parameters), stored
+fsynced; then the record is committed and only then acknowledged
 and announced. Whether a candidate is any good is the validators' call, not the edge's.
 
 Heads are proposals until ``NetworkManifest.quorum`` distinct validators vouch for them: the
@@ -31,8 +32,9 @@ from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
-from protocol.model import MODELS, decode_artifact
+from protocol.model import MODELS
 from protocol.signing import b64encode
+from protocol.updates import read_artifact
 from protocol.window import lease_covers
 
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded
@@ -49,12 +51,15 @@ def check_peer_rate(state: EdgeState, peer_id: str, experiment: ExperimentKey) -
     state.peer_limits.check(f"{peer_id} in {experiment}")
 
 
-async def _store_artifact(state: EdgeState, artifact: bytes, cid: ContentId, spec: ExperimentSpec) -> None:
-    """Store ``artifact`` once it hashes to ``cid`` and is exactly an artifact of the experiment's model."""
+async def _store_artifact(
+    state: EdgeState, artifact: bytes, cid: ContentId, spec: ExperimentSpec, codec: str = "fp32"
+) -> None:
+    """Store ``artifact`` once it hashes to ``cid`` and is exactly an artifact of the experiment's
+    model under ``codec`` (candidates: the experiment's; heads: plain float32 parameters)."""
 
     def work() -> None:
         verify_content(artifact, cid)
-        decode_artifact(MODELS[spec.model], artifact)
+        read_artifact(MODELS[spec.model], artifact, codec)
         state.blobs.put(artifact, cid)
 
     await anyio.to_thread.run_sync(work)
@@ -101,7 +106,7 @@ async def accept_candidate(
         used = state.store.window_bytes(candidate.experiment, candidate.base_head)
         if delivered is None and used + len(artifact) > state.settings.window_quota_bytes:
             raise QuotaExceeded(f"this window's candidate storage is full ({used} bytes stored)")
-        await _store_artifact(state, artifact, candidate.candidate_id, spec)
+        await _store_artifact(state, artifact, candidate.candidate_id, spec, spec.codec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise

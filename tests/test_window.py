@@ -46,6 +46,7 @@ def _package(lease: Lease) -> tuple[Candidate, bytes]:
         TRAINER,
         peer_kind="native",
         model=SPEC.name,
+        codec="fp32",
         examples=640,
         steps=10,
         created_at_ms=1_700_000_000_000,
@@ -147,7 +148,7 @@ def test_package_candidate_signs_the_artifact_it_ships(lease: Lease) -> None:
     assert (candidate.peer_id, candidate.base_head, candidate.lease_id) == (TRAINER_ID, lease.base_head, lease.lease_id)
     assert (candidate.examples, candidate.steps, candidate.metrics) == (640, 10, {"train_loss": 0.5})
     tensors, metadata = decode_tensors(artifact)
-    assert metadata == {"model": SPEC.name, "base_head": lease.base_head}
+    assert metadata == {"model": SPEC.name, "codec": "fp32", "base_head": lease.base_head}
     expected = init_params(SPEC, 3)
     assert tensors.keys() == expected.keys()
     assert all(np.array_equal(tensors[name], expected[name]) for name in expected)
