@@ -105,8 +105,16 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "",
     ]
     browser = "included" if summary["browser"] else "SKIPPED (--no-browser): browser_candidate_accepted not checked"
+    reached = summary.get("target_reached")
+    target = (
+        f"The baseline reached test accuracy {reached['test_accuracy']:.4f} (target {reached['target']}) at window "
+        f"{reached['window']}."
+        if reached
+        else "The baseline did not reach its target accuracy."
+    )
     lines += [
         f"Wall time {summary['wall_time_s']:.0f} s. Peers: {len(summary['peers'])}. Browser trainer: {browser}.",
+        target,
         "",
     ]
     lines += ["| check | result |", "| --- | --- |"]
@@ -230,6 +238,8 @@ def _summarize(
             for h in heads
         ]
     final = {key: heads[-1] for key, heads in lineage.items() if heads}
+    # the head that reached the target is the one judged, not whichever head came after it
+    reached = next((h for h in lineage[BASELINE] if h["test_accuracy"] >= target_accuracy), None)
     verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
     # every candidate of a closed window (its base is not the final head) was decided, with a reason
     # that matches the decision (``Verdict`` refuses accepted=True with a rejection reason and back)
@@ -260,7 +270,7 @@ def _summarize(
         and resumed[0]["optimizer_restored"]
         and any(o["peer_id"] in accepted_peers for o in after_restart),
         "baseline_beat_low_lr": final[BASELINE]["test_accuracy"] > final[LOW_LR]["test_accuracy"],
-        "baseline_reached_target": final[BASELINE]["test_accuracy"] >= target_accuracy,
+        "baseline_reached_target": reached is not None,
         "head_lineage_valid": lineage_ok,
         "every_verdict_has_a_reason": judged_ok,
     }
@@ -287,6 +297,9 @@ def _summarize(
             "shard_cache_hits_after_restart": after_restart[-1]["shard_cache_hits"] if after_restart else 0,
         },
         "late_joiner_first_window": late[0]["window"] if late else None,
+        "target_reached": None
+        if reached is None
+        else {k: reached[k] for k in ("window", "head_id", "test_accuracy")} | {"target": target_accuracy},
         "checks": checks,
         "all_checks_passed": all(checks.values()),
         "lineage": lineage,
