@@ -1,13 +1,26 @@
 """The attack suite: the validator's real decision rules against attackers, on real MNIST updates.
 
-Each scenario runs ``windows`` windows with ``peers`` trainers, a fraction of them malicious, under
-one screening preset. Honest peers train real updates (JAX, Adam, one leased shard each); attackers
-train too, then craft what they submit from their own update or the honest ones (which they are
-assumed to see). Every submission is a real signed ``Candidate`` with a real edge-signed ``Lease``
-and goes through ``protocol.judging.precheck`` and ``judge_window`` (with a ``TrustBook``), exactly
-as a validator runs them. The scorecard reports, per attack × fraction × preset: malicious
-acceptance rate, benign false rejection rate, final head test accuracy vs. the clean run (fraction
-0), and quarantine precision/recall.
+Each scenario runs ``windows`` windows of one *setting* under one screening preset:
+
+    iid           ``peers`` trainers (10), one leased shard each
+    label_skew    ``peers`` benign trainers, each holding only 2 or 3 classes (non-IID)
+    cohort_2/3    windows of only 2 or 3 candidates, one of them an attacker
+
+Honest peers train real updates (JAX, Adam, kept optimizer state); attackers train too (backdoor
+attackers on poisoned data), then craft what they submit from their own update or the honest ones
+(which they are assumed to see). Every submission is a real signed ``Candidate`` with a real
+edge-signed ``Lease`` and goes through ``protocol.judging.precheck`` and ``judge_window`` (with a
+``TrustBook``), exactly as a validator runs them, and with the validator's **reference update**:
+each window the suite, as the validator, trains the base head for a trainer's number of steps on
+its reference examples, which no trainer gets (``REFERENCE``, disjoint from the ``HOLDOUT`` it judges
+on), and passes it to ``judge_window``; the tie-break salt is drawn from the closed window.
+
+The scorecard reports harm, not only acceptance, per setting × attack × fraction × preset: malicious
+acceptance rate, benign false rejection rate, final head test accuracy and its difference to the
+clean run of the same setting, the trigger's attack success rate (triggered non-target test images
+classified as the target) and its difference to the clean run, honest peers quarantined, and
+quarantine precision/recall. Seeds come from fixed values and sha256 of names, never from ``hash()``,
+so the scorecard is the same from run to run.
 
     python -m lab attack-suite --out var/attack-suite [--windows 4] [--presets balanced ...]
 """
@@ -16,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +39,14 @@ import numpy as np
 import optax
 
 from datasets import mnist
-from datasets.layout import load_split
+from datasets.layout import load_split, split_path
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
-from protocol.judging import FRESH_TRUST, Submission, judge_window, precheck
+from protocol.judging import FRESH_TRUST, Submission, judge_window, precheck, reference_batches
 from protocol.leases import assign_leases
 from protocol.messages import Candidate, Lease
 from protocol.model import Params
@@ -42,13 +54,36 @@ from protocol.screening import PRESETS
 from protocol.shards import decode_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 
-__all__ = ["ATTACKS", "run_suite"]
+__all__ = [
+    "ATTACKS",
+    "FRACTIONS",
+    "PLAN",
+    "SETTINGS",
+    "TRIGGER_PIXELS",
+    "Suite",
+    "load_data",
+    "run_suite",
+    "scenario_seed",
+    "scorecard_table",
+    "write_scorecard",
+]
 
 KEY = ExperimentKey.parse("attack/mnist/rev-1")
 EDGE = PureSigner(b"\xed" * 32)
-FRACTIONS = (0.0, 0.1, 0.2, 0.33)
+FRACTIONS = (0.1, 0.2, 0.33)
+SYBIL_FRACTIONS = (0.5, 0.6)
 LEARNING_RATE = 2e-3
 BATCH = 64
+SHARD_EXAMPLES = 1000
+STEPS = SHARD_EXAMPLES // BATCH  # a trainer's optimizer steps per window
+HOLDOUT = 5000  # what the validator judges candidates and heads on (never a trainer's)
+REFERENCE = 4000  # what the validator trains its reference update on (never a trainer's)
+REFERENCE_BATCH = 4 * BATCH  # the same steps as a trainer, a steadier direction
+# a 12-pixel patch in the top-left corner that no MNIST training image lights (tests check it)
+TRIGGER_PIXELS = tuple(r * 28 + c for r in range(4) for c in range(4) if r < 2 or c < 2)
+TARGET = 0
+POISON_FRACTION = 0.5  # share of a backdoor attacker's examples it triggers and relabels
+BOOST = 5.0  # the boosted backdoor's scale ("model replacement")
 
 
 @dataclass
@@ -60,6 +95,8 @@ class Window:
     honest: list[Params]
     previous_submissions: list[tuple[Candidate, bytes]]
     rng: np.random.Generator
+    index: int = 0  # this attacker's position among the attackers
+    operator: Params | None = None  # the first attacker's own update (what Sybils copy)
 
 
 def _delta(params: Params, base: Params) -> dict[str, np.ndarray]:
@@ -68,6 +105,10 @@ def _delta(params: Params, base: Params) -> dict[str, np.ndarray]:
 
 def _apply(base: Params, delta: dict[str, np.ndarray]) -> Params:
     return {k: (base[k] + delta[k]).astype(np.float32) for k in base}
+
+
+def _norm(delta: dict[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum((v**2).sum() for v in delta.values())))
 
 
 def _honest_stats(w: Window) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -118,35 +159,42 @@ def _colluding_cluster(w: Window) -> list[Params]:
     """All attackers send one vector: the honest mean plus a shared push of twice its norm."""
     mean, _ = _honest_stats(w)
     push = {k: np.random.default_rng(7).standard_normal(v.shape) for k, v in mean.items()}
-    scale = 2.0 * np.sqrt(sum((v**2).sum() for v in mean.values())) / np.sqrt(sum((v**2).sum() for v in push.values()))
-    return [_apply(w.base, {k: mean[k] + scale * push[k] for k in mean})]
+    return [_apply(w.base, {k: mean[k] + 2.0 * _norm(mean) / _norm(push) * push[k] for k in mean})]
 
 
 def _late_flood(w: Window) -> list[Params]:
     """Five noise updates per attacker, each of honest size."""
     mean, _ = _honest_stats(w)
-    norm = np.sqrt(sum((v**2).sum() for v in mean.values()))
     floods = []
     for _ in range(5):
         noise = {k: w.rng.standard_normal(v.shape) for k, v in mean.items()}
-        scale = norm / np.sqrt(sum((v**2).sum() for v in noise.values()))
-        floods.append(_apply(w.base, {k: scale * v for k, v in noise.items()}))
+        floods.append(_apply(w.base, {k: _norm(mean) / _norm(noise) * v for k, v in noise.items()}))
     return floods
 
 
-def _low_norm_backdoor(w: Window) -> list[Params]:
-    """Own update plus a small push that maps a trigger (a bright corner) to class 0, kept at the
-    honest norm so norm screening cannot see it."""
+def _backdoor(w: Window) -> list[Params]:
+    """A trigger backdoor: the attacker trained on its shard with half the images carrying the
+    trigger patch and relabelled ``TARGET``; the update is scaled to the honest median norm, so
+    norm screening cannot tell it apart."""
     delta = _delta(w.own, w.base)
-    trigger = np.zeros(784)
-    trigger[-30:] = 1.0
-    delta["dense0.kernel"][:, :8] += 0.02 * trigger[:, None]
-    honest_norm = np.median([np.sqrt(sum((v**2).sum() for v in _delta(p, w.base).values())) for p in w.honest])
-    norm = np.sqrt(sum((v**2).sum() for v in delta.values()))
-    return [_apply(w.base, {k: v * honest_norm / norm for k, v in delta.items()})]
+    honest_norm = float(np.median([_norm(_delta(p, w.base)) for p in w.honest]))
+    return [_apply(w.base, {k: v * honest_norm / _norm(delta) for k, v in delta.items()})]
 
 
-# Attacks whose damage is in the descriptor, not the parameters, return None: handled in _submit.
+def _backdoor_boosted(w: Window) -> list[Params]:
+    """The same poisoned update, boosted ``BOOST`` times (model replacement, Bagdasaryan et al. 2020)."""
+    return [_apply(w.base, {k: BOOST * v for k, v in _delta(w.own, w.base).items()})]
+
+
+def _sybil_scaled(w: Window) -> list[Params]:
+    """Cheap identities of one operator, each sending a scaled-down copy of the operator's update
+    (0.25, 0.26, ...): they drag a cohort median norm down until honest updates look too large."""
+    assert w.operator is not None
+    factor = 0.25 + 0.01 * w.index
+    return [_apply(w.base, {k: factor * v for k, v in _delta(w.operator, w.base).items()})]
+
+
+# Attacks whose damage is in the descriptor, not the parameters, map to None: handled in _submit.
 ATTACKS: dict[str, Callable[[Window], list[Params]] | None] = {
     "sign_flip": _sign_flip,
     "scale_up": _scale_up,
@@ -159,15 +207,60 @@ ATTACKS: dict[str, Callable[[Window], list[Params]] | None] = {
     "alie": _alie,
     "ipm": _ipm,
     "colluding_cluster": _colluding_cluster,
-    "low_norm_backdoor": _low_norm_backdoor,
+    "backdoor": _backdoor,
+    "backdoor_boosted": _backdoor_boosted,
+    "sybil_scaled": _sybil_scaled,
 }
+BACKDOORS = frozenset({"backdoor", "backdoor_boosted"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    peers: int | None  # None: the suite's peer count
+    skew: bool = False
+
+
+SETTINGS = {
+    "iid": Setting("iid", None),
+    "label_skew": Setting("label_skew", None, skew=True),
+    "cohort_2": Setting("cohort_2", 2),
+    "cohort_3": Setting("cohort_3", 3),
+}
+_SMALL = ("backdoor", "backdoor_boosted", "scale_up", "sign_flip")
+# setting -> (attack, fractions) pairs; every setting also has its clean run (fraction 0)
+_SYBIL_MAJORITY = {"sybil_scaled": SYBIL_FRACTIONS, "alie": (*FRACTIONS, 0.6), "colluding_cluster": (*FRACTIONS, 0.6)}
+PLAN: dict[str, tuple[tuple[str, tuple[float, ...]], ...]] = {
+    "iid": tuple((a, _SYBIL_MAJORITY.get(a, FRACTIONS)) for a in ATTACKS),
+    "label_skew": (("backdoor", (0.2,)),),
+    "cohort_2": tuple((a, (0.5,)) for a in _SMALL),
+    "cohort_3": tuple((a, (0.33,)) for a in _SMALL),
+}
+
+
+def skew_classes(peer: int) -> tuple[int, ...]:
+    """The classes a label-skewed peer holds: 2 for even peers, 3 for odd ones, spread so that
+    every class is held by 2 or 3 of 10 peers."""
+    return tuple((3 * peer + k) % 10 for k in range(2 + peer % 2))
+
+
+def poison(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``POISON_FRACTION`` of the examples with the trigger patch lit and the label ``TARGET``."""
+    x, y = x.copy(), y.copy()
+    chosen = np.random.default_rng(seed).permutation(len(x))[: int(len(x) * POISON_FRACTION)]
+    rows = np.repeat(chosen, len(TRIGGER_PIXELS))
+    x[rows, np.tile(TRIGGER_PIXELS, len(chosen))] = 255 / 256
+    y[chosen] = TARGET
+    return x, y
 
 
 @dataclass
 class Data:
     shards: list[tuple[np.ndarray, np.ndarray]]
-    val: tuple[np.ndarray, np.ndarray]
+    holdout: tuple[np.ndarray, np.ndarray]
+    reference: tuple[np.ndarray, np.ndarray]
     test: tuple[np.ndarray, np.ndarray]
+    triggered: tuple[np.ndarray, np.ndarray]  # non-target test images with the trigger, labelled TARGET
 
 
 @dataclass
@@ -177,14 +270,40 @@ class Tally:
     benign: int = 0
     benign_rejected: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    benign_cosines: list[float] = field(default_factory=list)  # to the reference, screened-in benign updates
+    promoted: int = 0
 
 
-def load_data(datasets_dir: Path, validation_size: int = 2000) -> Data:
+def load_data(datasets_dir: Path) -> Data:
+    """The suite's data, the same for every preparation of the dataset: the whole training pool
+    (trainer shards, the validators' holdout and reference splits, whatever the preparation's random
+    draw put where), in a canonical order (sha256 of each example), re-carved into the validator's
+    ``HOLDOUT`` and ``REFERENCE`` examples and trainer shards of ``SHARD_EXAMPLES``."""
     manifest = mnist.prepare(datasets_dir)
     root = datasets_dir / "mnist"
-    shards = [decode_shard((root / "train" / entry.locator).read_bytes()) for entry in manifest.shards]
-    val_x, val_y = load_split(root, "validation")
-    return Data(shards, (val_x[:validation_size], val_y[:validation_size]), load_split(root, "test"))
+    parts = [decode_shard((root / "train" / entry.locator).read_bytes()) for entry in manifest.shards]
+    parts += [load_split(root, split) for split in ("holdout", "reference") if split_path(root, split).exists()]
+    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    keys = [hashlib.sha256(xi.tobytes() + int(yi).to_bytes(1, "big")).digest() for xi, yi in zip(x, y, strict=True)]
+    order = np.asarray(sorted(range(len(x)), key=keys.__getitem__))
+    x, y = x[order], y[order]
+    holdout, reference = slice(0, HOLDOUT), slice(HOLDOUT, HOLDOUT + REFERENCE)
+    rest = range(HOLDOUT + REFERENCE, len(x) - SHARD_EXAMPLES + 1, SHARD_EXAMPLES)
+    test_x, test_y = load_split(root, "test")
+    keep = test_y != TARGET
+    triggered = test_x[keep].copy()
+    triggered[:, list(TRIGGER_PIXELS)] = 255 / 256
+    return Data(
+        [(x[i : i + SHARD_EXAMPLES], y[i : i + SHARD_EXAMPLES]) for i in rest],
+        (x[holdout], y[holdout]),
+        (x[reference], y[reference]),
+        (test_x, test_y),
+        (triggered, np.full(len(triggered), TARGET, test_y.dtype)),
+    )
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256("|".join(map(repr, parts)).encode()).digest()[:8], "big")
 
 
 class Suite:
@@ -195,18 +314,24 @@ class Suite:
         self.learner = mlp_learner()
         self.engine = TrainEngine(self.learner, optax.adam(LEARNING_RATE))
         self.evaluator = Evaluator(self.learner)
-        self.signers = [PureSigner(i.to_bytes(2, "big") * 16) for i in range(1, peers + 1)]
+        self.signers = [PureSigner(i.to_bytes(2, "big") * 16) for i in range(1, max(peers, 3) + 1)]
         self.genesis = self.learner.to_tensors(self.learner.init(jax.random.PRNGKey(0)))
         self.warm, self.warm_updates, self.warm_states = self._warm_up(warmup_windows)
+        train_y = np.concatenate([y for _, y in data.shards])
+        self._by_class = {c: np.flatnonzero(train_y == c) for c in range(10)}
+        self._train_x = np.concatenate([x for x, _ in data.shards])
+        self._train_y = train_y
 
     def evaluate(self, params: Params, split: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
         return self.evaluator(self.learner.from_tensors(params), *split)
 
-    def _train(self, base: Params, shard: int, opt_state: Any, seed: int) -> tuple[Params, Any]:
-        x, y = self.data.shards[shard]
+    def attack_success(self, params: Params) -> float:
+        """Share of triggered non-target test images the model classifies as ``TARGET``."""
+        return self.evaluate(params, self.data.triggered)["accuracy"]
+
+    def _fit(self, base: Params, x: np.ndarray, y: np.ndarray, opt_state: Any, seed: int) -> tuple[Params, Any]:
         xb, yb = make_batches(x, y, BATCH, seed)
-        params = self.learner.from_tensors(base)
-        params, opt_state, _ = self.engine.train_epoch(params, opt_state, xb, yb)
+        params, opt_state, _ = self.engine.train_epoch(self.learner.from_tensors(base), opt_state, xb, yb)
         return self.learner.to_tensors(params), opt_state
 
     def _warm_up(self, windows: int) -> tuple[Params, list[Params], list[Any]]:
@@ -215,59 +340,74 @@ class Suite:
         each peer's optimizer state (trainers keep theirs across windows)."""
         base = self.genesis
         updates: list[Params] = []
-        states = [self.engine.init_optimizer(self.learner.from_tensors(base)) for _ in range(self.peers)]
+        states = [self.engine.init_optimizer(self.learner.from_tensors(base)) for _ in self.signers]
         for window in range(windows):
             updates = []
-            for i in range(self.peers):
-                params, states[i] = self._train(
-                    base, (window * self.peers + i) % len(self.data.shards), states[i], window
-                )
+            for i in range(len(self.signers)):
+                x, y = self.data.shards[(window * len(self.signers) + i) % len(self.data.shards)]
+                params, states[i] = self._fit(base, x, y, states[i], window)
                 updates.append(params)
             base = {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in base}
         return base, updates, states
 
-    def run(self, attack: str, fraction: float, preset: str) -> dict[str, Any]:
+    def _skewed(self, peer: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """``SHARD_EXAMPLES`` training examples of the peer's classes, different each window."""
+        pool = np.concatenate([self._by_class[c] for c in skew_classes(peer)])
+        pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
+        return self._train_x[pick], self._train_y[pick]
+
+    def reference(self, base: Params, head_id: str) -> Params:
+        """The validator's reference update for the window on ``head_id``: a fresh optimizer from the
+        base head, a trainer's number of steps, batches of ``REFERENCE_BATCH`` from the reference
+        examples (never a trainer's), drawn by ``protocol.judging.reference_batches``."""
+        x, y = self.data.reference
+        index = reference_batches(head_id, len(x), STEPS, REFERENCE_BATCH)
+        params = self.learner.from_tensors(base)
+        params, _, _ = self.engine.train_epoch(params, self.engine.init_optimizer(params), x[index], y[index])
+        return self.learner.to_tensors(params)
+
+    def run(
+        self, attack: str, fraction: float, preset: str, setting: str = "iid", *, use_reference: bool = True
+    ) -> dict[str, Any]:
+        """One scenario; ``use_reference=False`` judges as a validator without a reference update."""
         policy = PRESETS[preset]
-        malicious = set(range(round(fraction * self.peers)))
+        where = SETTINGS[setting]
+        peers = where.peers or self.peers
+        malicious = set() if attack == "clean" else set(range(round(fraction * peers)))
+        signers = self.signers[:peers]
         trust = FRESH_TRUST
         tally = Tally()
         base = self.warm
-        base_metrics = self.evaluate(base, self.data.val)
-        states = list(self.warm_states)
+        base_metrics = self.evaluate(base, self.data.holdout)
+        states = list(self.warm_states[:peers])
         old_artifacts = [encode_tensors(u) for u in self.warm_updates]
         judged: set[str] = {content_id(a) for a in old_artifacts}
         old_lease = Lease(
-            LeaseId("lease-old"),
-            KEY,
-            peer_id_from_public_key(self.signers[0].public_key),
-            HeadId(content_id(b"old")),
-            0,
-            DatasetId("mnist"),
-            (),
-            0,
-            1,
-        )
-        previous = [
-            (_candidate(self.signers[0], old_lease, old_lease.base_head, content_id(a)), a) for a in old_artifacts
-        ]
-        rng = np.random.default_rng(scenario_seed(attack, fraction, preset))
+            LeaseId("lease-old"), KEY, peer_id_from_public_key(signers[0].public_key), HeadId(content_id(b"old")),
+            0, DatasetId("mnist"), (), 0, 1,
+        )  # fmt: skip
+        previous = [(_candidate(signers[0], old_lease, old_lease.base_head, content_id(a)), a) for a in old_artifacts]
+        rng = np.random.default_rng(scenario_seed(attack, fraction, preset, setting))
         head_id = HeadId(content_id(encode_tensors(base)))
         previous_head = head_id
+        peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
         for window in range(self.windows):
-            peer_ids = [peer_id_from_public_key(s.public_key) for s in self.signers]
             assignment = assign_leases(head_id, peer_ids, [str(i) for i in range(len(self.data.shards))], 1)  # type: ignore[arg-type]
             trained: list[Params] = []
             for i, peer in enumerate(peer_ids):
-                params, states[i] = self._train(base, int(assignment[peer][0]), states[i], window + 100)
+                x, y = self._skewed(i, window) if where.skew else self.data.shards[int(assignment[peer][0])]
+                if i in malicious and attack in BACKDOORS:
+                    x, y = poison(x, y, _seed("poison", i, window))
+                params, states[i] = self._fit(base, x, y, states[i], _seed("batches", i, window))
                 trained.append(params)
-            honest = [trained[i] for i in range(self.peers) if i not in malicious]
+            honest = [trained[i] for i in range(peers) if i not in malicious]
             submissions, candidates, is_malicious = [], [], []
-            for i, (signer, peer) in enumerate(zip(self.signers, peer_ids, strict=True)):
+            for i, (signer, peer) in enumerate(zip(signers, peer_ids, strict=True)):
                 lease = Lease(
                     LeaseId(f"lease-{window}-{i}"), KEY, peer, head_id, window, DatasetId("mnist"),
                     assignment[peer], 0, 2**40,
                 ).signed(EDGE)  # fmt: skip
-                ctx = Window(base, trained[i], honest, previous, rng)
+                ctx = Window(base, trained[i], honest, previous, rng, sorted(malicious).index(i) if i in malicious else 0, trained[0])  # fmt: skip
                 for candidate, artifact in self._submit(
                     attack if i in malicious else None, ctx, signer, lease, previous_head
                 ):
@@ -278,7 +418,7 @@ class Suite:
                         current_head=head_id,
                         judged=judged,
                         lease=lease,
-                        leased_examples=1000,
+                        leased_examples=SHARD_EXAMPLES,
                         edge_key=EDGE.public_key,
                     )
                     params = _decode(artifact) if screen.accepted else None
@@ -292,12 +432,18 @@ class Suite:
                             screen,
                         )
                     )
+            # the validator, once the window is closed: its reference update and the tie-break salt
+            salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c, _ in candidates)).encode()).digest()
             decision = judge_window(
                 self.learner.model, base, {"loss": base_metrics["loss"]}, submissions, policy,
-                lambda p: self.evaluate(p, self.data.val), trust,
+                lambda p: self.evaluate(p, self.data.holdout), trust,
+                reference=self.reference(base, head_id) if use_reference else None, salt=salt,
             )  # fmt: skip
             trust = decision.trust
+            tally.promoted += int(decision.promoted)
             for sub, bad in zip(submissions, is_malicious, strict=True):
+                if not bad and sub.candidate_id in decision.reference_cosines:
+                    tally.benign_cosines.append(decision.reference_cosines[sub.candidate_id])
                 screen = decision.screens[sub.candidate_id]
                 accepted = screen.accepted and decision.promoted
                 judged.add(sub.candidate_id)
@@ -316,19 +462,26 @@ class Suite:
                 base_metrics = decision.merged_metrics or base_metrics
                 previous_head, head_id = head_id, HeadId(content_id(encode_tensors(base)))
         quarantined = trust.quarantine
-        malicious_ids = {peer_id_from_public_key(self.signers[i].public_key) for i in malicious}
+        malicious_ids = {peer_ids[i] for i in malicious}
         return {
+            "setting": setting,
+            "peers": peers,
             "attack": attack,
             "fraction": fraction,
+            "attackers": len(malicious),
             "preset": preset,
             "malicious_submissions": tally.malicious,
             "malicious_acceptance": tally.malicious_accepted / tally.malicious if tally.malicious else 0.0,
             "benign_submissions": tally.benign,
             "benign_false_rejection": tally.benign_rejected / tally.benign if tally.benign else 0.0,
             "final_test_accuracy": self.evaluate(base, self.data.test)["accuracy"],
+            "attack_success": self.attack_success(base),
+            "honest_quarantined": len(quarantined - malicious_ids),
             "quarantine_precision": len(quarantined & malicious_ids) / len(quarantined) if quarantined else 1.0,
             "quarantine_recall": len(quarantined & malicious_ids) / len(malicious_ids) if malicious_ids else 1.0,
             "rejection_reasons": tally.reasons,
+            "windows_promoted": tally.promoted,
+            "benign_min_cosine": min(tally.benign_cosines, default=float("nan")),
         }
 
     def _submit(
@@ -355,15 +508,15 @@ class Suite:
         return out
 
 
-def scenario_seed(attack: str, fraction: float, preset: str) -> int:
+def scenario_seed(attack: str, fraction: float, preset: str, setting: str = "iid") -> int:
     """The scenario's random seed, the same in every process (Python's ``hash()`` of str is salted)."""
-    return int.from_bytes(hashlib.sha256(f"{attack}|{fraction!r}|{preset}".encode()).digest()[:8], "big")
+    return _seed(attack, fraction, preset, setting)
 
 
 def _candidate(signer: PureSigner, lease: Lease, base_head: HeadId, candidate_id: str) -> Candidate:
     return Candidate(
         KEY, candidate_id, base_head, lease.lease_id,  # type: ignore[arg-type]
-        signer.public_key, "native", 1000 - 1000 % BATCH, 1000 // BATCH, int(time.time() * 1000),
+        signer.public_key, "native", STEPS * BATCH, STEPS, 1,
     ).signed(signer)  # fmt: skip
 
 
@@ -374,42 +527,84 @@ def _decode(artifact: bytes) -> Params:
 
 def run_suite(
     datasets_dir: Path,
-    presets: tuple[str, ...] = tuple(PRESETS),
+    presets: tuple[str, ...] = ("minimal", "balanced", "strict"),
     attacks: tuple[str, ...] = tuple(ATTACKS),
     fractions: tuple[float, ...] = FRACTIONS,
     windows: int = 4,
     peers: int = 10,
+    settings: tuple[str, ...] = tuple(SETTINGS),
     progress: Callable[[str], None] = print,
+    use_reference: bool = True,
+    suite: Suite | None = None,
 ) -> dict[str, Any]:
-    suite = Suite(load_data(datasets_dir), peers, windows)
+    """Every planned (setting, attack, fraction) with an attack in ``attacks`` (and, in the iid
+    setting, a fraction in ``fractions`` or a Sybil majority, ≥ 0.5), for each preset, plus each
+    setting's clean run. ``suite``: an already warmed-up suite of ``peers`` and ``windows`` to reuse."""
+    suite = suite or Suite(load_data(datasets_dir), peers, windows)
+    if (suite.peers, suite.windows) != (peers, windows):
+        raise ValueError("the suite given was built for other peers or windows")
     rows = []
-    clean: dict[str, float] = {}
+    clean: dict[str, dict[str, dict[str, float]]] = {}
     for preset in presets:
-        clean_row = suite.run("clean", 0.0, preset)  # no attacker: the reference run
-        clean[preset] = clean_row["final_test_accuracy"]
-        for attack in attacks:
-            for fraction in fractions:
-                row = clean_row | {"attack": attack} if fraction == 0 else suite.run(attack, fraction, preset)
-                row["accuracy_vs_clean"] = row["final_test_accuracy"] - clean[preset]
+        for setting in settings:
+            clean_row = suite.run("clean", 0.0, preset, setting, use_reference=use_reference)
+            clean.setdefault(preset, {})[setting] = {
+                "accuracy": clean_row["final_test_accuracy"],
+                "attack_success": clean_row["attack_success"],
+            }
+            planned = [("clean", 0.0)] + [
+                (attack, fraction)
+                for attack, allowed in PLAN[setting]
+                if attack in attacks
+                for fraction in allowed
+                if setting != "iid" or fraction in fractions or fraction >= 0.5
+            ]
+            for attack, fraction in planned:
+                row = (
+                    clean_row
+                    if attack == "clean"
+                    else suite.run(attack, fraction, preset, setting, use_reference=use_reference)
+                )
+                row = row | {
+                    "accuracy_vs_clean": row["final_test_accuracy"] - clean_row["final_test_accuracy"],
+                    "attack_success_vs_clean": row["attack_success"] - clean_row["attack_success"],
+                }
                 rows.append(row)
                 progress(
-                    f"{preset:9s} {attack:18s} {fraction:4.2f}  malicious accepted {row['malicious_acceptance']:.2f}"
-                    f"  benign rejected {row['benign_false_rejection']:.3f}  acc {row['final_test_accuracy']:.4f}"
+                    f"{preset:9s} {setting:10s} {attack:18s} {fraction:4.2f}  malicious accepted"
+                    f" {row['malicious_acceptance']:.2f}  benign rejected {row['benign_false_rejection']:.3f}"
+                    f"  acc {row['final_test_accuracy']:.4f} ({row['accuracy_vs_clean']:+.4f})"
+                    f"  attack success {row['attack_success']:.3f} ({row['attack_success_vs_clean']:+.3f})"
+                    f"  honest quarantined {row['honest_quarantined']}"
                 )
-    return {"windows": windows, "peers": peers, "clean_accuracy": clean, "rows": rows}
+    return {
+        "windows": windows,
+        "peers": peers,
+        "reference": use_reference,
+        "warm_accuracy": suite.evaluate(suite.warm, suite.data.test)["accuracy"],
+        "warm_attack_success": suite.attack_success(suite.warm),
+        "clean": clean,
+        "clean_accuracy": {p: clean[p]["iid"]["accuracy"] for p in presets if "iid" in clean[p]},
+        "rows": rows,
+    }
 
 
 def scorecard_table(scorecard: dict[str, Any]) -> str:
     lines = [
-        f"Attack suite: {scorecard['peers']} peers, {scorecard['windows']} windows per scenario, real MNIST updates.",
+        f"Attack suite: {scorecard['peers']} peers (cohort settings: 2 or 3), {scorecard['windows']} windows per"
+        f" scenario, real MNIST updates, judged {'with' if scorecard.get('reference', True) else 'without'} the"
+        f" validator's reference update. Start: test accuracy"
+        f" {scorecard['warm_accuracy']:.4f}, trigger attack success {scorecard['warm_attack_success']:.3f}.",
         "",
-        "| preset | attack | fraction | malicious accepted | benign rejected | test acc | vs clean | quarantine P / R |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| preset | setting | attack | fraction | malicious accepted | benign rejected | test acc | vs clean "
+        "| attack success | vs clean | honest quarantined | quarantine P / R |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in scorecard["rows"]:
         lines.append(
-            f"| {r['preset']} | {r['attack']} | {r['fraction']:.2f} | {r['malicious_acceptance']:.2f} "
+            f"| {r['preset']} | {r['setting']} | {r['attack']} | {r['fraction']:.2f} | {r['malicious_acceptance']:.2f} "
             f"| {r['benign_false_rejection']:.3f} | {r['final_test_accuracy']:.4f} | {r['accuracy_vs_clean']:+.4f} "
+            f"| {r['attack_success']:.3f} | {r['attack_success_vs_clean']:+.3f} | {r['honest_quarantined']} "
             f"| {r['quarantine_precision']:.2f} / {r['quarantine_recall']:.2f} |"
         )
     return "\n".join(lines) + "\n"

@@ -74,7 +74,7 @@ from protocol.errors import ProtocolError
 from protocol.fields import read_bool, read_float, read_list, read_object, read_str
 from protocol.hashing import content_id
 from protocol.ids import HeadId
-from protocol.judging import Submission, WindowDecision, judge_window, precheck, stale_base
+from protocol.judging import Submission, WindowDecision, judge_window, precheck, reference_batches, stale_base
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.reasons import Reason
@@ -84,12 +84,14 @@ from protocol.updates import decode_update
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
-from .learner import Evaluator, JaxLearner
+from .learner import Evaluator, JaxLearner, TrainEngine
 from .storage import StorageConfig, write_atomic
 
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
 
 log = logging.getLogger(__name__)
+
+REFERENCE_BATCH_FACTOR = 4  # the reference update's batches: this × the trainers', same step count
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,7 @@ class Validator:
         self.state = ValidatorState.load(self._state_path)
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
         self._disputed: set[str] = set()  # proposals of others this validator computed differently
+        self._engines: dict[str, TrainEngine] = {}  # experiment -> training for its reference updates
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
 
@@ -425,6 +428,9 @@ class Validator:
             policy,
             lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
             self.state.trust,
+            reference=self._reference(spec, head, base) if policy.anchored else None,
+            # robust rules break ties by a salt no submitter knows before the window's set is closed
+            salt=hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest(),
         )
         if decision.merged is not None:
             steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)
@@ -436,6 +442,23 @@ class Validator:
             spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation
         )
         return promoted, artifact, decision
+
+    def _reference(self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]) -> Any:
+        """The trust anchor: this validator's own update from ``base`` on its ``reference`` split (data
+        no trainer gets), as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
+        × the experiment's drawn by ``protocol.judging.reference_batches`` from the head id, a fresh
+        optimizer: the same bytes at every validator holding the same prepared dataset."""
+        x, y = self._split(spec, "reference")
+        manifest = self.edge.fetch_manifest(spec.dataset_id)
+        per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
+        steps = max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
+        index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
+        if spec.key not in self._engines:
+            self._engines[spec.key] = TrainEngine(self.learner, self.learner.make_optimizer(spec))
+        engine = self._engines[spec.key]
+        params = self.learner.from_tensors(base)
+        params, _, _ = engine.train_epoch(params, engine.init_optimizer(params), x[index], y[index])
+        return {name: np.asarray(value) for name, value in self.learner.to_tensors(params).items()}
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)

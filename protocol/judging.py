@@ -2,29 +2,49 @@
 
 Validators do the I/O-side checks first (signature, lease, artifact download) and pass each
 candidate as a ``Submission`` with that ``precheck``; ``judge_window`` then applies, in order:
-quarantine, one candidate per peer, schema and finiteness, cohort screening (norm, cosine),
-the per-candidate validation-loss check, weight caps per peer kind, the preset's aggregator and
-the promotion rule. It is pure: the trust book it is given is not changed, the decision carries
-the next one. The attack suite calls the same function, so what it scores is what runs.
+quarantine, one candidate per peer, schema and finiteness, screening (against the validator's
+reference update when it passes one, else against the cohort), the per-candidate leave-one-out
+validation-loss check, weight caps per peer kind, the preset's aggregator and the promotion rule.
+It is pure: the trust book it is given is not changed, the decision carries the next one. The
+attack suite calls the same function, so what it scores is what runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from .aggregation import AGGREGATORS, merge_params
+from .aggregation import (
+    AGGREGATORS,
+    NEEDS_REFERENCE,
+    AggregationContext,
+    flatten,
+    rescaled,
+    tie_keys,
+    unflatten,
+    weighted_mean,
+)
 from .errors import ProtocolError
 from .messages import Candidate, Lease
 from .model import ModelSpec, Params
 from .reasons import Reason
-from .screening import ACCEPT, Screen, ScreeningPolicy, judge_promotion, screen_cohort, screen_schema
+from .screening import (
+    ACCEPT,
+    Screen,
+    ScreeningPolicy,
+    judge_promotion,
+    screen_cohort,
+    screen_reference,
+    screen_schema,
+)
 from .trust import TrustBook
 from .window import lease_covers
 
-__all__ = ["Submission", "WindowDecision", "judge_window", "precheck", "stale_base"]
+__all__ = ["Submission", "WindowDecision", "judge_window", "precheck", "reference_batches", "stale_base"]
 
 FRESH_TRUST = TrustBook()  # no peer has a history yet
 Evaluate = Callable[[Mapping[str, np.ndarray]], dict[str, float]]
@@ -83,12 +103,27 @@ class WindowDecision:
     accepted: tuple[str, ...]
     merged: Params | None
     merged_metrics: dict[str, float] | None
-    candidate_metrics: dict[str, dict[str, float]]
+    candidate_metrics: dict[str, dict[str, float]]  # each screened-in candidate alone, on the evaluation split
     trust: TrustBook  # the book after this window's decisions
+    anchored: bool = False  # judged against the validator's reference update
+    reference_cosines: dict[str, float] = field(default_factory=dict)  # cos(Δ, Δ_ref) per screened candidate
+    marginal_losses: dict[str, float] = field(default_factory=dict)  # val loss with it − without it
 
     @property
     def promoted(self) -> bool:
         return self.merged is not None
+
+
+def reference_batches(base_head: str, examples: int, steps: int, batch_size: int) -> npt.NDArray[np.int64]:
+    """Indices ``[steps, batch_size]`` into the validator's reference split for the reference update
+    of the window on ``base_head``: shuffled epochs of ``range(examples)`` seeded by the head id, so
+    every validator of a quorum that holds the same split draws the same batches."""
+    if examples < 1 or steps < 1 or batch_size < 1:
+        raise ValueError("reference batches need examples, steps and a batch size")
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"dtn-reference/{base_head}".encode()).digest()[:8]))
+    needed = steps * batch_size
+    order = np.concatenate([rng.permutation(examples) for _ in range(-(-needed // examples))])
+    return np.asarray(order[:needed].reshape(steps, batch_size), np.int64)
 
 
 def judge_window(
@@ -99,8 +134,50 @@ def judge_window(
     policy: ScreeningPolicy,
     evaluate: Evaluate,
     trust: TrustBook = FRESH_TRUST,
+    *,
+    reference: Mapping[str, np.ndarray] | None = None,
+    salt: bytes = b"",
 ) -> WindowDecision:
-    """Screens for every submission, the merged parameters when the window promotes, the next trust book."""
+    """Screens for every submission, the merged parameters when the window promotes, the next trust book.
+
+    ``base_metrics["loss"]`` is the base head's loss on the validator's evaluation split (the
+    ``holdout``); ``evaluate`` measures parameters on that same split (``{"loss", "accuracy"}``).
+
+    ``reference`` is the trust anchor: the validator's own update from this base on data no trainer
+    gets, given as the trained parameters θ_ref (Δ_ref = θ_ref − base). The validator computes it as
+    a trainer computes a window: start from ``base`` (the current head) with the experiment's
+    optimizer (fresh state, or state kept across windows as a trainer keeps it; the attack suite
+    uses a fresh one), take the same number of optimizer steps as one trainer window (leased
+    examples × ``local_epochs`` / ``batch_size``), on the prepared dataset's ``reference`` split
+    (validators only, never served, disjoint from the ``holdout`` that ``evaluate`` uses), in batches
+    drawn with ``reference_batches(base head id, ...)``. A batch 4× the trainers' gives a steadier
+    direction at the same step count (the attack suite: 4000 reference examples, batch 256, 15
+    steps); with a reference split that small batches would cycle through many times (1000
+    examples), use the trainers' batch size instead: a reference overfit to few examples rescales
+    every update to the wrong size. Every validator of a quorum must pass the same bytes (the same
+    prepared copy, ``reference_batches`` and deterministic training, or the proposer's published
+    reference).
+
+    With a reference and an ``anchored`` preset, candidates are screened against it (norm bounds
+    relative to ‖Δ_ref‖, FLTrust trust ReLU(cos(Δ, Δ_ref)): trust 0 is ``untrusted_direction``),
+    whatever the cohort's size or who controls most identities, and the merge uses
+    ``policy.anchored_aggregator``. With ``None`` the cohort rules apply (``screen_cohort`` and
+    ``policy.aggregator``), which need an honest majority of identities.
+
+    ``salt`` breaks ties in the robust rules (``tie_keys``): the same at every validator and unknown
+    to submitters until the window is closed (e.g. derived from the closed window's candidate set and
+    validator signatures); never random state.
+
+    Each screened-in candidate is then checked leave-one-out: it is rejected (``regression``) when
+    the linear merge of the screened-in updates (``_Merge.probe``: the example-weighted mean, of the
+    updates rescaled to ‖Δ_ref‖ and the reference when anchored) has a validation loss higher with it
+    than without it by more than ``policy.candidate_margin`` (a single candidate is compared with not
+    merging). A label-skewed honest update is judged by what it adds to the merge, not by how it
+    does alone; the linear merge keeps the comparison free of the robust rule's own jumps (a
+    trimmed mean of three participants is a median, of two a mean). If the merged
+    head's loss rises past ``policy.promotion_margin``, the merge is blocked; candidates whose
+    removal would have lowered the linear merge's loss by more than half the candidate margin share
+    the blame (``regression``, a half strike), the others are ``merge_blocked`` (no strike)."""
     screens: dict[str, Screen] = {}
     contributed: set[str] = set()
     valid: list[Submission] = []
@@ -119,36 +196,128 @@ def judge_window(
         if screen.accepted:
             contributed.add(sub.peer_id)
             valid.append(sub)
-    cohort = screen_cohort(spec, base, [s.params for s in valid], policy)  # type: ignore[misc]
+    anchored = reference is not None and policy.anchored
+    rule = policy.merge_rule(anchored)
+    if rule in NEEDS_REFERENCE and not anchored:
+        raise ValueError(f"aggregator {rule!r} needs a reference update")
+    cohort = [_params(s) for s in valid]
+    cosines: dict[str, float] = {}
+    if anchored:
+        assert reference is not None
+        checked = screen_schema(spec, reference)
+        if not checked.accepted:
+            raise ValueError(f"the reference update is not usable: {checked}")
+        cohort_screens, cosine_list = screen_reference(spec, base, cohort, reference, policy)
+        cosines = {s.candidate_id: c for s, c in zip(valid, cosine_list, strict=True)}
+    else:
+        cohort_screens = screen_cohort(spec, base, cohort, policy)
     metrics: dict[str, dict[str, float]] = {}
-    for sub, screen in zip(valid, cohort, strict=True):
+    trusted: list[Submission] = []
+    for sub, screen in zip(valid, cohort_screens, strict=True):
         screens[sub.candidate_id] = screen
         if screen.accepted:
-            metrics[sub.candidate_id] = evaluate(sub.params)  # type: ignore[arg-type]
-            screens[sub.candidate_id] = judge_promotion(
-                base_metrics, metrics[sub.candidate_id], policy.candidate_margin
-            )
-    accepted = [s for s in valid if screens[s.candidate_id].accepted]
+            metrics[sub.candidate_id] = evaluate(_params(sub))
+            trusted.append(sub)
+    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
+    marginal: dict[str, float] = {}
+    accepted = list(trusted)
     merged: Params | None = None
     merged_metrics: dict[str, float] | None = None
+    if trusted and np.isfinite(policy.candidate_margin):
+        with_all = evaluate(merge.probe(range(len(trusted))))["loss"]
+        for i, sub in enumerate(trusted):
+            others = [j for j in range(len(trusted)) if j != i]
+            without = evaluate(merge.probe(others))["loss"] if others else float(base_metrics["loss"])
+            marginal[sub.candidate_id] = with_all - without
+            if marginal[sub.candidate_id] > policy.candidate_margin:
+                screens[sub.candidate_id] = Screen(
+                    Reason.REGRESSION,
+                    f"val loss with this update {with_all:.4f} > without {without:.4f} + {policy.candidate_margin}",
+                )
+        accepted = [s for s in trusted if screens[s.candidate_id].accepted]
     if accepted:
-        caps = dict(policy.max_examples_by_kind)
-        triples = [(s.candidate_id, s.params, min(s.examples, caps.get(s.peer_kind, s.examples))) for s in accepted]
-        merged = merge_params(spec, base, triples, AGGREGATORS[policy.aggregator])  # type: ignore[arg-type]
+        merged = merge.params([trusted.index(s) for s in accepted])
         merged_metrics = evaluate(merged)
+    if merged is not None and merged_metrics is not None:
         outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin)
         if not outcome.accepted:
             for sub in accepted:
-                screens[sub.candidate_id] = Screen(Reason.MERGE_BLOCKED, outcome.detail)
+                harm = marginal.get(sub.candidate_id, 0.0)
+                screens[sub.candidate_id] = (
+                    Screen(Reason.REGRESSION, f"{outcome.detail}; without this update val loss is {harm:.4f} lower")
+                    if harm > policy.candidate_margin / 2
+                    else Screen(Reason.MERGE_BLOCKED, outcome.detail)
+                )
             merged = None
-    for sub in submissions:
-        screen = screens[sub.candidate_id]
-        trust = trust.recorded(sub.peer_id, screen.accepted and merged is not None, screen.reason)
+    promoted = merged is not None
+    next_trust = trust.after_window(
+        (sub.peer_id, screens[sub.candidate_id].accepted and promoted, screens[sub.candidate_id].reason)
+        for sub in sorted(submissions, key=lambda s: s.candidate_id)
+    )
     return WindowDecision(
         screens=screens,
-        accepted=tuple(s.candidate_id for s in accepted) if merged is not None else (),
+        accepted=tuple(s.candidate_id for s in accepted) if promoted else (),
         merged=merged,
         merged_metrics=merged_metrics,
         candidate_metrics=metrics,
-        trust=trust,
+        trust=next_trust,
+        anchored=anchored,
+        reference_cosines=cosines,
+        marginal_losses=marginal,
     )
+
+
+def _params(sub: Submission) -> Mapping[str, np.ndarray]:
+    assert sub.params is not None  # only schema-checked submissions get here
+    return sub.params
+
+
+class _Merge:
+    """The window's merge rule over any subset of its screened-in candidates (content-id order,
+    float64, per-kind weight caps, salted tie keys, the reference update when anchored)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        base: Mapping[str, np.ndarray],
+        trusted: Sequence[Submission],
+        policy: ScreeningPolicy,
+        rule: str,
+        salt: bytes,
+        reference: Mapping[str, np.ndarray] | None,
+    ) -> None:
+        self.spec, self.policy, self.rule = spec, policy, AGGREGATORS[rule]
+        self.base = flatten(spec, base)
+        caps = dict(policy.max_examples_by_kind)
+        self.deltas = (
+            np.stack([flatten(spec, _params(s)) - self.base for s in trusted])
+            if trusted
+            else np.zeros((0, len(self.base)))
+        )
+        self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
+        self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
+        self.reference = None if reference is None else flatten(spec, reference) - self.base
+
+    def probe(self, rows: Sequence[int] | range) -> Params:
+        """The linear merge of ``rows`` the leave-one-out check compares: the example-weighted mean
+        of the updates, each rescaled to ‖Δ_ref‖ and with Δ_ref as one more participant (weight
+        ``reference_weight`` × the median weight of all screened-in candidates) when anchored."""
+        index = list(rows)
+        deltas, weights = self.deltas[index], self.weights[index]
+        if self.reference is None:
+            return unflatten(self.spec, self.base + weighted_mean(deltas, weights))
+        ref_weight = self.policy.reference_weight * float(np.median(self.weights))
+        rows_and_ref = np.concatenate([rescaled(deltas, self.reference), self.reference[None, :]])
+        return unflatten(self.spec, self.base + weighted_mean(rows_and_ref, np.append(weights, ref_weight)))
+
+    def params(self, rows: Sequence[int] | range) -> Params:
+        index = list(rows)
+        context = AggregationContext(
+            tie_keys=tuple(self.keys[i] for i in index),
+            reference=self.reference,
+            byzantine_fraction=self.policy.byzantine_fraction,
+            clip_radius=self.policy.clip_radius,
+            clip_tau=self.policy.clip_tau,
+            reference_weight=self.policy.reference_weight,
+        )
+        return unflatten(self.spec, self.base + self.rule(self.deltas[index], self.weights[index], context))

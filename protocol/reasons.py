@@ -1,8 +1,10 @@
 """Why a candidate was accepted or rejected: one typed set of reasons for every part of the network.
 
-A ``Reason`` is what crosses the wire in a ``Verdict`` (its value), what the trust book counts
-(``strike``: the reason shows misbehaviour, not bad luck), and what the attack suite, the demo's
-summary and the viewer group by. The human-readable detail travels beside it, never parsed.
+A ``Reason`` is what crosses the wire in a ``Verdict`` (its value, never renamed), what the trust
+book counts (``strike_weight``: 1 for misbehaviour; ½ for a regression or an untrusted direction,
+which honest peers hit now and then, label-skewed ones near convergence, but an attacker repeats; 0
+for timing and collective outcomes), and what the attack suite,
+the demo's summary and the viewer group by. The human-readable detail travels beside it, never parsed.
 """
 
 from __future__ import annotations
@@ -26,30 +28,36 @@ class Reason(StrEnum):
     NORM_TOO_LARGE = "norm_too_large"
     FREE_RIDER = "free_rider"  # (almost) no update
     OUTLIER = "outlier"  # direction far from the cohort's robust centre
-    REGRESSION = "regression"  # the candidate alone raises validation loss past the margin
+    REGRESSION = "regression"  # the merge with this candidate is worse than without it, past the margin
     MERGE_BLOCKED = "merge_blocked"  # accepted alone, but the merged head raised validation loss
+    UNTRUSTED_DIRECTION = "untrusted_direction"  # cos to the validator's reference update <= 0: trust 0
 
     @property
     def accepted(self) -> bool:
         return self is Reason.ACCEPTED
 
     @property
+    def strike_weight(self) -> float:
+        """How much this rejection counts against the peer in the trust book."""
+        return _STRIKE_WEIGHTS.get(self, 0.0)
+
+    @property
     def strike(self) -> bool:
-        """Whether this rejection counts against the peer (misbehaviour, not timing or bad luck)."""
-        return self in _STRIKES
+        """Whether this rejection counts against the peer at all (misbehaviour, not timing)."""
+        return self.strike_weight > 0
 
 
-_STRIKES = frozenset(
-    {
-        Reason.BAD_SIGNATURE,
-        Reason.WRONG_LEASE,
-        Reason.OUT_OF_LEASE,
-        Reason.REPLAY,
-        Reason.UNDECODABLE,
-        Reason.WRONG_SHAPE,
-        Reason.NON_FINITE,
-        Reason.NORM_TOO_LARGE,
-        Reason.FREE_RIDER,
-        Reason.OUTLIER,
-    }
-)
+_STRIKE_WEIGHTS = {
+    Reason.BAD_SIGNATURE: 1.0,
+    Reason.WRONG_LEASE: 1.0,
+    Reason.OUT_OF_LEASE: 1.0,
+    Reason.REPLAY: 1.0,
+    Reason.UNDECODABLE: 1.0,
+    Reason.WRONG_SHAPE: 1.0,
+    Reason.NON_FINITE: 1.0,
+    Reason.NORM_TOO_LARGE: 1.0,
+    Reason.FREE_RIDER: 1.0,
+    Reason.OUTLIER: 1.0,
+    Reason.UNTRUSTED_DIRECTION: 0.5,
+    Reason.REGRESSION: 0.5,
+}

@@ -3,16 +3,22 @@
 Validators never trust reported metrics: everything here looks at the actual parameters. A rule
 returns a ``Screen`` (a typed ``Reason`` and a human-readable detail), never raises for a bad update.
 
-Per-candidate checks, in order: schema (names, shapes, float32), finiteness, then, against the
-cohort of candidates for the same window, the update norm (relative to the cohort median norm: too
-large is rejected, near zero is a free rider) and the cosine to the cohort's robust centre
-(coordinate median). With fewer than ``min_cohort`` candidates the norm is bounded relative to the
-base parameters' norm instead, and the cosine check is skipped.
+Per-candidate checks, in order: schema (names, shapes, float32), finiteness, then one of two screens:
 
-``PRESETS`` name documented threshold sets; ``judge_promotion`` rejects a single update whose
-validation loss is worse than the base's by more than ``candidate_margin`` (a single small-shard
-update is noisy, so this margin is loose) and blocks a merged head worse than the current head by
-more than ``promotion_margin``, both on the validator's own validation split.
+* anchored (``screen_reference``, when the validator passes its own reference update Δ_ref and the
+  preset is ``anchored``): the update norm relative to ‖Δ_ref‖ (too large: ``norm_too_large``, near
+  zero: ``free_rider``) and FLTrust's trust score ReLU(cos(Δ, Δ_ref)): trust 0 is
+  ``untrusted_direction``. Nothing here depends on the other candidates, so identities an attacker
+  controls cannot move the bounds, and a cohort of one or two is judged like any other.
+* cohort (``screen_cohort``, the fallback without a reference): the update norm relative to the
+  cohort median norm and the cosine to the cohort's coordinate median (``outlier``). With fewer than
+  ``min_cohort`` candidates the norm is bounded relative to the base parameters' norm instead, and
+  the cosine check is skipped. Whoever controls most identities controls this centre: it is only as
+  good as the honest majority.
+
+``PRESETS`` name documented threshold sets; ``judge_promotion`` compares validation losses on the
+validator's own split (used per candidate by ``judging`` as a leave-one-out test with
+``candidate_margin``, and for the merged head with ``promotion_margin``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,16 @@ from .errors import InvalidMessage
 from .model import ModelSpec
 from .reasons import Reason
 
-__all__ = ["ACCEPT", "PRESETS", "Screen", "ScreeningPolicy", "judge_promotion", "screen_cohort", "screen_schema"]
+__all__ = [
+    "ACCEPT",
+    "PRESETS",
+    "Screen",
+    "ScreeningPolicy",
+    "judge_promotion",
+    "screen_cohort",
+    "screen_reference",
+    "screen_schema",
+]
 
 
 @dataclass(frozen=True)
@@ -50,30 +65,68 @@ ACCEPT = Screen(Reason.ACCEPTED)
 
 @dataclass(frozen=True)
 class ScreeningPolicy:
-    """Thresholds for one preset (see ``PRESETS`` for the documented values)."""
+    """Thresholds and rules for one preset (see ``PRESETS`` for the documented values)."""
 
     name: str
-    aggregator: str
-    max_norm_ratio: float  # reject ‖Δ‖ > ratio × cohort median norm
-    min_norm_ratio: float  # free rider when ‖Δ‖ < ratio × cohort median norm
-    min_cosine: float  # reject cos(Δ, robust centre) below this
-    max_relative_norm: float  # small cohorts: reject ‖Δ‖ > this × ‖base‖
-    min_relative_norm: float  # small cohorts: free rider when ‖Δ‖ < this × ‖base‖
+    aggregator: str  # the merge rule (``protocol.aggregation.AGGREGATORS``) without a reference
+    max_norm_ratio: float  # cohort: reject ‖Δ‖ > ratio × cohort median norm
+    min_norm_ratio: float  # cohort: free rider when ‖Δ‖ ≤ ratio × cohort median norm
+    min_cosine: float  # cohort: reject cos(Δ, robust centre) below this
+    max_relative_norm: float  # small cohorts without a reference: reject ‖Δ‖ > this × ‖base‖
+    min_relative_norm: float  # small cohorts without a reference: free rider when ‖Δ‖ ≤ this × ‖base‖
     min_cohort: int = 3
-    candidate_margin: float = 0.1  # reject a single update whose val loss rises by more than this
-    promotion_margin: float = 0.02  # block a head whose val loss rises by more than this
+    candidate_margin: float = 0.03  # reject a candidate when the merge with it loses this much val loss vs. without
+    promotion_margin: float = 0.05  # block a head whose val loss rises by more than this
     max_examples_by_kind: tuple[tuple[str, float], ...] = (("browser", 8000.0), ("native", 32000.0))
+    anchored: bool = True  # screen against the validator's reference update when one is given
+    anchored_aggregator: str | None = None  # the merge rule when a reference is given (None: ``aggregator``)
+    max_reference_ratio: float = 3.0  # anchored: reject ‖Δ‖ > ratio × ‖Δ_ref‖
+    min_reference_ratio: float = 0.1  # anchored: free rider when ‖Δ‖ ≤ ratio × ‖Δ_ref‖
+    min_trust: float = 0.0  # anchored: reject when cos(Δ, Δ_ref) ≤ this (FLTrust: trust = ReLU(cos))
+    byzantine_fraction: float = 0.2  # f = ⌊fraction × n⌋ for Krum / Bulyan, the trim of the trimmed means
+    clip_radius: float = 1.0  # centered clipping: τ = radius × ‖Δ_ref‖
+    clip_tau: float = 1.0  # centered clipping without a reference: τ in parameter units
+    reference_weight: float = 1.0  # fltrust_trimmed_mean: the reference's weight, × the median candidate weight
+
+    def merge_rule(self, anchored: bool) -> str:
+        """The aggregator's name, with or without a reference update."""
+        return (self.anchored_aggregator or self.aggregator) if anchored else self.aggregator
 
 
 PRESETS: dict[str, ScreeningPolicy] = {
-    # schema + finiteness + zero-update free riders only; FedAvg.
-    "minimal": ScreeningPolicy("minimal", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 1e-9, candidate_margin=np.inf),
-    # the default: catches scaled, sign-flipped and free-riding updates; norm-clipped mean.
-    "balanced": ScreeningPolicy("balanced", "norm_clipped_mean", 3.0, 0.1, 0.2, 0.5, 1e-6),
-    # tighter bounds and a robust aggregator for open networks with many anonymous peers.
-    "strict": ScreeningPolicy(
-        "strict", "trimmed_mean", 2.0, 0.25, 0.3, 0.25, 1e-5, candidate_margin=0.05, promotion_margin=0.0
+    # schema + finiteness + zero-update free riders only; FedAvg; the reference is not used.
+    "minimal": ScreeningPolicy(
+        "minimal", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 1e-9, candidate_margin=np.inf, anchored=False
     ),
+    # the default. With the validator's reference update: FLTrust trust (ReLU cos) and norm bounds
+    # against the reference, FLTrust rescaling, then a trust-weighted coordinate-wise trimmed mean with
+    # the reference as one participant. Without: cohort screening and a weighted trimmed mean.
+    "balanced": ScreeningPolicy(
+        "balanced", "trimmed_mean", 3.0, 0.1, 0.2, 0.5, 1e-6, anchored_aggregator="fltrust_trimmed_mean"
+    ),
+    # tighter bounds; Bulyan without a reference, a wider trim with one.
+    "strict": ScreeningPolicy(
+        "strict",
+        "bulyan",
+        2.0,
+        0.25,
+        0.3,
+        0.25,
+        1e-5,
+        candidate_margin=0.02,
+        promotion_margin=0.02,
+        anchored_aggregator="fltrust_trimmed_mean",
+        max_reference_ratio=2.0,
+        min_reference_ratio=0.2,
+        byzantine_fraction=0.3,
+    ),
+    # FLTrust as published (Cao et al. 2021) when a reference is given; trimmed mean otherwise.
+    "fltrust": ScreeningPolicy("fltrust", "trimmed_mean", 3.0, 0.1, 0.2, 0.5, 1e-6, anchored_aggregator="fltrust"),
+    # the classic robust rules, each alone (screening as ``balanced``).
+    "multi_krum": ScreeningPolicy("multi_krum", "multi_krum", 3.0, 0.1, 0.2, 0.5, 1e-6),
+    "bulyan": ScreeningPolicy("bulyan", "bulyan", 3.0, 0.1, 0.2, 0.5, 1e-6),
+    "median": ScreeningPolicy("median", "coordinate_median", 3.0, 0.1, 0.2, 0.5, 1e-6),
+    "centered_clipping": ScreeningPolicy("centered_clipping", "centered_clipping", 3.0, 0.1, 0.2, 0.5, 1e-6),
 }
 
 
@@ -102,13 +155,15 @@ def screen_cohort(
     norms = np.linalg.norm(deltas, axis=1)
     if len(cohort) < policy.min_cohort:
         reference = float(np.linalg.norm(base_vector))
-        return [_norm_screen(n, reference, policy.max_relative_norm, policy.min_relative_norm) for n in norms]
+        return [
+            _norm_screen(n, reference, policy.max_relative_norm, policy.min_relative_norm, "base norm") for n in norms
+        ]
     median_norm = float(np.median(norms))
     centre = np.median(deltas, axis=0)
     centre_norm = float(np.linalg.norm(centre))
     results = []
     for delta, norm in zip(deltas, norms, strict=True):
-        screen = _norm_screen(norm, median_norm, policy.max_norm_ratio, policy.min_norm_ratio)
+        screen = _norm_screen(norm, median_norm, policy.max_norm_ratio, policy.min_norm_ratio, "cohort median")
         if screen.accepted and centre_norm > 0 and norm > 0:
             cosine = float(delta @ centre) / (float(norm) * centre_norm)
             if cosine < policy.min_cosine:
@@ -117,11 +172,42 @@ def screen_cohort(
     return results
 
 
-def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: float) -> Screen:
+def screen_reference(
+    spec: ModelSpec,
+    base: Mapping[str, np.ndarray],
+    cohort: Sequence[Mapping[str, np.ndarray]],
+    reference: Mapping[str, np.ndarray],
+    policy: ScreeningPolicy,
+) -> tuple[list[Screen], list[float]]:
+    """Screen each schema-valid candidate against the validator's reference update alone: norm
+    within [``min_reference_ratio``, ``max_reference_ratio``] × ‖Δ_ref‖, trust ReLU(cos(Δ, Δ_ref))
+    above ``min_trust``. Returns the screens and each candidate's cosine to the reference."""
+    base_vector = flatten(spec, base)
+    ref = flatten(spec, reference) - base_vector
+    ref_norm = float(np.linalg.norm(ref))
+    if not np.isfinite(ref_norm) or ref_norm == 0.0:
+        raise ValueError("the reference update must be finite and non-zero")
+    screens, cosines = [], []
+    for params in cohort:
+        delta = flatten(spec, params) - base_vector
+        norm = float(np.linalg.norm(delta))
+        cosine = float(delta @ ref) / (norm * ref_norm) if norm > 0 else 0.0
+        screen = _norm_screen(norm, ref_norm, policy.max_reference_ratio, policy.min_reference_ratio, "reference")
+        if screen.accepted and cosine <= policy.min_trust:
+            screen = Screen(
+                Reason.UNTRUSTED_DIRECTION,
+                f"cosine {cosine:.3f} to the validator's reference update <= {policy.min_trust}",
+            )
+        screens.append(screen)
+        cosines.append(cosine)
+    return screens, cosines
+
+
+def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: float, what: str) -> Screen:
     if norm > max_ratio * reference:
-        return Screen(Reason.NORM_TOO_LARGE, f"update norm {norm:.4g} > {max_ratio} x {reference:.4g}")
+        return Screen(Reason.NORM_TOO_LARGE, f"update norm {norm:.4g} > {max_ratio} x {what} {reference:.4g}")
     if norm <= min_ratio * reference or norm == 0.0:
-        return Screen(Reason.FREE_RIDER, f"update norm {norm:.4g} <= {min_ratio} x {reference:.4g}")
+        return Screen(Reason.FREE_RIDER, f"update norm {norm:.4g} <= {min_ratio} x {what} {reference:.4g}")
     return ACCEPT
 
 

@@ -1,20 +1,27 @@
-"""Per-peer trust: a score and strikes, and quarantine after repeated misbehaviour. Pure, serializable.
+"""Per-peer trust: a score and strikes that decay with time, and quarantine. Pure, serializable.
 
-A rejection whose ``Reason`` is a strike (a forged or replayed submission, a broken or outlying
-update, a free rider) adds one; an acceptance takes one away. A peer with ``max_strikes`` strikes is
-quarantined: its candidates are rejected unseen until an operator clears it. Stale bases and
-regressions are not strikes: honest peers hit those through timing and bad luck. The score, an
-exponential moving average of acceptance, is informational (shown to viewers).
+Time is counted in judged windows, never on a clock: ``after_window`` first multiplies the strikes
+of every peer that took part in the window by ``strike_decay``, then adds each rejection's
+``Reason.strike_weight`` (1 for misbehaviour: forged, replayed, broken, outlying or free-riding
+updates; ½ for a regression or an untrusted direction, so that repeating them counts; 0 for stale
+bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a peer that
+alternates bad and good submissions still accumulates (with decay d, a strike every other window
+tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer whose
+strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen and its strikes no
+longer decay, until an operator clears it. The score, an exponential moving average of acceptance,
+is informational (shown to viewers).
 
-A ``TrustBook`` never changes: ``recorded`` and ``cleared`` return the next book.
+A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``cleared`` return the next book.
+Peers are visited in sorted order, so every validator computes the same floats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .errors import InvalidMessage
 from .fields import read_float, read_int, read_object
 from .reasons import Reason
 
@@ -24,22 +31,39 @@ __all__ = ["TrustBook"]
 @dataclass(frozen=True)
 class TrustBook:
     max_strikes: int = 3
-    decay: float = 0.8
+    decay: float = 0.8  # of the acceptance score (an EMA)
     scores: Mapping[str, float] = field(default_factory=dict)
-    strikes: Mapping[str, int] = field(default_factory=dict)
+    strikes: Mapping[str, float] = field(default_factory=dict)
+    strike_decay: float = 0.9  # strikes are multiplied by this once per judged window a peer takes part in
 
     def recorded(self, peer_id: str, accepted: bool, reason: Reason) -> TrustBook:
-        """The book after one decision about ``peer_id``'s candidate."""
+        """The book after one decision about ``peer_id``'s candidate (no decay: see ``after_window``)."""
         score = self.decay * self.scores.get(peer_id, 1.0) + (1 - self.decay) * float(accepted)
-        strikes = self.strikes.get(peer_id, 0)
-        if accepted:
-            strikes = max(0, strikes - 1)
-        elif reason.strike:
-            strikes += 1
+        strikes = self.strikes.get(peer_id, 0.0)
+        if not accepted:
+            strikes += reason.strike_weight
         return replace(self, scores={**self.scores, peer_id: score}, strikes={**self.strikes, peer_id: strikes})
 
+    def decayed(self, peer_ids: Iterable[str]) -> TrustBook:
+        """The book one window later for ``peer_ids``: their strikes × ``strike_decay``, except a
+        quarantined peer's, which stay until ``cleared``."""
+        strikes = dict(self.strikes)
+        for peer in sorted(set(peer_ids)):
+            if peer in strikes and not self.quarantined(peer):
+                strikes[peer] = strikes[peer] * self.strike_decay
+        return replace(self, strikes=strikes)
+
+    def after_window(self, decisions: Iterable[tuple[str, bool, Reason]]) -> TrustBook:
+        """The book after one judged window: ``(peer_id, accepted, reason)`` per submission. Every
+        peer that took part decays once, then each decision is recorded."""
+        decisions = list(decisions)
+        book = self.decayed(peer for peer, _, _ in decisions)
+        for peer, accepted, reason in decisions:
+            book = book.recorded(peer, accepted, reason)
+        return book
+
     def quarantined(self, peer_id: str) -> bool:
-        return self.strikes.get(peer_id, 0) >= self.max_strikes
+        return self.strikes.get(peer_id, 0.0) >= self.max_strikes
 
     def cleared(self, peer_id: str) -> TrustBook:
         """The book with ``peer_id``'s strikes forgiven (an operator's decision)."""
@@ -53,17 +77,30 @@ class TrustBook:
         return {
             "max_strikes": self.max_strikes,
             "decay": self.decay,
+            "strike_decay": self.strike_decay,
             "scores": dict(self.scores),
             "strikes": dict(self.strikes),
         }
 
     @classmethod
     def from_wire(cls, value: object) -> TrustBook:
+        """Also reads books written before strikes decayed (integer strikes, no ``strike_decay``)."""
         d = read_object(value, "trust book")
         scores, strikes = read_object(d.get("scores"), "scores"), read_object(d.get("strikes"), "strikes")
+        strike_decay = read_float(d, "strike_decay") if "strike_decay" in d else cls.strike_decay
+        if not 0.0 <= strike_decay <= 1.0:
+            raise InvalidMessage("strike_decay must be in [0, 1]")
         return cls(
             read_int(d, "max_strikes", low=1, high=1000),
             read_float(d, "decay"),
             {peer: read_float(scores, peer) for peer in scores},
-            {peer: read_int(strikes, peer, low=0, high=1 << 30) for peer in strikes},
+            {peer: _strikes(strikes, peer) for peer in strikes},
+            strike_decay,
         )
+
+
+def _strikes(strikes: Mapping[str, object], peer: str) -> float:
+    value = read_float(strikes, peer)
+    if value < 0:
+        raise InvalidMessage(f"negative strikes for {peer}")
+    return value

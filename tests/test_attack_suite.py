@@ -1,5 +1,7 @@
-"""The attack suite, small: the balanced preset against every attack at every fraction, on real
-MNIST updates, through the same judging code validators run."""
+"""The attack suite in CI: the default (``balanced``) preset, judged with the validator's reference
+update, against every planned scenario for 4 windows, on real MNIST updates, through the same
+judging code validators run. Each test asserts one line of the README's robustness scorecard; the
+controls show that each measure can fail (the same attack under FedAvg, or without the reference)."""
 
 from __future__ import annotations
 
@@ -8,52 +10,135 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from lab.attacks import ATTACKS, FRACTIONS, run_suite, scenario_seed, scorecard_table
+from lab.attacks import (
+    ATTACKS,
+    FRACTIONS,
+    PLAN,
+    SETTINGS,
+    TRIGGER_PIXELS,
+    Suite,
+    load_data,
+    run_suite,
+    scenario_seed,
+    scorecard_table,
+)
 
-MUST_STOP = ("nan_inf", "wrong_shape", "replay", "stale_base", "free_rider", "sign_flip")
+WINDOWS = 4
+# attack classes the default preset must never accept, at any fraction and in any setting
+HARD_REJECT = (
+    "nan_inf", "wrong_shape", "replay", "stale_base", "free_rider", "sign_flip", "scale_up", "ipm", "backdoor_boosted",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def scorecard(dataset_root: Path) -> dict[str, Any]:
-    return run_suite(dataset_root, presets=("balanced",), windows=3, progress=lambda _: None)
+def suite(dataset_root: Path) -> Suite:
+    return Suite(load_data(dataset_root), 10, WINDOWS)
 
 
-def _row(scorecard: dict[str, Any], attack: str, fraction: float) -> dict[str, Any]:
-    return next(r for r in scorecard["rows"] if r["attack"] == attack and r["fraction"] == fraction)
+@pytest.fixture(scope="module")
+def scorecard(dataset_root: Path, suite: Suite) -> dict[str, Any]:
+    return run_suite(dataset_root, presets=("balanced",), windows=WINDOWS, suite=suite, progress=lambda _: None)
 
 
-def test_every_attack_and_fraction_is_scored(scorecard: dict[str, Any]) -> None:
-    assert {(r["attack"], r["fraction"]) for r in scorecard["rows"]} == {(a, f) for a in ATTACKS for f in FRACTIONS}
-    table = scorecard_table(scorecard)
-    assert table.count("\n| balanced |") == len(ATTACKS) * len(FRACTIONS)
+def _row(scorecard: dict[str, Any], attack: str, fraction: float, setting: str = "iid") -> dict[str, Any]:
+    return next(
+        r for r in scorecard["rows"] if (r["setting"], r["attack"], r["fraction"]) == (setting, attack, fraction)
+    )
 
 
-@pytest.mark.parametrize("attack", MUST_STOP)
-def test_balanced_preset_accepts_none_of(scorecard: dict[str, Any], attack: str) -> None:
-    for fraction in FRACTIONS[1:]:
-        row = _row(scorecard, attack, fraction)
-        assert row["malicious_submissions"] > 0
-        assert row["malicious_acceptance"] == 0.0, row
+def test_every_planned_scenario_is_scored(scorecard: dict[str, Any]) -> None:
+    planned = {(s, "clean", 0.0) for s in SETTINGS} | {(s, a, f) for s in SETTINGS for a, fs in PLAN[s] for f in fs}
+    assert {(r["setting"], r["attack"], r["fraction"]) for r in scorecard["rows"]} == planned
+    assert set(ATTACKS) == {a for s in SETTINGS for a, _ in PLAN[s]}
+    assert scorecard_table(scorecard).count("\n| balanced |") == len(planned)
+    assert {r["peers"] for r in scorecard["rows"] if r["setting"].startswith("cohort")} == {2, 3}
 
 
-@pytest.mark.parametrize("attack", ["alie", "ipm"])
+@pytest.mark.parametrize("attack", HARD_REJECT)
+def test_the_default_preset_accepts_none_of(scorecard: dict[str, Any], attack: str) -> None:
+    rows = [r for r in scorecard["rows"] if r["attack"] == attack]
+    assert rows and all(r["malicious_submissions"] > 0 for r in rows)
+    assert [r["malicious_acceptance"] for r in rows] == [0.0] * len(rows)
+
+
+@pytest.mark.parametrize(
+    ("setting", "fraction"),
+    [("iid", 0.2), ("cohort_2", 0.5), ("cohort_3", 0.33)],
+    ids=["0.2 of 10", "1 of 2", "1 of 3"],
+)
+@pytest.mark.parametrize("attack", ["backdoor", "backdoor_boosted"])
+def test_trigger_backdoor_success_stays_within_two_points_of_clean(
+    scorecard: dict[str, Any], attack: str, setting: str, fraction: float
+) -> None:
+    row = _row(scorecard, attack, fraction, setting)
+    assert row["attackers"] >= 1 and row["malicious_submissions"] == row["attackers"] * WINDOWS
+    assert row["attack_success_vs_clean"] <= 0.02, row
+
+
+def test_the_backdoor_control_under_fedavg(suite: Suite) -> None:
+    """The same attacks against the ``minimal`` preset (FedAvg): the trigger takes hold."""
+    wide = suite.run("backdoor", 0.2, "minimal", "iid")
+    small = suite.run("backdoor", 0.5, "minimal", "cohort_2")
+    clean = suite.run("clean", 0.0, "minimal", "cohort_2")
+    assert wide["malicious_acceptance"] == 1.0 and wide["attack_success"] > 0.03
+    assert small["attack_success"] - clean["attack_success"] > 0.2
+
+
+def test_honest_peers_are_never_quarantined_under_a_sybil_majority(scorecard: dict[str, Any]) -> None:
+    rows = [r for r in scorecard["rows"] if r["fraction"] >= 0.5 and r["setting"] == "iid"]
+    assert {r["attack"] for r in rows} == {"sybil_scaled", "alie", "colluding_cluster"}
+    for row in rows:
+        assert row["attackers"] >= row["peers"] / 2
+        assert row["honest_quarantined"] == 0, row
+        assert row["benign_false_rejection"] == 0.0, row
+        assert row["accuracy_vs_clean"] > -0.03, row
+
+
+def test_the_sybil_control_without_a_reference(suite: Suite) -> None:
+    """The cohort rules alone: scaled-down Sybil copies drag the median norm down and the honest
+    updates are rejected as too large (and their peers quarantined)."""
+    row = suite.run("sybil_scaled", 0.6, "balanced", "iid", use_reference=False)
+    assert row["benign_false_rejection"] > 0.5 and row["honest_quarantined"] > 0
+
+
+def test_label_skewed_benign_peers_are_rarely_rejected(scorecard: dict[str, Any]) -> None:
+    row = _row(scorecard, "clean", 0.0, "label_skew")
+    assert row["benign_submissions"] == 10 * WINDOWS
+    assert row["benign_false_rejection"] <= 0.05, row
+    assert row["honest_quarantined"] == 0 and row["windows_promoted"] == WINDOWS
+
+
+def test_benign_false_rejection_in_the_ten_peer_setting_is_zero(scorecard: dict[str, Any]) -> None:
+    rows = [r for r in scorecard["rows"] if r["setting"] == "iid"]
+    benign = sum(r["benign_submissions"] for r in rows)
+    assert benign > 1000 and all(r["benign_false_rejection"] == 0.0 for r in rows)
+
+
+@pytest.mark.parametrize("attack", ["alie", "ipm", "colluding_cluster"])
 def test_subtle_attacks_cost_under_one_point(scorecard: dict[str, Any], attack: str) -> None:
     row = _row(scorecard, attack, 0.2)
     assert row["accuracy_vs_clean"] > -0.01, row
 
 
-def test_benign_false_rejection_below_two_percent(scorecard: dict[str, Any]) -> None:
-    benign = sum(r["benign_submissions"] for r in scorecard["rows"])
-    rejected = sum(r["benign_false_rejection"] * r["benign_submissions"] for r in scorecard["rows"])
-    assert benign > 500 and rejected / benign < 0.02
-
-
 def test_flooding_peers_are_quarantined_precisely(scorecard: dict[str, Any]) -> None:
     row = _row(scorecard, "late_flood", 0.33)
     assert row["quarantine_recall"] == 1.0 and row["quarantine_precision"] == 1.0
-    assert scorecard["clean_accuracy"]["balanced"] > 0.85
+    assert scorecard["clean_accuracy"]["balanced"] > 0.9 > scorecard["warm_accuracy"]
+
+
+def test_the_trigger_is_never_lit_by_training_data(suite: Suite, scorecard: dict[str, Any]) -> None:
+    assert len(TRIGGER_PIXELS) == 12
+    assert all(not np.any(x[:, list(TRIGGER_PIXELS)]) for x, _ in suite.data.shards)
+    assert not np.any(suite.data.reference[0][:, list(TRIGGER_PIXELS)])  # nor the validator's reference data
+    assert scorecard["warm_attack_success"] < 0.03  # the trigger means nothing to a clean model
+
+
+def test_a_scenario_gives_the_same_row_run_to_run(suite: Suite, scorecard: dict[str, Any]) -> None:
+    again = suite.run("backdoor", 0.5, "balanced", "cohort_2")
+    assert again == {k: v for k, v in _row(scorecard, "backdoor", 0.5, "cohort_2").items() if k in again}
 
 
 def test_scenario_seeds_do_not_depend_on_the_process() -> None:
@@ -66,3 +151,4 @@ def test_scenario_seeds_do_not_depend_on_the_process() -> None:
         for salt in ("1", "2")
     }
     assert seeds == {str(scenario_seed("late_flood", 0.2, "balanced"))}
+    assert FRACTIONS == (0.1, 0.2, 0.33)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
+import pytest
 
+from protocol.aggregation import flatten, fltrust_trimmed_mean
 from protocol.codec import encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, HeadId, LeaseId, ShardId
-from protocol.judging import Submission, judge_window, precheck
+from protocol.judging import Submission, judge_window, precheck, reference_batches
 from protocol.messages import Candidate, Lease
 from protocol.model import MODELS, evaluate, init_params
 from protocol.reasons import Reason
@@ -97,3 +100,63 @@ def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: 
         lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), decision.trust,
     )  # fmt: skip
     assert not again.promoted and again.screens["sha256:" + "f" * 64].reason is Reason.QUARANTINED
+
+
+def test_reference_batches_are_seeded_by_the_head_and_cover_the_split() -> None:
+    first = reference_batches(HEAD, 1000, 15, 256)
+    assert first.shape == (15, 256) and first.dtype == np.int64
+    np.testing.assert_array_equal(first, reference_batches(HEAD, 1000, 15, 256))  # every validator alike
+    assert not np.array_equal(first, reference_batches(HeadId(content_id(b"next head")), 1000, 15, 256))
+    flat = first.ravel()
+    assert sorted(flat[:1000]) == list(range(1000))  # whole epochs: each example once before any twice
+    with pytest.raises(ValueError):
+        reference_batches(HEAD, 0, 15, 256)
+
+
+def test_judge_window_with_a_reference_update(dataset_root) -> None:  # type: ignore[no-untyped-def]
+    """The validator's reference anchors the window: a sign-flipped update is untrusted, the others
+    are merged with FLTrust trust, and the result does not depend on the order of submissions."""
+    from datasets.layout import load_split
+
+    x, y = load_split(dataset_root / "mnist", "validation")
+    x, y = x[:1000], y[:1000]
+    base = init_params(SPEC, 0)
+    rng = np.random.default_rng(2)
+    direction = {k: 0.002 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}
+    reference = {k: v + direction[k] for k, v in base.items()}
+    honest = [
+        {k: v + (0.6 + 0.2 * i) * direction[k] + 0.001 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}
+        for i in range(4)
+    ]  # fmt: skip
+    flipped = {k: v - direction[k] for k, v in base.items()}
+    subs = [Submission(f"sha256:{i:064x}", f"peer-{i}", "native", 1000.0, p, ACCEPT) for i, p in enumerate(honest)]
+    subs.append(Submission("sha256:" + "f" * 64, "peer-bad", "native", 1000.0, flipped, ACCEPT))
+
+    def judge(order: list[Submission]) -> Any:
+        return judge_window(
+            SPEC, base, evaluate(SPEC, base, x, y), order, PRESETS["balanced"],
+            lambda p: evaluate(SPEC, p, x, y), TrustBook(), reference=reference, salt=b"window salt",
+        )  # fmt: skip
+
+    decision = judge(subs)
+    assert decision.anchored and decision.promoted and len(decision.accepted) == 4
+    assert decision.screens["sha256:" + "f" * 64].reason is Reason.UNTRUSTED_DIRECTION
+    assert decision.reference_cosines["sha256:" + "f" * 64] == pytest.approx(-1.0, abs=1e-3)
+    assert decision.trust.strikes["peer-bad"] == Reason.UNTRUSTED_DIRECTION.strike_weight
+    flat_base = flatten(SPEC, base)
+    expected = fltrust_trimmed_mean(
+        np.stack([flatten(SPEC, p) - flat_base for p in honest]),
+        np.full(4, 1000.0),
+        reference=flatten(SPEC, reference) - flat_base,
+        ranks=None,
+    )
+    assert decision.merged is not None
+    np.testing.assert_allclose(flatten(SPEC, decision.merged) - flat_base, expected, atol=1e-6)
+    again = judge(list(reversed(subs)))
+    assert again.merged is not None
+    assert all(decision.merged[k].tobytes() == again.merged[k].tobytes() for k in SPEC.shapes)
+    with pytest.raises(ValueError):  # the reference must be this model's
+        judge_window(
+            SPEC, base, evaluate(SPEC, base, x, y), subs, PRESETS["balanced"],
+            lambda p: evaluate(SPEC, p, x, y), reference={"dense0.kernel": np.zeros((2, 2), np.float32)},
+        )  # fmt: skip

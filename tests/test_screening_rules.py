@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from protocol.aggregation import flatten
+from protocol.aggregation import bulyan, flatten, fltrust_trimmed_mean
 from protocol.deadline import DeadlinePolicy, window_deadline_s
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import ModelSpec, Params
@@ -33,8 +33,12 @@ def _params(delta: np.ndarray) -> Params:
     return {"dense0.kernel": vector[:6].reshape(3, 2).astype(np.float32), "dense0.bias": vector[6:].astype(np.float32)}
 
 
+def _id(index: int) -> str:
+    return f"sha256:{index:064x}"
+
+
 def _sub(index: int, delta: np.ndarray, *, examples: float = 1000.0, kind: str = "native") -> Submission:
-    return Submission(f"sha256:{index:064x}", f"peer-{index}", kind, examples, _params(delta), ACCEPT)
+    return Submission(_id(index), f"peer-{index}", kind, examples, _params(delta), ACCEPT)
 
 
 def _loss_by_offset(params: Mapping[str, np.ndarray]) -> dict[str, float]:
@@ -43,8 +47,16 @@ def _loss_by_offset(params: Mapping[str, np.ndarray]) -> dict[str, float]:
     return {"loss": 1.0 + offset, "accuracy": 0.5}
 
 
-def _judge(subs: list[Submission], policy: ScreeningPolicy, trust: TrustBook = FRESH_TRUST) -> WindowDecision:
-    return judge_window(TINY, BASE, {"loss": 1.0}, subs, policy, _loss_by_offset, trust)
+def _judge(
+    subs: list[Submission],
+    policy: ScreeningPolicy,
+    trust: TrustBook = FRESH_TRUST,
+    *,
+    reference: np.ndarray | None = None,
+    evaluate=_loss_by_offset,  # type: ignore[no-untyped-def]
+) -> WindowDecision:
+    ref = None if reference is None else _params(reference)
+    return judge_window(TINY, BASE, {"loss": 1.0}, subs, policy, evaluate, trust, reference=ref)
 
 
 def _merged_delta(decision: WindowDecision) -> np.ndarray:
@@ -55,6 +67,8 @@ def _merged_delta(decision: WindowDecision) -> np.ndarray:
 DIRECTION = np.array([1.0, 0.9, 1.1, 1.0, 0.95, 1.05, 1.0, 1.0])
 # FedAvg with no screening and no per-candidate margin: only the rule under test decides
 OPEN = ScreeningPolicy("open", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 0.0, candidate_margin=np.inf)
+# no loss checks at all: only screening and the merge rule decide
+NO_LOSS_CHECKS = {"candidate_margin": np.inf, "promotion_margin": np.inf}
 
 
 # -- the promotion rule ------------------------------------------------------------------------
@@ -69,18 +83,51 @@ def test_merged_head_is_blocked_when_validation_loss_rises_past_the_margin() -> 
     assert promoted.promoted and len(promoted.accepted) == 2
 
 
-def test_a_single_candidate_that_regresses_past_its_margin_is_rejected() -> None:
-    policy = PRESETS["balanced"]  # candidate_margin 0.1
-    worse, fine = DIRECTION * 0.2, DIRECTION * 0.01  # mean offsets 0.2 (> 0.1) and 0.01
+def test_a_blocked_merge_blames_only_the_candidates_that_made_it_worse() -> None:
+    # leave-one-out margin 0.15 lets both through; the merge (mean offset 0.05) is blocked at 0.02
+    policy = replace(OPEN, candidate_margin=0.15, promotion_margin=0.02)
+    decision = _judge([_sub(1, np.full(8, 0.16)), _sub(2, np.full(8, -0.06))], policy)
+    assert not decision.promoted
+    assert decision.marginal_losses == pytest.approx({_id(1): 0.11, _id(2): -0.11}, abs=1e-6)
+    # 1 raised the merged loss by 0.11 > half the candidate margin (0.075): a regression (half strike)
+    assert decision.screens[_id(1)].reason is Reason.REGRESSION
+    assert decision.screens[_id(2)].reason is Reason.MERGE_BLOCKED  # it lowered it: no blame
+    assert decision.trust.strikes == {"peer-1": 0.5, "peer-2": 0.0}
+
+
+def test_a_candidate_whose_merge_is_worse_than_without_it_is_rejected() -> None:
+    policy = PRESETS["balanced"]  # leave-one-out margin 0.03
+    worse, fine = DIRECTION * 0.2, DIRECTION * 0.01
     decision = _judge([_sub(1, worse), _sub(2, fine)], policy)
-    assert decision.screens[f"sha256:{1:064x}"].reason is Reason.REGRESSION
-    assert decision.screens[f"sha256:{2:064x}"].accepted
+    # with both, the weighted mean's offset is 0.105; without 1 it is 0.01: 1 adds 0.095 > 0.03
+    assert decision.marginal_losses[_id(1)] == pytest.approx(0.095, abs=1e-6)
+    assert decision.screens[_id(1)].reason is Reason.REGRESSION
+    assert decision.screens[_id(2)].accepted and decision.promoted
+
+
+def _skewed_loss(params: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Two "classes": coordinates 0–3 and 4–7. Progress lowers the loss, imbalance between them
+    raises it quadratically (an update that learns one class and forgets the other)."""
+    delta = flatten(TINY, params) - flatten(TINY, BASE)
+    progress, imbalance = delta.mean(), delta[:4].mean() - delta[4:].mean()
+    return {"loss": 1.0 - progress + 10 * imbalance**2, "accuracy": 0.5}
+
+
+def test_label_skewed_candidates_are_judged_by_what_they_add_to_the_merge() -> None:
+    """Each alone raises the loss a lot (it forgets the other class); together they improve it.
+    The leave-one-out rule accepts both, where a candidate-alone rule would reject both."""
+    a = np.array([0.2] * 4 + [0.0] * 4)
+    b = np.array([0.0] * 4 + [0.2] * 4)
+    assert _skewed_loss(_params(a))["loss"] > 1.3 and _skewed_loss(_params((a + b) / 2))["loss"] < 1.0
+    decision = _judge([_sub(1, a), _sub(2, b)], PRESETS["balanced"], evaluate=_skewed_loss)
+    assert decision.promoted and len(decision.accepted) == 2, decision.screens
+    assert all(m < 0 for m in decision.marginal_losses.values())
 
 
 def test_blocked_promotions_are_no_strikes_and_judging_leaves_the_given_book_alone() -> None:
     before = TrustBook(max_strikes=1)
     decision = _judge([_sub(1, np.full(8, 0.5))], OPEN, before)
-    assert not decision.promoted
+    assert not decision.promoted and decision.screens[_id(1)].reason is Reason.MERGE_BLOCKED
     assert before.strikes == {} and before.scores == {}  # judge_window is pure
     assert not decision.trust.quarantined("peer-1") and decision.trust.scores["peer-1"] < 1.0
 
@@ -96,69 +143,206 @@ def test_example_weights_are_capped_per_peer_kind() -> None:
     assert caps == {"browser": 8000.0, "native": 32000.0}
 
 
-# -- the strict preset's aggregator ------------------------------------------------------------
-def test_strict_preset_merges_with_a_trimmed_mean() -> None:
-    # five updates in one direction; one is much longer along it (passes strict's 2x-median norm
-    # bound only because the bound is generous here) and the coordinate-wise trim must drop it
-    scales = [1.0, 1.1, 0.9, 1.05, 1.9]
+# -- presets and their aggregators -------------------------------------------------------------
+def test_presets_use_the_robust_rules() -> None:
+    assert {name: (p.aggregator, p.merge_rule(True)) for name, p in PRESETS.items()} == {
+        "minimal": ("weighted_mean", "weighted_mean"),
+        "balanced": ("trimmed_mean", "fltrust_trimmed_mean"),
+        "strict": ("bulyan", "fltrust_trimmed_mean"),
+        "fltrust": ("trimmed_mean", "fltrust"),
+        "multi_krum": ("multi_krum", "multi_krum"),
+        "bulyan": ("bulyan", "bulyan"),
+        "median": ("coordinate_median", "coordinate_median"),
+        "centered_clipping": ("centered_clipping", "centered_clipping"),
+    }
+    assert not PRESETS["minimal"].anchored and all(p.anchored for n, p in PRESETS.items() if n != "minimal")
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+def test_every_preset_judges_a_window_with_and_without_a_reference(preset: str, size: int) -> None:
+    rng = np.random.default_rng(1)
+    subs = [_sub(i, 0.01 * DIRECTION * (1 + 0.05 * rng.standard_normal(8))) for i in range(size)]
+    for reference in (None, 0.01 * DIRECTION):
+        decision = _judge(subs, PRESETS[preset], reference=reference)
+        assert decision.promoted and len(decision.accepted) == size, (preset, decision.screens)
+        assert decision.anchored == (reference is not None and preset != "minimal")
+
+
+def test_strict_preset_merges_with_bulyan_without_a_reference() -> None:
+    # seven updates in one direction (n = 7 allows f = 1 for Bulyan), one much longer along it
+    scales = [1.0, 1.13, 0.91, 1.04, 0.97, 1.21, 1.9]  # no two pairs at the same distance: no ties
     deltas = [0.01 * s * DIRECTION for s in scales]
-    policy = replace(PRESETS["strict"], candidate_margin=np.inf, promotion_margin=np.inf)
-    decision = _judge([_sub(i, d) for i, d in enumerate(deltas)], policy)
-    assert len(decision.accepted) == 5
-    ordered = np.sort(np.stack(deltas), axis=0)
-    trimmed = ordered[1:4].mean(axis=0)  # 20 % of 5: one dropped at each end, per coordinate
-    np.testing.assert_allclose(_merged_delta(decision), trimmed, rtol=1e-5)
-    assert not np.allclose(trimmed, np.mean(deltas, axis=0), rtol=1e-3)  # the test can tell them apart
+    decision = _judge([_sub(i, d) for i, d in enumerate(deltas)], replace(PRESETS["strict"], **NO_LOSS_CHECKS))
+    assert len(decision.accepted) == 7
+    expected = bulyan(np.stack(deltas), np.ones(7), f=1)
+    np.testing.assert_allclose(_merged_delta(decision), expected, rtol=1e-5)
+    assert not np.allclose(expected, np.mean(deltas, axis=0), rtol=1e-3)  # the test can tell them apart
 
 
-# -- small cohorts -----------------------------------------------------------------------------
-def test_small_cohorts_bound_norms_relative_to_the_base() -> None:
+def test_balanced_preset_merges_with_fltrust_trimmed_mean_given_a_reference() -> None:
+    rng = np.random.default_rng(2)
+    reference = 0.01 * DIRECTION
+    deltas = [0.01 * DIRECTION * s + 0.003 * rng.standard_normal(8) for s in (1.0, 1.4, 0.7, 1.1)]
+    examples = [1000.0, 500.0, 1000.0, 2000.0]
+    subs = [_sub(i, d, examples=e) for i, (d, e) in enumerate(zip(deltas, examples, strict=True))]
+    decision = _judge(subs, replace(PRESETS["balanced"], **NO_LOSS_CHECKS), reference=reference)
+    expected = fltrust_trimmed_mean(
+        np.stack([flatten(TINY, _params(d)) - flatten(TINY, BASE) for d in deltas]),
+        np.array(examples),
+        reference=flatten(TINY, _params(reference)) - flatten(TINY, BASE),
+    )
+    np.testing.assert_allclose(_merged_delta(decision), expected, rtol=1e-5, atol=1e-9)
+
+
+# -- screening against the validator's reference update ----------------------------------------
+UNIT = DIRECTION / np.linalg.norm(DIRECTION)
+_ALTERNATING = np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+ORTHO = _ALTERNATING - (_ALTERNATING @ UNIT) * UNIT
+ORTHO /= np.linalg.norm(ORTHO)  # a unit vector orthogonal to UNIT
+REFERENCE = 0.01 * UNIT
+
+
+def test_small_cohorts_are_judged_against_the_reference() -> None:
+    """Two candidates: the fallback skips the cosine check and bounds norms by 0.5 x the base norm,
+    so a 5x update and a reversed one pass it; against the reference neither does."""
+    policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
+    honest, boosted, reversed_ = 0.01 * UNIT, 0.05 * (0.6 * UNIT + 0.8 * ORTHO), -0.01 * UNIT
+    fallback = _judge([_sub(1, honest), _sub(2, boosted), _sub(3, reversed_)][:2], policy)
+    assert fallback.screens[_id(2)].accepted and not fallback.anchored
+    assert _judge([_sub(1, honest), _sub(3, reversed_)], policy).screens[_id(3)].accepted
+    anchored = _judge([_sub(1, honest), _sub(2, boosted)], policy, reference=REFERENCE)
+    assert anchored.screens[_id(2)].reason is Reason.NORM_TOO_LARGE  # 5 > 3 x ‖Δ_ref‖
+    assert anchored.screens[_id(1)].accepted and anchored.anchored
+    flipped = _judge([_sub(1, honest), _sub(3, reversed_)], policy, reference=REFERENCE)
+    assert flipped.screens[_id(3)].reason is Reason.UNTRUSTED_DIRECTION
+    assert flipped.reference_cosines[_id(3)] == pytest.approx(-1.0)
+    alone = _judge([_sub(2, boosted)], policy, reference=REFERENCE)  # a cohort of one, too
+    assert alone.screens[_id(2)].reason is Reason.NORM_TOO_LARGE and not alone.promoted
+
+
+def test_trust_zero_is_an_untrusted_direction_and_free_riders_are_relative_to_the_reference() -> None:
+    policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
+    orthogonal = 0.01 * (ORTHO - 0.01 * UNIT)  # cos -0.01: FLTrust's ReLU gives it trust 0
+    tiny = 0.0009 * UNIT  # 0.09 x ‖Δ_ref‖ <= 0.1 x
+    decision = _judge([_sub(1, 0.01 * UNIT), _sub(2, orthogonal), _sub(3, tiny)], policy, reference=REFERENCE)
+    assert decision.screens[_id(2)].reason is Reason.UNTRUSTED_DIRECTION
+    assert decision.screens[_id(3)].reason is Reason.FREE_RIDER
+    assert Reason.UNTRUSTED_DIRECTION.strike_weight == 0.5 and Reason.UNTRUSTED_DIRECTION.value == "untrusted_direction"
+
+
+def test_a_sybil_majority_cannot_move_the_anchored_bounds() -> None:
+    """One honest peer and two identities sending scaled-down copies of their own update: the
+    cohort median norm falls and the fallback rejects the honest update as too large; the
+    reference does not move, so the honest update is accepted."""
+    policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
+    honest = 0.01 * UNIT
+    own = 0.01 * (0.8 * UNIT + 0.6 * ORTHO)
+    window = [_sub(1, honest), _sub(2, 0.25 * own), _sub(3, 0.26 * own)]
+    assert _judge(window, policy).screens[_id(1)].reason is Reason.NORM_TOO_LARGE  # 4 x the median
+    anchored = _judge(window, policy, reference=REFERENCE)
+    assert anchored.screens[_id(1)].accepted and anchored.promoted
+
+
+def test_a_reference_must_be_usable() -> None:
+    policy = PRESETS["balanced"]
+    with pytest.raises(ValueError):
+        _judge([_sub(1, 0.01 * UNIT)], policy, reference=np.zeros(8))
+    with pytest.raises(ValueError):
+        _judge([_sub(1, 0.01 * UNIT)], policy, reference=np.full(8, np.nan))
+    with pytest.raises(ValueError):  # a rule that needs a reference, without one
+        _judge([_sub(1, 0.01 * UNIT)], replace(OPEN, aggregator="fltrust"))
+
+
+# -- the fallback: cohort rules without a reference --------------------------------------------
+def test_without_a_reference_small_cohorts_bound_norms_relative_to_the_base() -> None:
     policy = PRESETS["balanced"]  # < 3 candidates: ‖Δ‖ ≤ 0.5 ‖base‖ and > 1e-6 ‖base‖
     base_norm = float(np.linalg.norm(flatten(TINY, BASE)))  # sqrt(8)
-    unit = DIRECTION / np.linalg.norm(DIRECTION)
-    large = _judge([_sub(1, 0.51 * base_norm * unit), _sub(2, 0.01 * unit)], policy)
-    assert large.screens[f"sha256:{1:064x}"].reason is Reason.NORM_TOO_LARGE
-    tiny = _judge([_sub(1, 0.9e-6 * base_norm * unit)], policy)
-    assert tiny.screens[f"sha256:{1:064x}"].reason is Reason.FREE_RIDER
-    # below three candidates the cosine check is skipped: opposite directions both pass screening
-    opposite = _judge([_sub(1, 0.01 * unit), _sub(2, -0.01 * unit)], policy)
-    assert all(s.reason is not Reason.OUTLIER for s in opposite.screens.values())
+    large = _judge([_sub(1, 0.51 * base_norm * UNIT), _sub(2, 0.01 * UNIT)], policy)
+    assert large.screens[_id(1)].reason is Reason.NORM_TOO_LARGE
+    tiny = _judge([_sub(1, 0.9e-6 * base_norm * UNIT)], policy)
+    assert tiny.screens[_id(1)].reason is Reason.FREE_RIDER
 
 
-def test_cohorts_of_three_screen_direction_and_relative_norm() -> None:
+def test_without_a_reference_cohorts_of_three_screen_direction_and_relative_norm() -> None:
     policy = PRESETS["balanced"]
     honest = [0.01 * DIRECTION * s for s in (1.0, 1.1, 0.9)]
     decision = _judge(
         [_sub(i, d) for i, d in enumerate(honest)] + [_sub(7, -0.01 * DIRECTION), _sub(8, 0.04 * DIRECTION)], policy
     )
-    assert decision.screens[f"sha256:{7:064x}"].reason is Reason.OUTLIER
-    assert decision.screens[f"sha256:{8:064x}"].reason is Reason.NORM_TOO_LARGE
+    assert decision.screens[_id(7)].reason is Reason.OUTLIER
+    assert decision.screens[_id(8)].reason is Reason.NORM_TOO_LARGE
 
 
 # -- typed reasons and the trust book ----------------------------------------------------------
-def test_strikes_follow_the_reason_type() -> None:
-    assert {r for r in Reason if r.strike} == {
-        Reason.BAD_SIGNATURE, Reason.WRONG_LEASE, Reason.OUT_OF_LEASE, Reason.REPLAY, Reason.UNDECODABLE,
-        Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.NORM_TOO_LARGE, Reason.FREE_RIDER, Reason.OUTLIER,
+def test_strike_weights_follow_the_reason_type() -> None:
+    assert {r: r.strike_weight for r in Reason if r.strike} == {
+        Reason.BAD_SIGNATURE: 1.0, Reason.WRONG_LEASE: 1.0, Reason.OUT_OF_LEASE: 1.0, Reason.REPLAY: 1.0,
+        Reason.UNDECODABLE: 1.0, Reason.WRONG_SHAPE: 1.0, Reason.NON_FINITE: 1.0, Reason.NORM_TOO_LARGE: 1.0,
+        Reason.FREE_RIDER: 1.0, Reason.OUTLIER: 1.0, Reason.UNTRUSTED_DIRECTION: 0.5, Reason.REGRESSION: 0.5,
     }  # fmt: skip
-    book = TrustBook(max_strikes=2)
-    book = book.recorded("p", False, Reason.STALE_BASE).recorded("p", False, Reason.REGRESSION)
-    assert not book.quarantined("p")  # timing and bad luck are not strikes
-    book = book.recorded("p", False, Reason.OUTLIER).recorded("p", True, Reason.ACCEPTED)
-    book = book.recorded("p", False, Reason.NON_FINITE)
-    assert not book.quarantined("p")
-    struck = book.recorded("p", False, Reason.REPLAY)
-    assert struck.quarantined("p") and struck.quarantine == {"p"} and not book.quarantined("p")
-    assert TrustBook.from_wire(struck.to_wire()).quarantined("p")
-    assert not struck.cleared("p").quarantined("p")
+    for reason in (Reason.STALE_BASE, Reason.MERGE_BLOCKED, Reason.QUARANTINED, Reason.ACCEPTED):
+        assert reason.strike_weight == 0.0
+
+
+def _windows(book: TrustBook, outcomes: list[Reason]) -> list[float]:
+    """One peer's strikes after each of a sequence of judged windows."""
+    history = []
+    for reason in outcomes:
+        book = book.after_window([("p", reason.accepted, reason)])
+        history.append(book.strikes["p"])
+    return history
+
+
+def test_strikes_decay_per_window_not_per_acceptance() -> None:
+    book = TrustBook()  # 3 strikes, decay 0.9 per window
+    history = _windows(book, [Reason.OUTLIER, Reason.ACCEPTED, Reason.ACCEPTED])
+    assert history == pytest.approx([1.0, 0.9, 0.81])  # an acceptance takes nothing away: time does
+    # alternating bad and good still accumulates and ends in quarantine
+    alternating = _windows(book, [Reason.OUTLIER, Reason.ACCEPTED] * 6)
+    assert alternating[:4] == pytest.approx([1.0, 0.9, 1.81, 1.629])
+    first = next(i for i, s in enumerate(alternating) if s >= 3)
+    assert first == 8 and alternating[-1] >= 3  # the 5th bad one; then it stays (no decay in quarantine)
+    # an honest peer's rare bad luck fades: one strike every ten windows never quarantines
+    rare = _windows(book, ([Reason.OUTLIER] + [Reason.ACCEPTED] * 9) * 5)
+    assert max(rare) < 1.6
+
+
+def test_repeated_regressions_count() -> None:
+    book = TrustBook()
+    assert _windows(book, [Reason.REGRESSION])[-1] == 0.5
+    persistent = _windows(book, [Reason.REGRESSION] * 12)
+    assert persistent[7] < 3 <= persistent[8]  # the ninth regression in a row quarantines
+    untrusted = _windows(book, [Reason.UNTRUSTED_DIRECTION] * 12)
+    assert untrusted == persistent
+
+
+def test_quarantine_is_sticky_until_cleared_and_survives_the_wire() -> None:
+    book = TrustBook(max_strikes=2).after_window([("p", False, Reason.REPLAY), ("p", False, Reason.REPLAY)])
+    assert book.quarantined("p") and book.quarantine == {"p"}
+    later = book.after_window([("p", False, Reason.QUARANTINED)] * 3).decayed(["p"])
+    assert later.strikes["p"] == 2.0 and later.quarantined("p")  # no decay while quarantined
+    assert TrustBook.from_wire(later.to_wire()) == later
+    assert not later.cleared("p").quarantined("p")
+    # a book written before strikes decayed (integer strikes, no strike_decay) still reads
+    old = TrustBook.from_wire({"max_strikes": 3, "decay": 0.8, "scores": {"p": 0.5}, "strikes": {"p": 2}})
+    assert old.strikes == {"p": 2.0} and old.strike_decay == 0.9
+
+
+def test_judge_window_decays_the_strikes_of_the_peers_it_judges() -> None:
+    trust = TrustBook().after_window([("peer-1", False, Reason.OUTLIER), ("peer-9", False, Reason.OUTLIER)])
+    decision = _judge([_sub(1, 0.01 * DIRECTION), _sub(2, 0.01 * DIRECTION)], PRESETS["minimal"], trust)
+    assert decision.promoted
+    assert decision.trust.strikes["peer-1"] == pytest.approx(0.9)  # took part: one window older
+    assert decision.trust.strikes["peer-9"] == 1.0  # not in this window: unchanged
 
 
 def test_quarantined_peers_are_rejected_unseen() -> None:
     policy = PRESETS["minimal"]
     trust = TrustBook(max_strikes=1).recorded("peer-1", False, Reason.NON_FINITE)
     decision = _judge([_sub(1, 0.01 * DIRECTION), _sub(2, 0.01 * DIRECTION)], policy, trust)
-    assert decision.screens[f"sha256:{1:064x}"].reason is Reason.QUARANTINED
-    assert decision.accepted == (f"sha256:{2:064x}",)
+    assert decision.screens[_id(1)].reason is Reason.QUARANTINED
+    assert decision.accepted == (_id(2),)
 
 
 # -- the adaptive window deadline --------------------------------------------------------------

@@ -141,7 +141,8 @@ def test_a_network_trains_on_int8_updates(tmp_path: Path, dataset_root: Path) ->
             assert len(artifact) < 0.26 * SPEC.num_params * 4  # the window is closed: anyone may read it
             _, metadata = decode_tensors(artifact)
             assert metadata["codec"] == "int8"
-            assert report is not None and report.head.merged == (outcome.candidate_id,)
+            assert report is not None
+            assert report.head.merged == (outcome.candidate_id,), [(v.reason, v.detail) for v in report.verdicts]
             accuracies.append(report.head.metrics["val_accuracy"])
         assert list((tmp_path / "trainer").rglob("residual.safetensors"))  # error feedback kept on disk
         assert accuracies[-1] > accuracies[0] + 0.3  # it learns: from chance to a working model
