@@ -78,7 +78,7 @@ SHARD_EXAMPLES = 1000
 STEPS = SHARD_EXAMPLES // BATCH  # a trainer's optimizer steps per window
 HOLDOUT = 5000  # what the validator judges candidates and heads on (never a trainer's)
 REFERENCE = 4000  # what the validator trains its reference update on (never a trainer's)
-REFERENCE_BATCH = 4 * BATCH  # the same steps as a trainer, a steadier direction
+REFERENCE_BATCH = 2 * BATCH  # 2 x the trainers' batch, their step count: what validators do (Validator._reference)
 # a 12-pixel patch in the top-left corner that no MNIST training image lights (tests check it)
 TRIGGER_PIXELS = tuple(r * 28 + c for r in range(4) for c in range(4) if r < 2 or c < 2)
 TARGET = 0

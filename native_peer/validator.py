@@ -91,7 +91,7 @@ __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "Window
 
 log = logging.getLogger(__name__)
 
-REFERENCE_BATCH_FACTOR = 4  # the reference update's batches: this × the trainers', same step count
+REFERENCE_BATCH_FACTOR = 2  # the reference update's batches: this × the trainers', same step count
 
 
 @dataclass(frozen=True)

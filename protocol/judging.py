@@ -150,11 +150,12 @@ def judge_window(
     uses a fresh one), take the same number of optimizer steps as one trainer window (leased
     examples × ``local_epochs`` / ``batch_size``), on the prepared dataset's ``reference`` split
     (validators only, never served, disjoint from the ``holdout`` that ``evaluate`` uses), in batches
-    drawn with ``reference_batches(base head id, ...)``. A batch 4× the trainers' gives a steadier
-    direction at the same step count (the attack suite: 4000 reference examples, batch 256, 15
-    steps); with a reference split that small batches would cycle through many times (1000
-    examples), use the trainers' batch size instead: a reference overfit to few examples rescales
-    every update to the wrong size. Every validator of a quorum must pass the same bytes (the same
+    drawn with ``reference_batches(base head id, ...)``. A batch 2× the trainers' gives a steadier
+    direction at the same step count (validators and the attack suite: 4000 reference examples, batch
+    128; at 4× the reference drifts away from honest updates whose optimizers carry state over many
+    windows, at 1× label-skewed updates are rejected more often); with a reference split so small
+    that batches would cycle through it many times (1000 examples), use the trainers' batch size: a
+    reference overfit to few examples rescales every update to the wrong size. Every validator of a quorum must pass the same bytes (the same
     prepared copy, ``reference_batches`` and deterministic training, or the proposer's published
     reference).
 
