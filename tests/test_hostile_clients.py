@@ -458,7 +458,7 @@ def test_no_lease_once_every_shard_of_the_window_is_held(http: httpx.Client, dat
     """Identities are free, data is not: once the window's shards are all leased, a new key gets none."""
     shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
     per_lease = 2  # tests.support.experiment_spec
-    leases = [_lease(http, PureSigner(bytes([0x10 + i]) * 32)) for i in range(shards // per_lease)]
+    leases = [_lease(http, PureSigner(bytes([0x10 + i]) * 32)) for i in range(-(-shards // per_lease))]
     held = [shard for lease in leases for shard in lease.shard_ids]
     assert len(held) == len(set(held)) == shards
     sybil = http.post(f"{BASE}/leases", json=proof(PureSigner(b"\xee" * 32), "lease"))
