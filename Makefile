@@ -10,7 +10,7 @@ MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
 
 .PHONY: setup demo test test-python test-browser lint bench attack-suite clean
 
-setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium
+setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ var/pyodide/.installed: node_modules/.installed $(VENV)/.installed tools/pyodide
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
+# tests/test_deploy.py runs the stack through a real nginx (TLS from an openssl certificate);
+# make bench loads it with wrk
+/usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl &:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk openssl
+
 demo: setup
 	$(PY) -m lab demo --out var/demo
 
@@ -52,6 +57,7 @@ test-browser:
 bench: setup
 	$(PY) -m benchmarks.edge_throughput
 	$(PY) -m benchmarks.trainer_throughput
+	$(PY) -m benchmarks.update_codecs
 	npx playwright test --config benchmarks/playwright.bench.config.ts
 
 attack-suite: setup

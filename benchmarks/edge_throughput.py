@@ -1,12 +1,19 @@
-"""Edge benchmark: shard serving vs. a plain static file server, and relay fan-out latency.
+"""Edge benchmark: shard serving against plain nginx on the same files, and relay fan-out latency.
 
-Shard serving: 8 client threads fetch every shard of MNIST (lease-scoped on the edge) for several
-rounds, from the edge and from ``python -m http.server`` over the same files, each server in its
-own process; prints MB/s of each and the ratio. Fan-out: N peers join the relay and subscribe; a
-publisher sends timestamped messages; the latency from send to receipt at every subscriber gives
-p50/p90 at N = 100 and 1000.
+Shard serving, with wrk (a real load generator, from apt) against one 785 KB MNIST shard, every
+round interleaved so that both sides of a ratio share whatever else the machine is doing:
 
-    python -m benchmarks.edge_throughput [--rounds 5] [--peers 100 1000] [--messages 20]
+* as deployed (``deploy/nginx/dtn.conf`` over TLS): the edge behind nginx, which checks the lease
+  (``?lease=`` + ``dtn-lease-secret``) and hands the file to nginx (``X-Accel-Redirect``), against plain
+  nginx serving the same file from a location with the same TLS settings;
+* the same pair over plain HTTP (no TLS to share the cost), and the edge alone sending the bytes
+  itself (no proxy), against the same plain nginx.
+
+Each line gives the median req/s and MB/s over the rounds; ratios are of the medians. Fan-out: N
+peers join the relay and subscribe; a publisher sends timestamped messages; the latency from send to
+receipt at every subscriber gives p50/p90 at N = 100 and 1000.
+
+    python -m benchmarks.edge_throughput [--rounds 5] [--seconds 3] [--connections 8] [--peers 100 1000]
 """
 
 from __future__ import annotations
@@ -14,18 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+import shutil
 import statistics
-import sys
+import subprocess
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
-from datasets.layout import read_train_manifest
+from deploy.host import derived_values, render_template, self_signed_certificate, standalone_nginx_conf
 from lab.stack import Fleet, free_port, prepare_network
 from protocol.messages import LEASE_SECRET_HEADER, LeaseGrant, PeerProof
 from protocol.signing import PureSigner
@@ -36,24 +43,42 @@ from . import BENCH_EXPERIMENT, bench_network
 NO_LOOPBACK_LIMITS = (
     "--messages-per-s", "100000", "--max-connections-per-address", "100000", "--address-checks-per-min", "1e9",
 )  # fmt: skip
+_WRK_RATE = re.compile(r"Requests/sec:\s+([0-9.]+)")
+_WRK_ERRORS = re.compile(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*")
 
 
-def _fetch_all(
-    urls: list[str], rounds: int, threads: int = 8, headers: dict[str, str] | None = None
-) -> tuple[float, int]:
-    local = threading.local()
+def _require(tool: str, package: str) -> str:
+    path = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+    if path is None:
+        raise SystemExit(f"{tool} is not installed: apt-get install {package} (make setup does)")
+    return path
 
-    def get(url: str) -> int:
-        if not hasattr(local, "client"):
-            local.client = httpx.Client(timeout=30, headers=headers)
-        response = local.client.get(url)
-        response.raise_for_status()
-        return len(response.content)
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        total = sum(pool.map(get, urls * rounds))
-    return time.perf_counter() - started, total
+def _wrk(url: str, seconds: int, connections: int, headers: dict[str, str] | None = None) -> float:
+    """Requests per second wrk measures on ``url`` (every answer must be 2xx)."""
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    for name, value in (headers or {}).items():
+        argv += ["-H", f"{name}: {value}"]
+    out = subprocess.run([*argv, url], capture_output=True, text=True, check=True, timeout=seconds + 30).stdout
+    if _WRK_ERRORS.search(out):
+        raise RuntimeError(f"wrk saw failed requests on {url}:\n{out}")
+    match = _WRK_RATE.search(out)
+    if match is None:
+        raise RuntimeError(f"no rate in wrk's output:\n{out}")
+    return float(match.group(1))
+
+
+def _interleaved(
+    sides: dict[str, tuple[str, dict[str, str]]], rounds: int, seconds: int, connections: int
+) -> dict[str, float]:
+    """Median req/s of each side, measured round after round in turn (one warm-up round first)."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for round_ in range(rounds + 1):
+        for name, (url, headers) in sides.items():
+            rate = _wrk(url, 1 if round_ == 0 else seconds, connections, headers)
+            if round_:
+                rates[name].append(rate)
+    return {name: statistics.median(values) for name, values in rates.items()}
 
 
 def _lease(url: str, signer: PureSigner) -> LeaseGrant:
@@ -61,6 +86,125 @@ def _lease(url: str, signer: PureSigner) -> LeaseGrant:
     response = httpx.post(f"{url}/v1/experiments/{BENCH_EXPERIMENT}/leases", json=proof.to_wire())
     response.raise_for_status()
     return LeaseGrant.from_wire(response.json())
+
+
+def _nginx_sites(root: Path, datasets: Path, edge_socket: Path, ports: dict[str, int]) -> Path:
+    """The deploy site (TLS), the same site over plain HTTP, and plain nginx on the same files (TLS and
+    HTTP), in one nginx.conf under ``root``."""
+    cert, key = root / "cert.pem", root / "key.pem"
+    self_signed_certificate(cert, key)
+    (root / "acme").mkdir()
+    values = derived_values(
+        {
+            "DTN_PUBLIC_URL": f"https://127.0.0.1:{ports['deploy_tls']}",
+            "DTN_HOST": "127.0.0.1",
+            "DTN_PORT": str(ports["edge"]),
+            "DTN_UNIX_SOCKET": str(edge_socket),
+            "DTN_NGINX_LISTEN": f"127.0.0.1:{ports['deploy_tls']}",
+            "DTN_NGINX_HTTP_LISTEN": f"127.0.0.1:{ports['redirect']}",
+            "DTN_NGINX_CONNECTIONS_PER_ADDRESS": "1000",
+            "DTN_TLS_CERT": str(cert),
+            "DTN_TLS_KEY": str(key),
+            "DTN_ACME_ROOT": str(root / "acme"),
+            "DTN_ACCEL_PREFIX": "/_shards/",
+            "DTN_DATASETS_DIR": str(datasets),
+            "DTN_PYODIDE_DIR": str(root / "no-pyodide"),
+        },
+        root / "bench.env",
+    )
+    site = render_template(
+        (Path(__file__).resolve().parent.parent / "deploy/nginx/dtn.conf").read_text(), values, "dtn.conf"
+    )
+    # the same site over plain HTTP: its TLS server block with the TLS lines taken out
+    tls_block = next(block for block in site.split("\nserver {")[1:] if " ssl http2;" in block)
+    plain_server = "\nserver {" + re.sub(r"\n\s*ssl_[^\n]*", "", tls_block).replace(
+        f"listen {values['DTN_NGINX_LISTEN']} ssl http2;", f"listen 127.0.0.1:{ports['deploy_http']};"
+    )
+    plain_files = f"""
+server {{
+    listen 127.0.0.1:{ports["nginx_tls"]} ssl;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    sendfile on;
+    tcp_nopush on;
+    location /files/ {{ alias {datasets}/mnist/train/; }}
+}}
+server {{
+    listen 127.0.0.1:{ports["nginx_http"]};
+    sendfile on;
+    tcp_nopush on;
+    location /files/ {{ alias {datasets}/mnist/train/; }}
+}}
+"""
+    (root / "sites.conf").write_text(site + plain_server + plain_files)
+    conf = root / "nginx.conf"
+    conf.write_text(standalone_nginx_conf(root / "sites.conf", root, workers=2))
+    return conf
+
+
+def _shard_serving(root: Path, rounds: int, seconds: int, connections: int) -> None:
+    _require("wrk", "wrk")
+    nginx = _require("nginx", "nginx")
+    local = prepare_network(root, network=lambda key: bench_network(key, 1))
+    ports = {
+        name: free_port()
+        for name in ("edge", "edge_bytes", "deploy_tls", "deploy_http", "redirect", "nginx_tls", "nginx_http")
+    }
+    conf = _nginx_sites(root / "nginx", local.datasets, root / "edge.sock", ports)
+    edge_url = f"http://127.0.0.1:{ports['edge']}"
+    quiet = ("--lease-ttl-s", "3600", "--no-access-log", *NO_LOOPBACK_LIMITS)
+    with Fleet(root) as fleet:
+        deployed = ("--accel-prefix", "/_shards/", "--unix-socket", str(root / "edge.sock"))  # as dtn.env.example
+        fleet.start("edge", local.edge_argv(ports["edge"], *deployed, *quiet))
+        # the edge alone, sending the bytes itself: its own state, the same datasets
+        alone = [*local.edge_argv(ports["edge_bytes"], *quiet)]
+        alone[alone.index("--data-dir") + 1] = str(root / "edge-alone")
+        fleet.start("edge-alone", alone)
+        fleet.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent)])
+        for url in (
+            f"{edge_url}/healthz",
+            f"http://127.0.0.1:{ports['edge_bytes']}/healthz",
+            f"http://127.0.0.1:{ports['nginx_http']}/files/",
+        ):
+            fleet.wait_ready(url)
+        for url in (edge_url, f"http://127.0.0.1:{ports['edge_bytes']}"):
+            validator = local.validator(url)
+            validator.ensure_genesis(local.network.experiment(BENCH_EXPERIMENT))
+            validator.close()
+        grants = {
+            name: _lease(f"http://127.0.0.1:{ports[name]}", PureSigner(b"\x02" * 32)) for name in ("edge", "edge_bytes")
+        }
+        shard_id = grants["edge"].lease.shard_ids[0]
+        assert grants["edge_bytes"].lease.shard_ids[0] == shard_id  # one shard per lease, the same rendezvous pick
+        shard_file = f"shards/{shard_id}.safetensors"
+        size = (local.datasets / "mnist/train" / shard_file).stat().st_size
+        path = f"/v1/datasets/mnist/shards/{shard_id}"
+        secret = {name: {LEASE_SECRET_HEADER: grant.secret} for name, grant in grants.items()}
+        tls = _interleaved(
+            {
+                "plain nginx": (f"https://127.0.0.1:{ports['nginx_tls']}/files/{shard_file}", {}),
+                "edge behind nginx": (f"https://127.0.0.1:{ports['deploy_tls']}{path}?lease={grants['edge'].lease.lease_id}", secret["edge"]),
+            },
+            rounds, seconds, connections,
+        )  # fmt: skip
+        http = _interleaved(
+            {
+                "plain nginx": (f"http://127.0.0.1:{ports['nginx_http']}/files/{shard_file}", {}),
+                "edge behind nginx": (f"http://127.0.0.1:{ports['deploy_http']}{path}?lease={grants['edge'].lease.lease_id}", secret["edge"]),
+                "edge alone": (f"http://127.0.0.1:{ports['edge_bytes']}{path}?lease={grants['edge_bytes'].lease.lease_id}", secret["edge_bytes"]),
+            },
+            rounds, seconds, connections,
+        )  # fmt: skip
+    print(
+        f"shard serving: wrk, 1 thread, {connections} connections, {rounds} interleaved rounds of {seconds:g} s, one {size / 1e3:.0f} KB shard (medians):"
+    )
+    for label, rates in (("https, as deployed", tls), ("http", http)):
+        for name, rate in rates.items():
+            print(f"  {label:<19} {name:<18} {rate:8.0f} req/s {rate * size / 1e6:8.0f} MB/s")
+    print(f"  ratio edge behind nginx / plain nginx, https: {tls['edge behind nginx'] / tls['plain nginx']:.2f}")
+    print(f"  ratio edge behind nginx / plain nginx, http:  {http['edge behind nginx'] / http['plain nginx']:.2f}")
+    print(f"  ratio edge alone (no proxy) / plain nginx, http: {http['edge alone'] / http['plain nginx']:.2f}")
 
 
 async def _fan_out(url: str, peers: int, messages: int) -> list[float]:
@@ -102,47 +246,20 @@ async def _fan_out(url: str, peers: int, messages: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved wrk rounds per side")
+    parser.add_argument("--seconds", type=int, default=3, help="length of one wrk round (whole seconds)")
+    parser.add_argument("--connections", type=int, default=8, help="wrk connections")
     parser.add_argument("--peers", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--messages", type=int, default=20)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dtn-bench-"))
-    local = prepare_network(root, network=lambda key: bench_network(key, 50))
-    manifest = read_train_manifest(local.datasets / "mnist")
-    static_dir = local.datasets / "mnist" / "train"
-    edge_port, static_port = free_port(), free_port()
-    edge_url, static_url = f"http://127.0.0.1:{edge_port}", f"http://127.0.0.1:{static_port}"
-    static_argv = [
-        sys.executable,
-        "-m",
-        "http.server",
-        str(static_port),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-        str(static_dir),
-    ]
-    with Fleet(root) as fleet:
+    _shard_serving(root / "shards", args.rounds, args.seconds, args.connections)
+    local = prepare_network(root / "relay", network=lambda key: bench_network(key, 50))
+    edge_port = free_port()
+    edge_url = f"http://127.0.0.1:{edge_port}"
+    with Fleet(root / "relay") as fleet:
         fleet.start("edge", local.edge_argv(edge_port, *NO_LOOPBACK_LIMITS))
-        fleet.start("static", static_argv)
         fleet.wait_ready(f"{edge_url}/healthz")
-        fleet.wait_ready(f"{static_url}/fetch-manifest.json")
-        validator = local.validator(edge_url)
-        validator.ensure_genesis(local.network.experiment(BENCH_EXPERIMENT))
-        validator.close()
-        grant = _lease(edge_url, PureSigner(b"\x02" * 32))
-        lease, secret = grant.lease, {LEASE_SECRET_HEADER: grant.secret}
-        edge_urls = [f"{edge_url}/v1/datasets/mnist/shards/{s}?lease={lease.lease_id}" for s in lease.shard_ids]
-        static_urls = [f"{static_url}/{entry.locator}" for entry in manifest.shards]
-        _fetch_all(edge_urls[:4], 1, headers=secret)  # warm up both
-        _fetch_all(static_urls[:4], 1)
-        edge_s, edge_bytes = _fetch_all(edge_urls, args.rounds, headers=secret)
-        static_s, static_bytes = _fetch_all(static_urls, args.rounds)
-        edge_mbps, static_mbps = edge_bytes / edge_s / 1e6, static_bytes / static_s / 1e6
-        print(f"shard serving, {args.rounds} rounds x {len(edge_urls)} shards, 8 client threads:")
-        print(f"  edge (lease-checked, ETag, Range-capable): {edge_mbps:8.1f} MB/s")
-        print(f"  python -m http.server (same files):       {static_mbps:8.1f} MB/s")
-        print(f"  ratio edge / static: {edge_mbps / static_mbps:.2f}")
         for peers in args.peers:
             latencies = asyncio.run(_fan_out(edge_url, peers, args.messages))
             quantiles = statistics.quantiles(latencies, n=10)
@@ -150,6 +267,7 @@ def main() -> None:
                 f"relay fan-out to {peers} peers ({len(latencies)} deliveries): "
                 f"p50 {statistics.median(latencies) * 1e3:.1f} ms, p90 {quantiles[8] * 1e3:.1f} ms"
             )
+    shutil.rmtree(root)  # kept, with the nodes' logs, only when something failed
 
 
 if __name__ == "__main__":

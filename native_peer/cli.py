@@ -1,24 +1,46 @@
-"""``python -m native_peer`` (also ``dtn``): run a native trainer or a validator."""
+"""``python -m native_peer`` (also ``dtn``): run a native trainer or a validator.
+
+Joining a network from another machine needs only the edge's URL and a validator's key (or its
+fingerprint, as ``dtn keys`` prints it) from the network's operator:
+
+    dtn train --edge https://host --validator-key <key or fingerprint>
+
+The trainer fetches the network manifest from the edge (``/v1/network``) and trains only if the
+pinned validators are in it and every quorum of its validators includes one of them (so a head can
+never be canonical without a pinned validator's signature): an edge cannot swap in validators of
+its own. ``--network FILE`` uses a manifest handed over by other means instead (checked against the
+pins when both are given).
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
+import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
+from protocol.signing import b64encode
 
+from .edge_client import EdgeClient
 from .mnist import RELEASE, WORKLOAD, mlp_learner
 from .storage import StorageConfig
 from .trainer import NodeBuilder
 from .validator import Validator
 
-__all__ = ["configure_logging", "main"]
+__all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
+
+FINGERPRINT_HEX = 16  # a fingerprint is the first 16 hex digits of sha256(public key); longer prefixes work too
+_HEX = re.compile(r"[0-9a-f]{16,64}")
 
 
 def _stop_on_signals() -> threading.Event:
@@ -32,8 +54,77 @@ def _network(path: Path) -> NetworkManifest:
     return NetworkManifest.from_wire(json.loads(path.read_bytes()))
 
 
+def fingerprint(public_key: bytes) -> str:
+    """A validator key's fingerprint: the first ``FINGERPRINT_HEX`` hex digits of its sha256."""
+    return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_HEX]
+
+
+def _pin_matches(pin: str, public_key: bytes) -> bool:
+    """Whether ``pin`` (a base64 key, standard or URL-safe, or a hex fingerprint of at least 16 digits,
+    optionally ``sha256:``-prefixed or with colons) names ``public_key``."""
+    text = pin.strip()
+    hex_pin = text.lower().removeprefix("sha256:").replace(":", "")
+    if _HEX.fullmatch(hex_pin):
+        return hashlib.sha256(public_key).hexdigest().startswith(hex_pin)
+    try:
+        decoded = base64.urlsafe_b64decode(text.replace("+", "-").replace("/", "_") + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return len(decoded) == 32 and decoded == public_key
+
+
+def pinned_network(network: NetworkManifest, pins: list[str], source: str) -> NetworkManifest:
+    """``network`` if every pin names one of its validators and every quorum of them includes a pinned
+    one (fewer unpinned validators than the quorum); ``SystemExit`` saying why not otherwise."""
+    listed = ", ".join(fingerprint(key) for key in network.validator_keys)
+    for pin in pins:
+        if not any(_pin_matches(pin, key) for key in network.validator_keys):
+            raise SystemExit(
+                f"{source} serves network {network.network_id!r} whose validators are [{listed}]: none is "
+                f"the pinned validator {pin}; refusing to train (check the key with the network's operator)"
+            )
+    unpinned = [key for key in network.validator_keys if not any(_pin_matches(pin, key) for pin in pins)]
+    if len(unpinned) >= network.quorum:
+        raise SystemExit(
+            f"{source} serves network {network.network_id!r} where {network.quorum} of the validators "
+            f"[{listed}] can make a head canonical without a pinned one; pin more of them (--validator-key "
+            "repeats) or refuse this edge"
+        )
+    return network
+
+
+def _default_storage(edge: str) -> Path:
+    """``$XDG_DATA_HOME/dtn/<host>[_<port>]`` (default ``~/.local/share``): one node per edge."""
+    data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return data_home / "dtn" / re.sub(r"[^A-Za-z0-9.-]", "_", urlsplit(edge).netloc or "edge")
+
+
+def _train_network(args: argparse.Namespace) -> NetworkManifest:
+    if args.network is not None:
+        network = _network(args.network)
+        return pinned_network(network, args.validator_key, str(args.network)) if args.validator_key else network
+    if not args.validator_key:
+        raise SystemExit(
+            "dtn train needs --validator-key <key or fingerprint> (from the network's operator) or --network"
+        )
+    client = EdgeClient(args.edge, token=args.token)
+    try:
+        served = client.network()
+    finally:
+        client.close()
+    network = pinned_network(served, args.validator_key, args.edge)
+    logging.getLogger(__name__).info(
+        "network %s from %s: validators [%s] include the pinned key",
+        network.network_id,
+        args.edge,
+        ", ".join(fingerprint(key) for key in network.validator_keys),
+    )
+    return network
+
+
 def cmd_train(args: argparse.Namespace) -> None:
-    network = _network(args.network)
+    network = _train_network(args)
+    args.storage = args.storage or _default_storage(args.edge)
     builder = (
         NodeBuilder(mlp_learner())
         .trainer(RELEASE, WORKLOAD)
@@ -63,19 +154,49 @@ def cmd_validate(args: argparse.Namespace) -> None:
         validator.close()
 
 
+def cmd_keys(args: argparse.Namespace) -> None:
+    if args.network is not None:
+        network = _network(args.network)
+    else:
+        client = EdgeClient(args.edge, token=args.token)
+        try:
+            network = client.network()
+        finally:
+            client.close()
+    print(f"network {network.network_id}: {network.quorum} of {len(network.validator_keys)} validators make a head")
+    for key in network.validator_keys:
+        print(f"validator {b64encode(key)}  fingerprint {fingerprint(key)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m native_peer", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="run a native JAX trainer")
-    train.add_argument("--edge", required=True, help="bootstrap edge URL")
-    train.add_argument("--network", type=Path, required=True, help="network manifest JSON")
-    train.add_argument("--storage", type=Path, required=True, help="this node's storage directory")
+    train.add_argument("--edge", required=True, help="bootstrap edge URL (https://host)")
+    train.add_argument(
+        "--validator-key",
+        action="append",
+        default=[],
+        help="a validator's public key (base64) or fingerprint (16+ hex digits, `dtn keys`): the network manifest "
+        "is fetched from the edge and used only if it lists this validator (repeatable)",
+    )
+    train.add_argument("--network", type=Path, default=None, help="network manifest JSON, instead of the edge's")
+    train.add_argument(
+        "--storage", type=Path, default=None, help="this node's storage directory (default ~/.local/share/dtn/<host>)"
+    )
     train.add_argument("--experiment", action="append", default=[], help="study/experiment/revision (repeatable)")
     train.add_argument("--windows", type=int, default=None, help="stop after this many windows")
     train.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     train.set_defaults(run=cmd_train)
+
+    keys = sub.add_parser("keys", help="print a network's validator keys and their fingerprints (what trainers pin)")
+    source = keys.add_mutually_exclusive_group(required=True)
+    source.add_argument("--network", type=Path, help="network manifest JSON")
+    source.add_argument("--edge", help="edge URL: print the manifest it serves")
+    keys.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
+    keys.set_defaults(run=cmd_keys)
 
     validate = sub.add_parser("validate", help="run a validator / authority node")
     validate.add_argument("--edge", required=True)

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from . import artifact_routes, bundle, dataset_routes, experiment_routes, portal, relay
+from . import artifact_routes, bundle, dataset_routes, experiment_routes, operations, portal, relay
 from .errors import install_handlers, replace_validation_docs
 from .headers import SecurityHeaders
 from .leasing import LeaseIssuer
@@ -26,6 +26,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.edge = state
         app.state.issuer = LeaseIssuer(state)
         app.state.bundle = bundle.PeerBundle()
+        operations.register_collector(state)
         try:
             yield
         finally:
@@ -43,7 +44,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(
         SecurityHeaders, docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
     )
-    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, bundle):
+    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, operations, bundle):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
     if settings.pyodide_dir.is_dir():

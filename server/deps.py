@@ -17,17 +17,19 @@ from .state import EdgeState
 __all__ = ["Experiment", "Issuer", "State", "body_doc", "client_address", "read_body", "read_json"]
 
 
-def _state(request: Request) -> EdgeState:
+# Coroutines, so that FastAPI resolves them on the event loop instead of handing each to a worker
+# thread as it does a plain function (a few times cheaper on the hot routes).
+async def _state(request: Request) -> EdgeState:
     state: EdgeState = request.app.state.edge
     return state
 
 
-def _issuer(request: Request) -> LeaseIssuer:
+async def _issuer(request: Request) -> LeaseIssuer:
     issuer: LeaseIssuer = request.app.state.issuer
     return issuer
 
 
-def _experiment(
+async def _experiment(
     study: Annotated[str, Path(max_length=64)],
     experiment: Annotated[str, Path(max_length=64)],
     revision: Annotated[str, Path(max_length=64)],

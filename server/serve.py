@@ -1,21 +1,76 @@
 """Running the edge under uvicorn: in the foreground (``python -m server``) or in a background
-thread on a pre-bound socket (``BackgroundEdge``: embedding, tests and benchmarks)."""
+thread on a pre-bound socket (``BackgroundEdge``: embedding, tests and benchmarks).
+
+Behind a proxy (``deploy/``) the ASGI app is wrapped, outermost first: ``UnixSocketClients`` (a
+connection on the edge's ``unix_socket`` comes from the proxy: its client is named ``unix``),
+uvicorn's ``ProxyHeadersMiddleware`` (the client address and scheme from ``X-Forwarded-For``/``-Proto``
+when the connection comes from ``forwarded_allow_ips`` or the unix socket), then
+``dataset_routes.AccelShards`` with ``accel_prefix``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import TracebackType
 
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from .app import create_app
 from .connections import guarded_http, limits_from
+from .dataset_routes import AccelShards
 from .settings import Settings
 
-__all__ = ["BackgroundEdge", "uvicorn_config"]
+__all__ = ["BackgroundEdge", "UnixSocketClients", "bind_unix_socket", "edge_app", "uvicorn_config"]
+
+UNIX_CLIENT = "unix"  # the client address of connections on the edge's unix socket
+
+
+class UnixSocketClients:
+    """Names the client of a connection on a unix socket (uvicorn gives it no client address, and a
+    server address of ``(path, None)``) ``UNIX_CLIENT``, so that it can be trusted as the proxy: only
+    processes that may open the socket file reach it, as only local ones reach 127.0.0.1."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] in ("http", "websocket") and scope.get("client") is None and (not server or server[1] is None):
+            scope = {**scope, "client": (UNIX_CLIENT, 0)}
+        await self.app(scope, receive, send)
+
+
+def edge_app(settings: Settings) -> ASGIApp:
+    """The edge's ASGI app with what running behind a proxy needs (see the module's docstring)."""
+    app = create_app(settings)
+    # behind a proxy, plain shard requests skip the framework (dataset_routes.AccelShards)
+    asgi: ASGIApp = AccelShards(app) if settings.accel_prefix else app
+    trusted = [host for host in (settings.forwarded_allow_ips, UNIX_CLIENT if settings.unix_socket else "") if host]
+    if trusted:
+        asgi = ProxyHeadersMiddleware(asgi, trusted_hosts=",".join(trusted))  # type: ignore[arg-type,assignment]
+    return UnixSocketClients(asgi) if settings.unix_socket else asgi
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """A listening unix socket at ``path`` (a stale one from an earlier run replaced), which other local
+    users (the proxy's) may connect to; who reaches it is up to its directory's permissions."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o666)
+    return sock
 
 
 def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
@@ -28,10 +83,12 @@ def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
         "ws_ping_timeout": 20.0,
         "http": guarded_http(limits_from(settings)),
         "timeout_keep_alive": 5,
+        "proxy_headers": False,  # edge_app applies them, trusting forwarded_allow_ips (and the unix socket)
         "log_level": "info",
+        "access_log": settings.access_log,
         **overrides,
     }
-    return uvicorn.Config(create_app(settings), **options)  # type: ignore[arg-type]
+    return uvicorn.Config(edge_app(settings), **options)  # type: ignore[arg-type]
 
 
 class BackgroundEdge:

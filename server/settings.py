@@ -1,14 +1,22 @@
 """Edge settings. Every field has a CLI flag (``--data-dir``) and an environment variable
 (``DTN_DATA_DIR``); flags win. The embedded default needs no external service: a local directory
-and SQLite."""
+and SQLite.
+
+Behind a reverse proxy (``deploy/``): ``host``/``port`` are the bind address the proxy forwards to,
+``public_url`` the address browsers and remote trainers use (its origin may open the WebSockets),
+``forwarded_allow_ips`` the proxy addresses whose ``X-Forwarded-For``/``-Proto`` name the real client
+(per-address rate limits then count real clients) and ``accel_prefix`` the proxy's internal location
+that serves shard files once the edge has checked the lease (``X-Accel-Redirect``)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 __all__ = ["Settings"]
 
@@ -44,7 +52,24 @@ _HELP = {
     "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
+    "public_url": "the edge's public URL as browsers and remote trainers reach it (https://host[:port], no path; behind a proxy: the proxy's); its origin may open the WebSockets",
+    "forwarded_allow_ips": "addresses (comma-separated; * for any) of proxies whose X-Forwarded-For and X-Forwarded-Proto name the real client: per-address limits then see the client, not the proxy; empty: trust none",
+    "unix_socket": "also listen on this unix socket (for a proxy on the same host: cheaper than TCP); connections on it are trusted like forwarded_allow_ips",
+    "access_log": "log every request (behind a proxy that logs them, turn it off: --no-access-log or DTN_ACCESS_LOG=0)",
+    "accel_prefix": "serve shard bytes through the reverse proxy: after the lease check the edge answers X-Accel-Redirect: <prefix><dataset>/<split>/<locator> (an internal location of the proxy, e.g. /_shards/) instead of the bytes; empty: the edge sends the bytes itself",
 }
+
+_ACCEL_PREFIX = re.compile(r"/(?:[A-Za-z0-9_-]+/)+")
+
+
+def _flag(env: str, value: object) -> bool:
+    """A boolean setting's value: ``value`` itself, or its environment text (1/0, true/false, yes/no, on/off)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise SystemExit(f"{env}={value!r}: expected 1/0, true/false, yes/no or on/off")
+    return text in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,25 @@ class Settings:
     max_connections_per_address: int = 256
     candidate_retention_windows: int = 2
     allowed_origins: str = ""
+    public_url: str = ""
+    forwarded_allow_ips: str = "127.0.0.1,::1"
+    accel_prefix: str = ""
+    unix_socket: str = ""
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        if self.public_url:
+            parts = urlsplit(self.public_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+                raise ValueError(
+                    f"public_url {self.public_url!r} must be http(s)://host[:port] (the edge serves at the root)"
+                )
+            origin = f"{parts.scheme}://{parts.netloc}".lower()
+            listed = {entry.strip().rstrip("/").lower() for entry in self.allowed_origins.split(",") if entry.strip()}
+            if origin not in listed:  # the public page's origin may open the WebSockets (idempotent under replace())
+                object.__setattr__(self, "allowed_origins", ",".join(filter(None, [self.allowed_origins, origin])))
+        if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
+            raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:
@@ -80,6 +124,14 @@ class Settings:
         for f in dataclasses.fields(cls):
             env = f"DTN_{f.name.upper()}"
             default = os.environ.get(env, f.default)
+            if isinstance(f.default, bool):
+                parser.add_argument(
+                    f"--{f.name.replace('_', '-')}",
+                    action=argparse.BooleanOptionalAction,
+                    default=_flag(env, default),
+                    help=f"{_HELP[f.name]} (env {env}=1/0, default {'on' if f.default else 'off'})",
+                )
+                continue
             parser.add_argument(
                 f"--{f.name.replace('_', '-')}",
                 type=type(f.default),
@@ -87,4 +139,7 @@ class Settings:
                 help=f"{_HELP[f.name]} (env {env}, default {f.default})",
             )
         args = parser.parse_args(argv)
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        try:
+            return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        except ValueError as exc:
+            parser.error(str(exc))

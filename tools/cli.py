@@ -13,13 +13,16 @@ from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
 from server.store import Store
 
 from .networks import write_network
-from .pyodide_runtime import PYODIDE_VERSION, prepare_runtime
+from .pyodide_runtime import CORE_SOURCES, PYODIDE_VERSION, copy_runtime, prepare_runtime
 
 __all__ = ["main"]
 
 
 def cmd_pyodide_runtime(args: argparse.Namespace) -> None:
-    prepare_runtime(args.out, args.node_modules, args.wheels)
+    if args.source is not None:
+        copy_runtime(args.source, args.out)
+    else:
+        prepare_runtime(args.out, args.node_modules, args.wheels, core=args.core, package_lock=args.package_lock)
     print(f"Pyodide {PYODIDE_VERSION} runtime ready in {args.out}")
 
 
@@ -65,6 +68,21 @@ def main(argv: list[str] | None = None) -> None:
     runtime.add_argument("--out", type=Path, default=Path("var/pyodide"))
     runtime.add_argument("--node-modules", type=Path, default=Path("node_modules"))
     runtime.add_argument("--wheels", type=Path, default=None, help="folder with a fallback copy of the wheels")
+    runtime.add_argument(
+        "--core",
+        choices=CORE_SOURCES,
+        default="auto",
+        help="where the core comes from: node_modules (npm ci), npm-registry (Python alone: the locked "
+        "tarball from the npm registry, no Node needed) or auto (node_modules when it has pyodide)",
+    )
+    runtime.add_argument("--package-lock", type=Path, default=Path("package-lock.json"), help="holds the integrity")
+    runtime.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=None,
+        help="install a runtime assembled elsewhere (a build artifact), every file checked, instead",
+    )
     runtime.set_defaults(run=cmd_pyodide_runtime)
 
     edge_dir = argparse.ArgumentParser(add_help=False)
