@@ -355,11 +355,10 @@ class Validator:
         """Judge what is ready; close the window and propose its head when its time has come (with a
         quorum above one: attest the proposals of other validators that reach the same head)."""
         self._flush()
-        if self.edge.current_head(spec.key) is None:
-            self.ensure_genesis(spec)
         head = self.edge.current_head(spec.key)
-        if head is None:
-            return None  # the genesis head waits for more validators
+        if head is None:  # no head yet, so no candidate either: propose or attest the genesis head
+            self.ensure_genesis(spec)
+            return None
         head.verify_trusted(self.network.validator_key_set, self.network.quorum)
         self._settle(head)
         fresh = self._unjudged(spec)
@@ -443,7 +442,9 @@ class Validator:
         )
         return promoted, artifact, decision
 
-    def _reference(self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]) -> Any:
+    def _reference(
+        self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """The trust anchor: this validator's own update from ``base`` on its ``reference`` split (data
         no trainer gets), as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
         × the experiment's drawn by ``protocol.judging.reference_batches`` from the head id, a fresh
@@ -458,7 +459,7 @@ class Validator:
         engine = self._engines[spec.key]
         params = self.learner.from_tensors(base)
         params, _, _ = engine.train_epoch(params, engine.init_optimizer(params), x[index], y[index])
-        return {name: np.asarray(value) for name, value in self.learner.to_tensors(params).items()}
+        return self.learner.to_tensors(params)
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)

@@ -32,7 +32,6 @@ __all__ = [
     "ROLE_KINDS",
     "TOKEN_ID_LENGTH",
     "Admission",
-    "bearer_token",
     "issue_token",
     "reads_as_validator",
     "revoke_token",
@@ -114,8 +113,7 @@ class Admission:
 
     def check(self, token: str | None, action: str, *, kind: str | None = None, peer_id: str | None = None) -> None:
         """Raise ``Unauthorized`` (no or unknown token) or ``Forbidden`` (the role lacks ``action``, may
-        not claim peer ``kind``, or the token is bound to other keys than ``peer_id``'s: a token admits
-        a bounded number of identities, so Sybils cost tokens)."""
+        not claim peer ``kind``, or, given ``peer_id``, ``bind`` refuses it)."""
         if not self.required:
             return
         if not token:
@@ -128,20 +126,33 @@ class Admission:
             raise Forbidden(f"role {role!r} may not {action}")
         if kind is not None and kind not in ROLE_KINDS[role]:
             raise Forbidden(f"role {role!r} may not act as a {kind} peer")
-        if peer_id is not None and not self.store.bind_token_key(_digest(token), peer_id, self.clock.now_ms()):
+        if peer_id is not None:
+            self.bind(token, peer_id)
+
+    def bind(self, token: str | None, peer_id: str) -> None:
+        """Bind ``peer_id``'s key to a token that passed ``check``; ``Forbidden`` when the token is
+        bound to its limit of other keys already: a token admits a bounded number of identities, so
+        Sybils cost tokens."""
+        if not self.required:
+            return
+        if token is None or not self.store.bind_token_key(_digest(token), peer_id, self.clock.now_ms()):
             raise Forbidden("this admission token is bound to other peer keys")
 
-    def check_header(self, authorization: str | None, action: str, *, peer_id: str | None = None) -> None:
-        """``check`` for an HTTP ``Authorization`` header, which must use the ``Bearer`` scheme."""
-        if self.required:
-            self.check(bearer_token(authorization), action, peer_id=peer_id)
+    def check_header(self, authorization: str | None, action: str) -> str | None:
+        """``check`` for an HTTP ``Authorization`` header, which must use the ``Bearer`` scheme; the
+        token it carried (``None`` without admission)."""
+        if not self.required:
+            return None
+        token = _bearer_token(authorization)
+        self.check(token, action)
+        return token
 
     def principal(self, token: str | None) -> str | None:
         """Who answers for a peer: its token's id on an admission network (``None`` without one)."""
         return token_id(token) if self.required and token else None
 
 
-def bearer_token(authorization: str | None) -> str | None:
+def _bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header (``Unauthorized`` for another scheme)."""
     if not authorization:
         return None

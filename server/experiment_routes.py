@@ -16,7 +16,7 @@ from protocol.errors import CodecError, IntegrityError, InvalidMessage, Signatur
 from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.messages import NEXT_SINCE_HEADER, Candidate, PeerProof
 
-from .admission import bearer_token, reads_as_validator
+from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
 from .intake import accept_attestation, accept_candidate, accept_head, accept_verdict, check_peer_rate
@@ -118,9 +118,8 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
 
     201 when stored (durably, before this answer), 200 when it was already there; 409 when its lease
     already delivered another candidate, 507 when the window's storage quota is full."""
-    state.admission.check_header(request.headers.get("authorization"), "candidate")
+    token = state.admission.check_header(request.headers.get("authorization"), "candidate")
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
-    token = bearer_token(request.headers.get("authorization"))
     candidate, created = await accept_candidate(
         state, body, via="http", address=client_address(request), token=token, route=key
     )
@@ -171,18 +170,17 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
     """Lease shards for the current window; the body is a ``PeerProof`` with purpose ``lease``.
 
     The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
-    state.admission.check_header(request.headers.get("authorization"), "lease")
+    token = state.admission.check_header(request.headers.get("authorization"), "lease")
     proof = PeerProof.from_wire(await read_json(request, 4096))
     if proof.purpose != "lease" or abs(proof.issued_at_ms - state.clock.now_ms()) > LEASE_PROOF_MAX_AGE_MS:
         raise InvalidMessage("lease proof must have purpose 'lease' and a current timestamp")
     state.address_limits.check(client_address(request))  # before the signature is checked
     proof.verify_own()
-    state.admission.check_header(request.headers.get("authorization"), "lease", peer_id=proof.peer_id)
+    state.admission.bind(token, proof.peer_id)
     state.experiment(key)  # before the rate limit: a made-up experiment gets no budget of its own
     check_peer_rate(state, proof.peer_id, key)
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
-    principal = state.admission.principal(bearer_token(request.headers.get("authorization")))
-    grant = await issuer.issue(key, proof.peer_id, principal)
+    grant = await issuer.issue(key, proof.peer_id, state.admission.principal(token))
     return JSON(grant.to_wire())
 
 

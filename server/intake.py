@@ -1,8 +1,9 @@
 """What the edge takes in: candidates, heads and verdicts, by HTTP or WebSocket alike.
 
 Each upload is checked in the same order everywhere: size, envelope, descriptor shape, (for
-candidates: the client address's budget of signature checks,) signature, then for candidates: the sender's rate limit (``check_peer_rate``, per peer and experiment, which
-lease requests count against too), a trainer kind, a lease its trainer holds for this
+candidates: the client address's budget of signature checks,) signature, then for candidates: the
+key's binding to its admission token, the sender's rate limit (``check_peer_rate``, per peer and
+experiment, which lease requests count against too), a trainer kind, a lease its trainer holds for this
 window (``protocol.window.lease_covers``, the rule validators apply too) and has not used yet (one
 candidate per lease, else 409), room in the window's storage quota (else 507); then the artifact's
 hash and that it is exactly an artifact of the experiment's model (``protocol.updates.read_artifact``:
@@ -85,7 +86,8 @@ async def accept_candidate(
     token: str | None = None,
     route: ExperimentKey | None = None,
 ) -> tuple[Candidate, bool]:
-    """Store a trainer's signed candidate, sent from client ``address``; returns it and whether it was new."""
+    """Store a trainer's signed candidate, sent from client ``address`` with admission ``token`` (its
+    role already checked by the caller); returns it and whether it was new."""
     try:
         descriptor, artifact = _open(state, body)
         candidate = Candidate.from_wire(descriptor)
@@ -93,8 +95,7 @@ async def accept_candidate(
         spec = state.experiment(candidate.experiment)
         state.address_limits.check(address)  # before the signature is checked
         candidate.verify_own()
-        if state.admission.required:  # the token admits only the keys bound to it
-            state.admission.check(token, "candidate", peer_id=candidate.peer_id)
+        state.admission.bind(token, candidate.peer_id)  # the sender checked the token's role
         check_peer_rate(state, candidate.peer_id, candidate.experiment)
         if candidate.peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) upload candidates, not {candidate.peer_kind}")
@@ -152,9 +153,7 @@ def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey)
     attestation = Attestation.from_wire(value)
     _same_experiment(attestation.experiment, route)
     state.experiment(attestation.experiment)
-    if attestation.validator_key not in state.network.validator_key_set:
-        raise SignatureError("attestation is not signed by a validator of this network")
-    attestation.verify(attestation.validator_key)
+    _signed_by_validator(state, attestation, "attestation")
     head = state.store.proposal(attestation.experiment, attestation.head_id)
     if head is None:
         current = state.store.current_head(attestation.experiment)
@@ -170,6 +169,13 @@ def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey)
         event = _quorum_event("attested", head, [], attestation.validator_key)
         state.hub.publish(head.experiment, "quorum", event)
     return _promote_if_certified(state, head.experiment, head.head_id)
+
+
+def _signed_by_validator(state: EdgeState, message: Attestation | Verdict, what: str) -> None:
+    """Raise ``SignatureError`` unless a validator listed in the network manifest signed ``message``."""
+    if message.validator_key not in state.network.validator_key_set:
+        raise SignatureError(f"{what} is not signed by a validator of this network")
+    message.verify(message.validator_key)
 
 
 def _on_current(
@@ -222,9 +228,7 @@ def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:
     verdict = Verdict.from_wire(descriptor)
     _same_experiment(verdict.experiment, route)
-    if verdict.validator_key not in state.network.validator_key_set:
-        raise SignatureError("verdict is not signed by a validator of this network")
-    verdict.verify(verdict.validator_key)
+    _signed_by_validator(state, verdict, "verdict")
     if state.store.add_verdict(verdict):
         state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
     return verdict

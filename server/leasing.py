@@ -2,7 +2,8 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``), and no lease at all (409) when every shard is held. Leases are signed by the edge and stored durably.
+holds (``protocol.leases.assign_shards``), and no lease at all (409) when every shard is held.
+Leases are signed by the edge and stored durably.
 
 Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
 from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
