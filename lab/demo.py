@@ -19,13 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 from protocol.hashing import content_id
 from protocol.manifests import NetworkManifest
+from protocol.messages import HeadDescriptor
+from protocol.model import MODELS
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
+from .efficiency import fp32_bytes, samples_until, utilization
 from .stack import PYODIDE_DIR, Fleet, LocalNetwork, free_port, prepare_network
 
 __all__ = ["CHROMIUM", "BrowserUnavailable", "run_demo", "summary_markdown"]
@@ -34,6 +39,7 @@ _CHROMIUM_CONFIG = json.loads((Path(__file__).with_name("chromium.json")).read_t
 CHROMIUM = Path(_CHROMIUM_CONFIG["executable"])
 CHROMIUM_FLAGS = ("--headless=new", *_CHROMIUM_CONFIG["args"])
 RESTART_AFTER_WINDOWS = 3
+NATIVE_TRAINERS = ("trainer-1", "trainer-2", "trainer-3", "late-joiner")
 LATE_JOIN_AT_WINDOW = 5
 
 
@@ -108,13 +114,22 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     reached = summary.get("target_reached")
     target = (
         f"The baseline reached test accuracy {reached['test_accuracy']:.4f} (target {reached['target']}) at window "
-        f"{reached['window']}."
+        f"{reached['window']}, {reached['wall_s']:.0f} s after genesis, on {reached['samples']:,} training samples."
         if reached
         else "The baseline did not reach its target accuracy."
+    )
+    size = summary["candidate_bytes"]
+    busy = ", ".join(f"{u:.2f}" for u in summary["trainer_utilization"].values() if u is not None) or "n/a"
+    costs = (
+        f"Baseline candidates: {size['codec']}, {size['mean']:,} bytes ({size['vs_fp32']:.3f} x fp32). "
+        f"Native trainers' compute utilization: {busy}."
+        if size["mean"]
+        else ""
     )
     lines += [
         f"Wall time {summary['wall_time_s']:.0f} s. Peers: {len(summary['peers'])}. Browser trainer: {browser}.",
         target,
+        costs,
         "",
     ]
     lines += ["| check | result |", "| --- | --- |"]
@@ -219,10 +234,11 @@ def _summarize(
 ) -> dict[str, Any]:
     validators = network.validator_key_set
     lineage: dict[str, list[dict[str, Any]]] = {}
+    descriptors: dict[str, list[HeadDescriptor]] = {}
     lineage_ok = True
     distinct_ok = True
     for spec in network.experiments:
-        heads = edge.heads(spec.key)
+        heads = descriptors[spec.key] = edge.heads(spec.key)
         previous = None
         for head in heads:
             head.verify_trusted(validators, network.quorum)
@@ -234,19 +250,27 @@ def _summarize(
             distinct_ok &= sum(len(s) for s in shard_sets) == len(set().union(*shard_sets)) if shard_sets else True
             previous = head
         lineage[spec.key] = [
-            {"head_id": h.head_id, "parent": h.parent, "window": h.window, "merged": len(h.merged), **h.metrics}
+            {
+                "head_id": h.head_id,
+                "parent": h.parent,
+                "window": h.window,
+                "merged": len(h.merged),
+                "created_at_ms": h.created_at_ms,
+                **h.metrics,
+            }
             for h in heads
         ]
     final = {key: heads[-1] for key, heads in lineage.items() if heads}
     # the head that reached the target is the one judged, not whichever head came after it
     reached = next((h for h in lineage[BASELINE] if h["test_accuracy"] >= target_accuracy), None)
     verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
+    candidates = {spec.key: edge.candidates(spec.key) for spec in network.experiments}
     # every candidate of a closed window (its base is not the final head) was decided, with a reason
     # that matches the decision (``Verdict`` refuses accepted=True with a rejection reason and back)
     judged_ok = all(
         c.candidate_id in {v.candidate_id for v in verdicts[spec.key]}
         for spec in network.experiments
-        for c in edge.candidates(spec.key)
+        for c in candidates[spec.key]
         if c.base_head != lineage[spec.key][-1]["head_id"]
     )
     accepted_peers = {v.peer_id for vs in verdicts.values() for v in vs if v.accepted}
@@ -254,6 +278,8 @@ def _summarize(
     kinds = {p["peer_id"]: p["kind"] for p in peers}
     late = _outcomes(out / "late-joiner")
     trainer2 = _outcomes(out / "trainer-2")
+    native = {name: _outcomes(out / name) for name in NATIVE_TRAINERS}
+    sizes = [o["candidate_bytes"] for records in native.values() for o in records if o["experiment"] == BASELINE]
     after_restart = trainer2[restart.get("outcomes_before", len(trainer2)) :]
     # the first window after the restart in an experiment it had trained before: counters and
     # optimizer state must continue from disk
@@ -299,7 +325,22 @@ def _summarize(
         "late_joiner_first_window": late[0]["window"] if late else None,
         "target_reached": None
         if reached is None
-        else {k: reached[k] for k in ("window", "head_id", "test_accuracy")} | {"target": target_accuracy},
+        else {k: reached[k] for k in ("window", "head_id", "test_accuracy")}
+        | {
+            "target": target_accuracy,
+            "samples": samples_until(
+                candidates[BASELINE], descriptors[BASELINE], reached["window"], network.experiment(BASELINE).batch_size
+            ),
+            "wall_s": round((reached["created_at_ms"] - lineage[BASELINE][0]["created_at_ms"]) / 1000, 1),
+        },
+        "candidate_bytes": {
+            "mean": round(float(np.mean(sizes))) if sizes else None,
+            "vs_fp32": round(float(np.mean(sizes)) / fp32_bytes(MODELS[network.experiment(BASELINE).model]), 3)
+            if sizes
+            else None,
+            "codec": network.experiment(BASELINE).codec,
+        },
+        "trainer_utilization": {name: utilization(records) for name, records in native.items()},
         "checks": checks,
         "all_checks_passed": all(checks.values()),
         "lineage": lineage,

@@ -131,6 +131,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
         .with_bootstrap_peer(args.edge)
+        .with_continuous_training(args.speculative_epochs)
     )
     trainer = (builder.with_admission_token(args.token) if args.token else builder).spawn()
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
@@ -188,6 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     train.add_argument("--experiment", action="append", default=[], help="study/experiment/revision (repeatable)")
     train.add_argument("--windows", type=int, default=None, help="stop after this many windows")
+    train.add_argument(
+        "--speculative-epochs",
+        type=int,
+        default=1,
+        help="epochs to keep training past a window while it is judged (0: wait idle)",
+    )
     train.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     train.set_defaults(run=cmd_train)
 

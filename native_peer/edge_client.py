@@ -218,6 +218,10 @@ class EdgeClient:
     def publish_head(self, key: ExperimentKey, envelope: bytes) -> None:
         self._request("POST", f"{self._experiment_path(key)}/heads", content=envelope)
 
+    def publish_outer_state(self, key: ExperimentKey, envelope: bytes) -> None:
+        """The outer optimizer state a proposed head names: its envelope of (head, state), before the head."""
+        self._request("POST", f"{self._experiment_path(key)}/outer-states", content=envelope)
+
     def publish_attestation(self, attestation: Attestation) -> None:
         path = f"{self._experiment_path(attestation.experiment)}/attestations"
         self._request("POST", path, json=attestation.to_wire())

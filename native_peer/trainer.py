@@ -17,6 +17,15 @@ in the storage dir), then sign and publish the candidate (``package_candidate``)
 appeared while training, the work is dropped and the next window starts from that head.
 ``Trainer.run`` keeps going across windows, backing off (``protocol.backoff``) while the edge is
 unreachable. Timestamps come from an injectable ``protocol.clock.Clock``.
+
+Continuous training (``TrainerBuilder.with_continuous_training``): a trainer does not sit idle
+while validators judge its window. It keeps training from where its published window stopped, on
+that window's leased examples in a fresh order, for at most ``speculative_epochs`` epochs; when the
+next head arrives it reconciles by carrying that progress over (the next window starts at
+head + (θ_now − θ_published)), and the window's candidate, an update from that head, carries it.
+Work on a head that moved on while training is carried over the same way instead of dropped. A
+candidate still claims only the examples of its own lease. Each outcome records the trainer's
+compute and wall seconds, so its utilization can be measured.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
-from protocol.messages import HeadDescriptor
+from protocol.messages import HeadDescriptor, Lease
 from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
@@ -87,6 +96,20 @@ class WindowOutcome:
         return self.candidate_id
 
 
+@dataclass
+class _Speculation:
+    """Progress a continuous trainer made past its last published (or overtaken) window: training
+    stands at ``params``; what it carries to the next head is ``params − origin``."""
+
+    lease: Lease
+    x: np.ndarray
+    y: np.ndarray
+    origin: dict[str, np.ndarray]
+    params: Any
+    epochs: int = 0
+    steps: int = 0
+
+
 @dataclass(frozen=True)
 class NodeBuilder:
     """A user's project: learner plus loaders. ``eval_loader`` gives local (x, y) for self-reports."""
@@ -112,6 +135,7 @@ class TrainerBuilder:
     storage: StorageConfig | None = None
     bootstrap_url: str | None = None
     admission_token: str | None = None
+    speculative_epochs: int = 0
 
     def with_network(self, network: NetworkManifest) -> TrainerBuilder:
         return replace(self, network=network)
@@ -126,11 +150,24 @@ class TrainerBuilder:
         """For networks with ``admission_required``: a token the edge operator issued."""
         return replace(self, admission_token=token)
 
+    def with_continuous_training(self, speculative_epochs: int = 1) -> TrainerBuilder:
+        """Keep training while a window is judged: up to ``speculative_epochs`` epochs past each
+        published window, carried over to the next head (``Trainer.run``)."""
+        if speculative_epochs < 0:
+            raise ValueError("speculative_epochs must be 0 (off) or more")
+        return replace(self, speculative_epochs=speculative_epochs)
+
     def spawn(self) -> Trainer:
         if self.network is None or self.storage is None or self.bootstrap_url is None:
             raise ValueError("a trainer needs with_network(), with_storage() and with_bootstrap_peer() before spawn()")
         return Trainer(
-            self.project, self.workload, self.network, self.storage, self.bootstrap_url, self.admission_token
+            self.project,
+            self.workload,
+            self.network,
+            self.storage,
+            self.bootstrap_url,
+            self.admission_token,
+            speculative_epochs=self.speculative_epochs,
         )
 
 
@@ -147,9 +184,11 @@ class Trainer:
         admission_token: str | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        speculative_epochs: int = 0,
     ) -> None:
         self.project = project
         self.clock = clock
+        self.speculative_epochs = speculative_epochs
         self.workload = workload
         self.storage = storage
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
@@ -164,6 +203,9 @@ class Trainer:
         self._opt_states: dict[str, Any] = {}
         self._full_windows: dict[str, HeadId] = {}  # experiment -> a head whose shards were all leased
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
+        self._speculation: dict[str, _Speculation] = {}
+        self._spawned_at = time.perf_counter()
+        self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and speculation)
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
     @property
@@ -263,11 +305,13 @@ class Trainer:
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
         pending = self.shards.prefetch(grant)
         base = self._head_tensors(head)
-        params = self.project.learner.from_tensors(base)
+        carried = self._speculation.pop(experiment.key, None)
+        start = base if carried is None else self._reconciled(base, carried)
+        params = self.project.learner.from_tensors(start)
         opt_state = self._optimizer_state(experiment, params)
         x, y = ShardCache.assemble(pending)
         engine = self._engine(experiment)
-        loader = replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
+        loader = self._loader(experiment)
         train_started = time.perf_counter()
         steps, loss = 0, float("nan")
         for epoch in range(experiment.spec.local_epochs):
@@ -275,14 +319,20 @@ class Trainer:
             params, opt_state, loss = engine.train_epoch(params, opt_state, xb, yb)
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started
+        self.compute_s += train_seconds
         examples = steps * loader.batch_size
         metrics = {"train_loss": loss, "samples_per_s": examples / max(train_seconds, 1e-9)}
+        if carried is not None:
+            metrics["carried_steps"] = float(carried.steps)
         if self.project.eval_loader is not None:
             ex, ey = self.project.eval_loader()
             metrics.update({f"self_{k}": v for k, v in engine.evaluate(params, ex, ey).items()})
         latest = self.edge.current_head(experiment.key)
         if latest is None or latest.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
+            if self.speculative_epochs:  # nothing of it reached the network: carry all of it over
+                self._speculation[experiment.key] = _Speculation(lease, x, y, base, params)
+                raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
         codec = experiment.spec.codec
         model = self.project.learner.model
@@ -307,6 +357,9 @@ class Trainer:
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
+        if self.speculative_epochs:
+            trained = self.project.learner.to_tensors(params)
+            self._speculation[experiment.key] = _Speculation(lease, x, y, trained, params)
         outcome = WindowOutcome(
             experiment=experiment.key,
             window=head.window,
@@ -329,6 +382,9 @@ class Trainer:
                 "shard_cache_hits": self.shards.hits,
                 "shard_downloads": self.shards.downloads,
                 "optimizer_restored": experiment.key in self.restored_optimizers,
+                "candidate_bytes": len(envelope),
+                "compute_s": self.compute_s,
+                "wall_s": time.perf_counter() - self._spawned_at,
                 "at_ms": self.clock.now_ms(),
             }
         )
@@ -342,6 +398,33 @@ class Trainer:
         )
         return outcome
 
+    def _loader(self, experiment: Experiment) -> BatchLoader:
+        return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
+
+    def _reconciled(self, base: dict[str, np.ndarray], carried: _Speculation) -> dict[str, np.ndarray]:
+        """Where a window on ``base`` starts when work was carried over: base + (θ_now − origin)."""
+        now = self.project.learner.to_tensors(carried.params)
+        return {name: (base[name] + (now[name] - carried.origin[name])).astype(np.float32) for name in base}
+
+    def speculate(self, experiment: Experiment) -> bool:
+        """One more epoch past the last window, on its leased examples in a fresh order, while the
+        network judges it; False when there is nothing to do (no window yet, or ``speculative_epochs``
+        done: the trainer then waits for the next head)."""
+        work = self._speculation.get(experiment.key)
+        if work is None or work.epochs >= self.speculative_epochs:
+            return False
+        loader = self._loader(experiment)
+        xb, yb = loader.batches(work.x, work.y, epoch_seed(work.lease, experiment.spec.local_epochs + work.epochs))
+        started = time.perf_counter()
+        opt_state = self._opt_states[experiment.key]
+        work.params, self._opt_states[experiment.key], _ = self._engine(experiment).train_epoch(
+            work.params, opt_state, xb, yb
+        )
+        self.compute_s += time.perf_counter() - started
+        work.epochs += 1
+        work.steps += len(xb)
+        return True
+
     def run(
         self,
         experiments: Sequence[Experiment],
@@ -350,8 +433,9 @@ class Trainer:
         stop: threading.Event | None = None,
         poll_s: float = 2.0,
     ) -> list[WindowOutcome]:
-        """Keep training across windows, round-robin over ``experiments``, following newer heads;
-        while the edge is unavailable, wait 0.5 s, doubling per failure up to 30 s."""
+        """Keep training across windows, round-robin over ``experiments``, following newer heads
+        (continuous: training speculatively while no new head is there); while the edge is
+        unavailable, wait 0.5 s, doubling per failure up to 30 s."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
         backoff = Backoff(initial_s=0.5, max_s=30.0)
@@ -359,13 +443,21 @@ class Trainer:
             for experiment in experiments:
                 if stop.is_set():
                     break
+                busy = self._can_speculate(experiment)
                 try:
-                    outcomes.append(self.train_window_once(experiment, wait_s=poll_s / len(experiments)))
+                    wait_s = 0.0 if busy else poll_s / len(experiments)
+                    outcomes.append(self.train_window_once(experiment, wait_s=wait_s))
                     backoff.reset()
                 except WindowUnavailable as exc:
                     log.debug("%s: %s", experiment.key, exc)
+                    if busy:
+                        self.speculate(experiment)
                 except (httpx.TransportError, EdgeRequestError) as exc:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
                     stop.wait(delay_s)
         return outcomes
+
+    def _can_speculate(self, experiment: Experiment) -> bool:
+        work = self._speculation.get(experiment.key)
+        return work is not None and work.epochs < self.speculative_epochs

@@ -65,6 +65,7 @@ import jax
 import numpy as np
 
 from datasets.layout import load_split
+from protocol.aggregation import Vector
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
@@ -73,10 +74,11 @@ from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
 from protocol.fields import read_bool, read_float, read_list, read_object, read_str
 from protocol.hashing import content_id
-from protocol.ids import HeadId
+from protocol.ids import ContentId, HeadId
 from protocol.judging import Submission, WindowDecision, judge_window, precheck, reference_batches, stale_base
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
+from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
@@ -305,8 +307,10 @@ class Validator:
         merged: Sequence[str],
         steps: int,
         validation: dict[str, float],
+        outer_state: ContentId | None = None,
     ) -> tuple[HeadDescriptor, bytes]:
-        """The signed head for ``params``; ``validation`` is their already measured validation result."""
+        """The signed head for ``params``; ``validation`` is their already measured validation result,
+        ``outer_state`` the id of the outer optimizer's state after it (stored by the caller)."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
             self.learner.to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
@@ -321,6 +325,7 @@ class Validator:
             validator_key=self.identity.public_key,
             created_at_ms=self.clock.now_ms(),
             metrics=_named("val", validation) | _named("test", self._evaluate(spec, params, "test")),
+            outer_state=outer_state,
         ).signed(self.identity)
         return head, artifact
 
@@ -430,6 +435,8 @@ class Validator:
             reference=self._reference(spec, head, base) if policy.anchored else None,
             # robust rules break ties by a salt no submitter knows before the window's set is closed
             salt=hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest(),
+            outer=spec.outer,
+            momentum=self._outer_state(head),
         )
         if decision.merged is not None:
             steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)
@@ -437,10 +444,23 @@ class Validator:
             merged, validation = decision.merged, decision.merged_metrics
         else:  # nothing to merge: the next attempt starts from the same parameters under a new head
             steps, merged, validation = 0, base, _unnamed("val", head.metrics)
+        outer_state = None
+        if decision.outer_state is not None:
+            state = encode_state(self.learner.model, decision.outer_state)
+            outer_state = ContentId(content_id(state))
+            write_atomic(self.storage.head_path(outer_state), state)
         promoted, artifact = self._sign_head(
-            spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation
+            spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation, outer_state
         )
         return promoted, artifact, decision
+
+    def _outer_state(self, head: HeadDescriptor) -> Vector | None:
+        """The outer optimizer state ``head`` names (``protocol.outer``): kept next to the head here,
+        else read from the edge (a restarted or new validator) and verified by content id."""
+        if head.outer_state is None:
+            return None
+        data = self.edge.artifact(head.outer_state, self.storage.head_path(head.outer_state))
+        return decode_state(self.learner.model, data)
 
     def _reference(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
@@ -500,7 +520,7 @@ class Validator:
             if considered is None or len(candidates) != len(considered):
                 continue  # not all of what its proposer judged is visible here (yet)
             mine, artifact, decision = self._judge(spec, head, candidates)
-            if mine.head_id != proposal.head_id:
+            if (mine.head_id, mine.outer_state) != (proposal.head_id, proposal.outer_state):
                 self._disputed.add(proposal.head_id)
                 log.warning(
                     "%s: proposal %s of window %d disagrees with this validator's %s",
@@ -634,6 +654,9 @@ class Validator:
         head = decision.head
         try:
             if decision.propose:
+                if head.outer_state is not None:
+                    state = self.storage.head_path(head.outer_state).read_bytes()
+                    self.edge.publish_outer_state(head.experiment, pack_envelope(head.to_wire(), state))
                 artifact = self.storage.head_path(head.head_id).read_bytes()
                 self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
             if decision.attestation is not None:

@@ -22,6 +22,7 @@ from .aggregation import (
     AGGREGATORS,
     NEEDS_REFERENCE,
     AggregationContext,
+    Vector,
     flatten,
     rescaled,
     tie_keys,
@@ -31,6 +32,7 @@ from .aggregation import (
 from .errors import ProtocolError
 from .messages import Candidate, Lease
 from .model import ModelSpec, Params
+from .outer import OuterOptimizer
 from .reasons import Reason
 from .screening import (
     ACCEPT,
@@ -47,6 +49,7 @@ from .window import lease_covers
 __all__ = ["Submission", "WindowDecision", "judge_window", "precheck", "reference_batches", "stale_base"]
 
 FRESH_TRUST = TrustBook()  # no peer has a history yet
+FEDAVG = OuterOptimizer()
 Evaluate = Callable[[Mapping[str, np.ndarray]], dict[str, float]]
 
 
@@ -108,6 +111,7 @@ class WindowDecision:
     anchored: bool = False  # judged against the validator's reference update
     reference_cosines: dict[str, float] = field(default_factory=dict)  # cos(Δ, Δ_ref) per screened candidate
     marginal_losses: dict[str, float] = field(default_factory=dict)  # val loss with it − without it
+    outer_state: Vector | None = None  # the outer optimizer's state after this window (``protocol.outer``)
 
     @property
     def promoted(self) -> bool:
@@ -137,6 +141,8 @@ def judge_window(
     *,
     reference: Mapping[str, np.ndarray] | None = None,
     salt: bytes = b"",
+    outer: OuterOptimizer = FEDAVG,
+    momentum: Vector | None = None,
 ) -> WindowDecision:
     """Screens for every submission, the merged parameters when the window promotes, the next trust book.
 
@@ -178,7 +184,12 @@ def judge_window(
     trimmed mean of three participants is a median, of two a mean). If the merged
     head's loss rises past ``policy.promotion_margin``, the merge is blocked; candidates whose
     removal would have lowered the linear merge's loss by more than half the candidate margin share
-    the blame (``regression``, a half strike), the others are ``merge_blocked`` (no strike)."""
+    the blame (``regression``, a half strike), the others are ``merge_blocked`` (no strike).
+
+    The merged parameters are the ``outer`` optimizer's step from ``base`` with the merge rule's
+    update (``protocol.outer``: FedAvg takes it as it is, DiLoCo's Nesterov step uses ``momentum``,
+    the state the base head names); the promotion rule judges that step, and the decision carries
+    the next state (``outer_state``: unchanged when nothing merges, ``None`` after a blocked step)."""
     screens: dict[str, Screen] = {}
     contributed: set[str] = set()
     valid: list[Submission] = []
@@ -236,8 +247,10 @@ def judge_window(
                     f"val loss with this update {with_all:.4f} > without {without:.4f} + {policy.candidate_margin}",
                 )
         accepted = [s for s in trusted if screens[s.candidate_id].accepted]
+    next_momentum = momentum  # a window that merges nothing leaves the outer state as it was
     if accepted:
-        merged = merge.params([trusted.index(s) for s in accepted])
+        stepped, next_momentum = outer.step(merge.base, merge.update([trusted.index(s) for s in accepted]), momentum)
+        merged = unflatten(spec, stepped)
         merged_metrics = evaluate(merged)
     if merged is not None and merged_metrics is not None:
         outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin)
@@ -249,7 +262,7 @@ def judge_window(
                     if harm > policy.candidate_margin / 2
                     else Screen(Reason.MERGE_BLOCKED, outcome.detail)
                 )
-            merged = None
+            merged, next_momentum = None, None  # a blocked step restarts the outer momentum
     promoted = merged is not None
     next_trust = trust.after_window(
         (sub.peer_id, screens[sub.candidate_id].accepted and promoted, screens[sub.candidate_id].reason)
@@ -265,6 +278,7 @@ def judge_window(
         anchored=anchored,
         reference_cosines=cosines,
         marginal_losses=marginal,
+        outer_state=next_momentum,
     )
 
 
@@ -311,7 +325,8 @@ class _Merge:
         rows_and_ref = np.concatenate([rescaled(deltas, self.reference), self.reference[None, :]])
         return unflatten(self.spec, self.base + weighted_mean(rows_and_ref, np.append(weights, ref_weight)))
 
-    def params(self, rows: Sequence[int] | range) -> Params:
+    def update(self, rows: Sequence[int] | range) -> Vector:
+        """The merge rule's update Δ over ``rows`` (the outer optimizer turns it into a step)."""
         index = list(rows)
         context = AggregationContext(
             tie_keys=tuple(self.keys[i] for i in index),
@@ -321,4 +336,4 @@ class _Merge:
             clip_tau=self.policy.clip_tau,
             reference_weight=self.policy.reference_weight,
         )
-        return unflatten(self.spec, self.base + self.rule(self.deltas[index], self.weights[index], context))
+        return self.rule(self.deltas[index], self.weights[index], context)

@@ -14,6 +14,7 @@ from typing import Any
 from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
+from .outer import OuterOptimizer
 from .signing import b64decode, b64encode
 from .updates import CODECS
 
@@ -127,10 +128,18 @@ class ExperimentSpec:
     window_timeout_s: float = 60.0
     screening: str = "balanced"
     codec: str = "fp32"  # how candidates carry their update (``protocol.updates``)
+    outer_optimizer: str = OuterOptimizer.kind  # how a window's merged update moves the head (``protocol.outer``)
+    outer_learning_rate: float = OuterOptimizer.learning_rate
+    outer_momentum: float = OuterOptimizer.momentum
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise InvalidMessage(f"unknown update codec {self.codec!r}; codecs: {CODECS}")
+        _ = self.outer  # raises InvalidMessage for an unknown outer optimizer or settings out of range
+
+    @property
+    def outer(self) -> OuterOptimizer:
+        return OuterOptimizer(self.outer_optimizer, self.outer_learning_rate, self.outer_momentum)
 
     def to_wire(self) -> dict[str, Any]:
         return {**asdict(self), "key": str(self.key)}
@@ -150,6 +159,13 @@ class ExperimentSpec:
             window_timeout_s=read_float(d, "window_timeout_s"),
             screening=read_str(d, "screening", max_len=32),
             codec=read_str(d, "codec", max_len=8) if "codec" in d else "fp32",
+            outer_optimizer=read_str(d, "outer_optimizer", max_len=16)
+            if "outer_optimizer" in d
+            else OuterOptimizer.kind,
+            outer_learning_rate=read_float(d, "outer_learning_rate")
+            if "outer_learning_rate" in d
+            else OuterOptimizer.learning_rate,
+            outer_momentum=read_float(d, "outer_momentum") if "outer_momentum" in d else OuterOptimizer.momentum,
         )
 
 

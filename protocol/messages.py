@@ -108,6 +108,7 @@ def _head_fields(data: Mapping[str, object]) -> dict[str, Any]:
         "parent": None if parent is None else HeadId(parent),
         "window": read_int(data, "window"),
         "merged": tuple(read_list(data, "merged", ContentId)),
+        "outer_state": None if data.get("outer_state") is None else ContentId(data.get("outer_state")),
     }
 
 
@@ -282,7 +283,9 @@ class HeadDescriptor(_Signed):
     """A head: the model artifact ``head_id`` a validator promoted at ``window`` of ``experiment``.
 
     ``metrics`` are measured by the validator on data trainers never see. ``merged`` lists the
-    candidate ids folded into this head (empty for genesis).
+    candidate ids folded into this head (empty for genesis). ``outer_state`` is the content id of the
+    outer optimizer's state after this head (``protocol.outer``; ``None`` for FedAvg): what the next
+    window's step needs besides the head, stored next to it on the edge.
     """
 
     DOMAIN: ClassVar[bytes] = b"dtn/head/v1\n"
@@ -296,6 +299,7 @@ class HeadDescriptor(_Signed):
     validator_key: bytes
     created_at_ms: int
     metrics: dict[str, float] = field(default_factory=dict)
+    outer_state: ContentId | None = None
     signature: bytes = b""
     certificate: tuple[Attestation, ...] = ()  # other validators' attestations; not signed by the proposer
 
@@ -313,6 +317,7 @@ class HeadDescriptor(_Signed):
             "window": self.window,
             "global_step": self.global_step,
             "merged": list(self.merged),
+            "outer_state": self.outer_state,
             "validator_key": b64encode(self.validator_key),
             "created_at_ms": self.created_at_ms,
             "metrics": self.metrics,
@@ -373,6 +378,7 @@ class Attestation(_Signed):
     parent: HeadId | None
     window: int
     merged: tuple[ContentId, ...]
+    outer_state: ContentId | None
     considered: tuple[ContentId, ...]
     validator_key: bytes
     created_at_ms: int
@@ -387,19 +393,22 @@ class Attestation(_Signed):
             parent=head.parent,
             window=head.window,
             merged=head.merged,
+            outer_state=head.outer_state,
             considered=tuple(sorted(ContentId(c) for c in considered)),
             validator_key=signer.public_key,
             created_at_ms=created_at_ms,
         ).signed(signer)
 
     def attests(self, head: HeadDescriptor) -> bool:
-        """True when this attestation is about exactly ``head`` (same window, parent, merge and bytes)."""
-        return (self.experiment, self.head_id, self.parent, self.window, self.merged) == (
+        """True when this attestation is about exactly ``head`` (same window, parent, merge, bytes and
+        outer optimizer state)."""
+        return (self.experiment, self.head_id, self.parent, self.window, self.merged, self.outer_state) == (
             head.experiment,
             head.head_id,
             head.parent,
             head.window,
             head.merged,
+            head.outer_state,
         )
 
     def body(self) -> dict[str, Any]:
@@ -409,6 +418,7 @@ class Attestation(_Signed):
             "parent": self.parent,
             "window": self.window,
             "merged": list(self.merged),
+            "outer_state": self.outer_state,
             "considered": list(self.considered),
             "validator_key": b64encode(self.validator_key),
             "created_at_ms": self.created_at_ms,

@@ -19,7 +19,14 @@ from protocol.messages import NEXT_SINCE_HEADER, Candidate, PeerProof
 from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, Unauthorized, documented
-from .intake import accept_attestation, accept_candidate, accept_head, accept_verdict, check_peer_rate
+from .intake import (
+    accept_attestation,
+    accept_candidate,
+    accept_head,
+    accept_outer_state,
+    accept_verdict,
+    check_peer_rate,
+)
 from .responses import JSON
 
 router = APIRouter(prefix="/v1", tags=["experiments"])
@@ -76,6 +83,21 @@ async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
     body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
     head, canonical = await accept_head(state, body, route=key)
     return JSON(head.to_wire(), status_code=201 if canonical else 202)
+
+
+@router.post(
+    f"{EXPERIMENT}/outer-states",
+    status_code=201,
+    responses=documented(*_UPLOAD, Conflict),
+    openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (the proposed head, then its outer state)"),
+)
+async def publish_outer_state(key: Experiment, state: State, request: Request) -> JSON:
+    """Store the outer optimizer state (DiLoCo momentum) a proposed head names, before the head:
+    DTN1 envelope of the validator-signed HeadDescriptor and the state artifact. Served like any
+    artifact at ``/v1/artifacts/{outer_state}``; 409 when the head's parent is not the current head."""
+    state.admission.check_header(request.headers.get("authorization"), "head")
+    body = await read_body(request, state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES)
+    return JSON({"outer_state": await accept_outer_state(state, body, route=key)}, status_code=201)
 
 
 @router.post(

@@ -11,6 +11,10 @@ size, names, shapes, dtypes of the experiment's update codec; heads are float32 
 fsynced; then the record is committed and only then acknowledged
 and announced. Whether a candidate is any good is the validators' call, not the edge's.
 
+A head that names an outer optimizer state (``protocol.outer``) is taken only once that state is
+stored: its proposer uploads it first, in an envelope with the signed head, checked like a head's
+parameters (the proposer's signature, parent is the current head, hash, the model's float32 layout).
+
 Heads are proposals until ``NetworkManifest.quorum`` distinct validators vouch for them: the
 proposer's signature and validators' ``Attestation`` of exactly that head (same parent, window, merge
 and bytes). The first proposal on the current head to gather its quorum becomes canonical; rival
@@ -41,7 +45,14 @@ from protocol.window import lease_covers
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from .state import EdgeState
 
-__all__ = ["accept_attestation", "accept_candidate", "accept_head", "accept_verdict", "check_peer_rate"]
+__all__ = [
+    "accept_attestation",
+    "accept_candidate",
+    "accept_head",
+    "accept_outer_state",
+    "accept_verdict",
+    "check_peer_rate",
+]
 
 
 def check_peer_rate(state: EdgeState, peer_id: str, experiment: ExperimentKey) -> None:
@@ -119,22 +130,48 @@ async def accept_candidate(
     return candidate, created
 
 
+def _proposed_head(state: EdgeState, body: bytes, route: ExperimentKey | None) -> tuple[HeadDescriptor, bytes]:
+    """The validator-signed head of an upload and the artifact that came with it."""
+    descriptor, artifact = _open(state, body)
+    head = HeadDescriptor.from_wire(descriptor)
+    _same_experiment(head.experiment, route)
+    head.verify_trusted(state.network.validator_key_set)  # its proposer is a validator of the network
+    return head, artifact
+
+
+async def accept_outer_state(state: EdgeState, body: bytes, *, route: ExperimentKey) -> ContentId:
+    """Store the outer optimizer state a validator's proposed head names (``protocol.outer``), before
+    the head itself: the envelope of that signed head and the state artifact, exactly the model's
+    float32 tensors under the id the head names."""
+    try:
+        head, artifact = _proposed_head(state, body, route)
+        spec = state.experiment(head.experiment)
+        if head.outer_state is None:
+            raise InvalidMessage("this head names no outer optimizer state")
+        _on_current(state, head.experiment, head.parent, state.store.current_head(head.experiment))
+        await _store_artifact(state, artifact, head.outer_state, spec)
+    except Exception as exc:
+        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
+        raise
+    return head.outer_state
+
+
 async def accept_head(
     state: EdgeState, body: bytes, *, route: ExperimentKey | None = None
 ) -> tuple[HeadDescriptor, bool]:
     """Take a validator-signed head proposed on top of the current head; returns it (with the
     certificate gathered so far) and whether it is canonical now (``NetworkManifest.quorum``
-    validators vouch for it: with a quorum of 1, at once)."""
+    validators vouch for it: with a quorum of 1, at once). The outer state it names must be stored
+    first (``accept_outer_state``)."""
     try:
-        descriptor, artifact = _open(state, body)
-        head = HeadDescriptor.from_wire(descriptor)
-        _same_experiment(head.experiment, route)
+        head, artifact = _proposed_head(state, body, route)
         spec = state.experiment(head.experiment)
-        head.verify_trusted(state.network.validator_key_set)  # its proposer is a validator of the network
         current = state.store.current_head(head.experiment)
         if current is not None and current.head_id == head.head_id:
             return current, True
         _on_current(state, head.experiment, head.parent, current)
+        if head.outer_state is not None and not state.blobs.exists(head.outer_state):
+            raise Conflict(f"the outer state {head.outer_state} this head names is not stored; upload it first")
         await _store_artifact(state, artifact, head.head_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()

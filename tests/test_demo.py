@@ -19,6 +19,10 @@ def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     reached = summary["target_reached"]
     assert reached["test_accuracy"] >= 0.95 and reached["window"] >= 1
     assert f"at window {reached['window']}" in (tmp_path / "demo" / "summary.md").read_text()
+    # what it took: samples trained on heads before the target head, candidate bytes, trainers' utilization
+    assert reached["samples"] >= reached["window"] * 1000 and reached["wall_s"] > 0
+    assert summary["candidate_bytes"]["mean"] > 0 and summary["candidate_bytes"]["vs_fp32"] > 0
+    assert any(0 < (u or 0) <= 1 for u in summary["trainer_utilization"].values())
     assert (tmp_path / "demo" / "accuracy.svg").read_text().startswith("<svg")
     assert "all checks passed" in (tmp_path / "demo" / "summary.md").read_text()
 
@@ -43,5 +47,7 @@ def test_summary_says_when_the_browser_was_skipped() -> None:
         "final_test_accuracy": {},
         "windows": {},
         "verdicts": {},
+        "candidate_bytes": {"mean": None, "vs_fp32": None, "codec": "fp32"},
+        "trainer_utilization": {},
     }
     assert "SKIPPED (--no-browser)" in summary_markdown(summary)

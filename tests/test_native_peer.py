@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
@@ -36,7 +37,7 @@ def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Background
         validator.close()
 
 
-def _trainer(edge: BackgroundEdge, root: Path, name: str) -> Trainer:
+def _trainer(edge: BackgroundEdge, root: Path, name: str, speculative_epochs: int = 0) -> Trainer:
     network = mnist_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
     return (
         NodeBuilder(mlp_learner())
@@ -44,8 +45,47 @@ def _trainer(edge: BackgroundEdge, root: Path, name: str) -> Trainer:
         .with_network(network)
         .with_storage(StorageConfig(root / name))
         .with_bootstrap_peer(edge.url)
+        .with_continuous_training(speculative_epochs)
         .spawn()
     )
+
+
+def test_a_continuous_trainer_keeps_training_while_its_window_is_judged(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "continuous", speculative_epochs=2)
+    experiment = trainer.experiment(*BASELINE.parts)
+    assert not trainer.speculate(experiment)  # nothing trained yet, nothing to go on with
+    first = trainer.train_window_once(experiment)
+    work = trainer._speculation[experiment.key]
+    published = work.origin  # what the window published
+    computed = trainer.compute_s
+    assert trainer.speculate(experiment) and trainer.speculate(experiment)  # while the window is judged
+    assert not trainer.speculate(experiment)  # at most speculative_epochs, then it waits
+    assert trainer.compute_s > computed
+    progress = {k: v - published[k] for k, v in trainer.project.learner.to_tensors(work.params).items()}
+    assert max(float(np.abs(v).max()) for v in progress.values()) > 0
+    report = validator.poll(spec)
+    assert report is not None and report.merged
+    head_tensors = trainer._head_tensors(report.head)
+    assert trainer._reconciled(head_tensors, trainer._speculation[experiment.key]).keys() == head_tensors.keys()
+    np.testing.assert_allclose(  # the next window starts at the new head plus the speculative progress
+        trainer._reconciled(head_tensors, trainer._speculation[experiment.key])["dense0.kernel"],
+        head_tensors["dense0.kernel"] + progress["dense0.kernel"],
+        atol=1e-6,
+    )
+    second = trainer.train_window_once(experiment)
+    assert second.base_head_id == report.head.head_id
+    assert second.metrics["carried_steps"] == 2 * first.steps  # two speculative epochs over its lease
+    assert second.examples == first.examples  # a candidate claims only its own lease's examples
+    report = validator.poll(spec)
+    assert report is not None and report.head.merged == (second.candidate_id,), [str(v.reason) for v in report.verdicts]
+    record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]
+    assert 0 < record["compute_s"] < record["wall_s"]
+    trainer.close()
 
 
 def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:

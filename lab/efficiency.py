@@ -1,0 +1,49 @@
+"""What a network run cost, from its public records and its trainers' outcome logs: the one place the
+demo summary and ``benchmarks.network_efficiency`` compute samples, utilization and bytes from.
+
+    samples_until(candidates, heads, window, batch)  examples trained on heads before ``window``:
+                                                     each candidate's leased examples plus the
+                                                     speculative steps it carried (its own report)
+    utilization(outcomes)                            a trainer's seconds in training steps / wall
+                                                     seconds, from its first to its last window
+    fp32_bytes(model)                                a full float32 model's tensor bytes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol.messages import Candidate, HeadDescriptor
+from protocol.model import ModelSpec
+
+__all__ = ["fp32_bytes", "samples_until", "utilization"]
+
+
+def samples_until(
+    candidates: Iterable[Candidate], heads: Sequence[HeadDescriptor], window: int, batch_size: int
+) -> int:
+    """Samples trainers trained on heads of windows before ``window`` (what it took to get there)."""
+    window_of = {head.head_id: head.window for head in heads}
+    return sum(
+        c.examples + int(c.metrics.get("carried_steps", 0.0)) * batch_size
+        for c in candidates
+        if window_of.get(c.base_head, window) < window
+    )
+
+
+def utilization(outcomes: Sequence[dict[str, Any]]) -> float | None:
+    """Compute seconds over wall seconds between a trainer's first and last window since its process
+    last started (None before 3 such windows)."""
+    starts = [i for i in range(1, len(outcomes)) if outcomes[i]["wall_s"] < outcomes[i - 1]["wall_s"]]
+    run = outcomes[starts[-1] if starts else 0 :]
+    if len(run) < 3:
+        return None
+    first, last = run[0], run[-1]
+    return float((last["compute_s"] - first["compute_s"]) / max(last["wall_s"] - first["wall_s"], 1e-9))
+
+
+def fp32_bytes(model: ModelSpec) -> int:
+    return sum(int(np.prod(shape)) * 4 for shape in model.shapes.values())
