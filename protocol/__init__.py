@@ -19,6 +19,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
     aggregation  merge rules (FedAvg and robust aggregators)
+    outer        the outer optimizer: FedAvg, or DiLoCo's Nesterov step with its momentum as lineage state
     reasons      Reason: the typed accept/reject reasons, and which count as strikes
     screening    update screening presets and the promotion rule
     trust        per-peer strikes and quarantine (an immutable TrustBook)

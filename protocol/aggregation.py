@@ -76,7 +76,8 @@ class AggregationContext:
     ``byzantine_fraction``: the share of rows a rule must tolerate (f = ⌊β n⌋ for Krum and Bulyan,
     the trim of the trimmed means). ``clip_radius``: centered clipping's τ in units of ‖Δ_ref‖;
     ``clip_tau``: its τ in parameter units when there is no reference. ``reference_weight``: the
-    reference's weight in ``fltrust_trimmed_mean``, in units of the median candidate weight."""
+    reference's weight in ``fltrust_trimmed_mean``, in units of the median candidate weight;
+    ``trust_floor``: the least trust it gives a row screening let through (0: FLTrust's ReLU)."""
 
     tie_keys: tuple[bytes, ...] = ()
     reference: Vector | None = None
@@ -84,6 +85,7 @@ class AggregationContext:
     clip_radius: float = 1.0
     clip_tau: float = 1.0
     reference_weight: float = 1.0
+    trust_floor: float = 0.0
 
 
 Aggregator = Callable[[Vector, Vector, AggregationContext], Vector]
@@ -242,14 +244,14 @@ def centered_clipping(deltas: Vector, weights: Vector, *, tau: float, centre: Ve
 
 
 # -- FLTrust and the anchored trimmed mean -----------------------------------------------------
-def trust_scores(deltas: Vector, reference: Vector) -> Vector:
-    """FLTrust's trust score of each row: ReLU(cos(Δᵢ, Δ_ref)) (0 for a zero row)."""
+def trust_scores(deltas: Vector, reference: Vector, floor: float = 0.0) -> Vector:
+    """FLTrust's trust score of each row: ReLU(cos(Δᵢ, Δ_ref)), at least ``floor`` (0 for a zero row)."""
     ref_norm = float(np.linalg.norm(reference))
     norms = np.linalg.norm(deltas, axis=1)
     if ref_norm == 0.0:
         raise ValueError("the reference update is zero")
     cosines = (deltas @ reference) / np.maximum(norms * ref_norm, 1e-300)
-    return np.asarray(np.where(norms > 0, np.maximum(cosines, 0.0), 0.0))
+    return np.asarray(np.where(norms > 0, np.maximum(cosines, floor), 0.0))
 
 
 def rescaled(deltas: Vector, reference: Vector) -> Vector:
@@ -300,10 +302,14 @@ def fltrust_trimmed_mean(
     trim_fraction: float = 0.2,
     reference_weight: float = 1.0,
     ranks: npt.NDArray[np.int64] | None = None,
+    trust_floor: float = 0.0,
 ) -> Vector:
     """The default preset's rule when the validator has a reference update Δ_ref:
 
-    1. trust tᵢ = ReLU(cos(Δᵢ, Δ_ref)); untrusted rows (tᵢ = 0) take no part;
+    1. trust tᵢ = max(ReLU(cos(Δᵢ, Δ_ref)), ``trust_floor``); untrusted rows (tᵢ = 0) take no part.
+       The floor is for rows screening let through although their cosine is near zero (near
+       convergence honest updates are nearly orthogonal to any reference: their trust carries no
+       information, and a floor keeps them from being ignored all together);
     2. each trusted Δᵢ is rescaled to ‖Δ_ref‖ (a boosted update gains nothing);
     3. weight tᵢ · wᵢ, shared among near-copies (cos ≥ ``DUPLICATE_COSINE``): identities that send
        one direction many times get one vote;
@@ -314,7 +320,7 @@ def fltrust_trimmed_mean(
 
     Step 5 is what stops a trigger backdoor: it lives on coordinates (input pixels honest data never
     lights) where every honest update and the reference are exactly zero."""
-    trust = trust_scores(deltas, reference)
+    trust = trust_scores(deltas, reference, trust_floor)
     keep = np.flatnonzero(trust > 0)
     if len(keep) == 0:
         return np.zeros_like(reference)
@@ -384,6 +390,7 @@ def _fltrust_trimmed_mean(d: Vector, w: Vector, c: AggregationContext) -> Vector
         trim_fraction=c.byzantine_fraction,
         reference_weight=c.reference_weight,
         ranks=_ranks(c.tie_keys, len(d)),
+        trust_floor=c.trust_floor,
     )
 
 

@@ -335,5 +335,6 @@ class _Merge:
             clip_radius=self.policy.clip_radius,
             clip_tau=self.policy.clip_tau,
             reference_weight=self.policy.reference_weight,
+            trust_floor=self.policy.trust_floor,
         )
         return self.rule(self.deltas[index], self.weights[index], context)

@@ -204,6 +204,10 @@ def test_fltrust_formula() -> None:
     reference = np.array([3.0, 4.0])  # norm 5
     deltas = np.array([[6.0, 8.0], [0.0, 10.0], [-3.0, -4.0], [4.0, -3.0]])
     np.testing.assert_allclose(trust_scores(deltas, reference), [1.0, 0.8, 0.0, 0.0])
+    # a floor for the rows screening let through (near-orthogonal ones); a zero row stays at 0
+    np.testing.assert_allclose(
+        trust_scores(np.vstack([deltas, [[0.0, 0.0]]]), reference, 0.05), [1.0, 0.8, 0.05, 0.05, 0.0]
+    )
     # each row rescaled to norm 5: [3, 4], [0, 5]; trust 1 and 0.8; the others take no part
     expected = (1.0 * np.array([3.0, 4.0]) + 0.8 * np.array([0.0, 5.0])) / 1.8
     np.testing.assert_allclose(fltrust(deltas, np.ones(4), reference=reference), expected)

@@ -221,14 +221,19 @@ def test_small_cohorts_are_judged_against_the_reference() -> None:
     assert alone.screens[_id(2)].reason is Reason.NORM_TOO_LARGE and not alone.promoted
 
 
-def test_trust_zero_is_an_untrusted_direction_and_free_riders_are_relative_to_the_reference() -> None:
+def test_a_clearly_opposed_direction_is_untrusted_and_free_riders_are_relative_to_the_reference() -> None:
     policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
-    orthogonal = 0.01 * (ORTHO - 0.01 * UNIT)  # cos -0.01: FLTrust's ReLU gives it trust 0
+    orthogonal = 0.01 * (ORTHO - 0.01 * UNIT)  # cos −0.01: no information, as honest updates near convergence
+    opposed = 0.01 * (ORTHO - 0.5 * UNIT)  # cos −0.45
     tiny = 0.0009 * UNIT  # 0.09 x ‖Δ_ref‖ <= 0.1 x
-    decision = _judge([_sub(1, 0.01 * UNIT), _sub(2, orthogonal), _sub(3, tiny)], policy, reference=REFERENCE)
-    assert decision.screens[_id(2)].reason is Reason.UNTRUSTED_DIRECTION
+    subs = [_sub(1, 0.01 * UNIT), _sub(2, orthogonal), _sub(3, tiny), _sub(4, opposed)]
+    decision = _judge(subs, policy, reference=REFERENCE)
+    assert decision.screens[_id(2)].accepted  # above min_trust (−0.1): merged at the trust floor
+    assert decision.screens[_id(4)].reason is Reason.UNTRUSTED_DIRECTION
     assert decision.screens[_id(3)].reason is Reason.FREE_RIDER
     assert Reason.UNTRUSTED_DIRECTION.strike_weight == 0.5 and Reason.UNTRUSTED_DIRECTION.value == "untrusted_direction"
+    published = _judge(subs, replace(PRESETS["fltrust"], **NO_LOSS_CHECKS), reference=REFERENCE)
+    assert published.screens[_id(2)].reason is Reason.UNTRUSTED_DIRECTION  # FLTrust as published: trust 0
 
 
 def test_a_sybil_majority_cannot_move_the_anchored_bounds() -> None:
