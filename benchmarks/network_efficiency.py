@@ -10,7 +10,7 @@ the network against a centralized loop, in one run.
 Configurations: ``fedavg-idle-fp32`` (what the network did before: FedAvg, trainers wait while a
 window is judged, fp32 candidates) and ``diloco-continuous-int8`` (the outer Nesterov step, continuous
 trainers, int8 candidates); ``--configs`` picks others (outer ∈ fedavg|diloco, trainers ∈
-idle|continuous, codec ∈ fp32|fp16|int8).
+idle|continuous|continuousN with N speculative epochs, codec ∈ fp32|fp16|int8).
 
 Reported per configuration: samples the trainers trained on until the target head (their windows'
 examples plus speculative epochs) and its ratio to the centralized loop's samples; the trainers'
@@ -63,9 +63,11 @@ class Config:
     @classmethod
     def parse(cls, name: str) -> Config:
         outer, trainers, codec = name.split("-")
-        if outer not in ("fedavg", "diloco") or trainers not in ("idle", "continuous"):
-            raise SystemExit(f"unknown configuration {name!r}: <fedavg|diloco>-<idle|continuous>-<codec>")
-        return cls(name, "nesterov" if outer == "diloco" else "fedavg", int(trainers == "continuous"), codec)
+        epochs = trainers.removeprefix("continuous")
+        if outer not in ("fedavg", "diloco") or not (trainers == "idle" or epochs == "" or epochs.isdigit()):
+            raise SystemExit(f"unknown configuration {name!r}: <fedavg|diloco>-<idle|continuous[N]>-<codec>")
+        speculative = 0 if trainers == "idle" else int(epochs or 1)
+        return cls(name, "nesterov" if outer == "diloco" else "fedavg", speculative, codec)
 
 
 def centralized_samples(datasets: Path, target: float, spec: Any) -> int | None:
@@ -131,6 +133,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             print()
             fleet.stop_all(keep=("edge",))
             candidates = edge.candidates(BENCH_EXPERIMENT)
+            verdicts = edge.verdicts(BENCH_EXPERIMENT)
     finally:
         edge.close()
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
@@ -144,6 +147,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "samples": samples_until(candidates, heads, reached.window if reached else len(heads), BATCH),
         "wall_s": round((reached.created_at_ms - heads[0].created_at_ms) / 1000, 1) if reached else None,
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
+        "accepted": f"{sum(v.accepted for v in verdicts)}/{len(verdicts)}",
         "bytes_vs_fp32": float(np.mean(sizes)) / fp32_bytes(MODELS["mnist-mlp"]) if sizes else None,
     }
 
@@ -171,7 +175,7 @@ def main() -> None:
             f"  {r['config']:<26} reached {args.target}: {'yes' if r['reached'] else 'no'}"
             f" (window {r['target_window']}, best {r['best_test_accuracy']:.4f})\n"
             f"      samples {r['samples']:,} = {ratio} centralized; wall {r['wall_s']} s;"
-            f" utilization {util}; candidate bytes {r['bytes_vs_fp32']:.3f} x fp32"
+            f" utilization {util}; candidate bytes {r['bytes_vs_fp32']:.3f} x fp32; accepted {r['accepted']}"
         )
     print(json.dumps({"centralized_samples": baseline, "runs": results}))
 

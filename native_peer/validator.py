@@ -500,6 +500,8 @@ class Validator:
 
     def _verdicts(self, window: Sequence[Candidate], decision: WindowDecision, head: HeadDescriptor) -> list[Verdict]:
         metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
+        for cid, cosine in decision.reference_cosines.items():  # how far the anchor trusted it
+            metrics.setdefault(cid, {})["reference_cosine"] = cosine
         return [
             self._verdict(c, decision.screens[c.candidate_id], head, metrics.get(c.candidate_id, {})) for c in window
         ]

@@ -25,7 +25,7 @@ from protocol.errors import ProtocolError
 from protocol.messages import PEER_KINDS, READ_PROOF_HEADER, TRAINER_KINDS, PeerProof
 
 from .errors import Forbidden, Unauthorized
-from .store import Store
+from .store import EdgeStore
 
 __all__ = [
     "ROLES",
@@ -67,7 +67,7 @@ def token_id(token: str) -> str:
 
 
 def issue_token(
-    store: Store, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK, *, max_keys: int = 1
+    store: EdgeStore, role: str, label: str, ttl_s: float, clock: Clock = SYSTEM_CLOCK, *, max_keys: int = 1
 ) -> str:
     """A new token of ``role``; the first ``max_keys`` peer keys that use it are bound to it for good."""
     if role not in ROLES:
@@ -99,14 +99,14 @@ def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes]
     return True
 
 
-def revoke_token(store: Store, token_or_id: str) -> int:
+def revoke_token(store: EdgeStore, token_or_id: str) -> int:
     """Revoke a token given as itself or as its id (``token_id``); how many tokens were revoked (0 or 1)."""
     is_id = len(token_or_id) == TOKEN_ID_LENGTH and all(c in "0123456789abcdef" for c in token_or_id)
     return store.delete_tokens(token_or_id if is_id else _digest(token_or_id))
 
 
 class Admission:
-    def __init__(self, store: Store, required: bool, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, store: EdgeStore, required: bool, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
         self.required = required
         self.clock = clock

@@ -23,6 +23,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = EdgeState.open(settings)
+        await state.start()
         app.state.edge = state
         app.state.issuer = LeaseIssuer(state)
         app.state.bundle = bundle.PeerBundle()
@@ -30,7 +31,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            state.store.close()
+            await state.close()
 
     app = FastAPI(
         title="Decentralized training network edge",

@@ -3,6 +3,12 @@
 Fan-out never waits on a peer: each connection has a bounded send queue drained by its own task;
 a message that does not fit marks the connection as a slow consumer, which the relay then closes
 (``CLOSE_SLOW_CONSUMER``). Other subscribers are never stalled by it.
+
+Several edges of one deployment share what happens through a ``Fanout``: events, head changes,
+relay messages for a peer joined to another edge, and which edge each peer is joined to.
+``LocalFanout`` is the one-edge default (nothing to share); ``server.hub_redis.RedisFanout`` carries
+it over Redis pub/sub. The hub delivers its own events at once and another edge's when they arrive
+(``deliver``), the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import contextlib
 import enum
 import itertools
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 
@@ -21,7 +29,7 @@ from protocol.ids import ExperimentKey, PeerId
 
 from .metrics import EdgeMetrics
 
-__all__ = ["TOPICS", "Connection", "ConnectionState", "Hub"]
+__all__ = ["TOPICS", "Connection", "ConnectionState", "Envelope", "Fanout", "Hub", "LocalFanout"]
 
 TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
 
@@ -55,9 +63,68 @@ class Connection:
             return False
         return True
 
+    def supersede(self) -> None:
+        """Tell the peer a newer session replaced this one, then have the relay close it."""
+        self.offer(orjson.dumps({"type": "replaced"}).decode())
+        self.overflowed.set()
+
+
+Envelope = dict[str, Any]  # what one edge tells the others: {"kind": "event" | "head" | "send" | "joined", ...}
+
+
+class Fanout(Protocol):
+    """How a hub reaches the other edges of its deployment."""
+
+    async def start(self, deliver: Callable[[Envelope], None]) -> None:
+        """Begin passing the other edges' envelopes to ``deliver`` (on the event loop)."""
+        ...
+
+    def broadcast(self, envelope: Envelope) -> None:
+        """Send ``envelope`` to every other edge, in order, without waiting."""
+        ...
+
+    def joined(self, peer_id: str) -> None:
+        """Record that ``peer_id`` is joined to this edge (its latest session)."""
+        ...
+
+    def left(self, peer_id: str) -> None:
+        """Forget ``peer_id``'s session on this edge (not a newer one on another edge)."""
+        ...
+
+    async def present(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is joined to some edge of the deployment."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class LocalFanout:
+    """One edge alone: there is nobody to tell."""
+
+    async def start(self, deliver: Callable[[Envelope], None]) -> None:
+        return None
+
+    def broadcast(self, envelope: Envelope) -> None:
+        return None
+
+    def joined(self, peer_id: str) -> None:
+        return None
+
+    def left(self, peer_id: str) -> None:
+        return None
+
+    async def present(self, peer_id: str) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None
+
 
 class Hub:
-    def __init__(self, metrics: EdgeMetrics, queue_size: int, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, metrics: EdgeMetrics, queue_size: int, clock: Clock = SYSTEM_CLOCK, fanout: Fanout | None = None
+    ) -> None:
+        self.fanout: Fanout = LocalFanout() if fanout is None else fanout
         self.metrics = metrics
         self.clock = clock
         self.queue_size = queue_size
@@ -68,15 +135,24 @@ class Hub:
         self.viewers: set[Connection] = set()
         self._viewer_numbers = itertools.count(1)
 
-    def register(self, peer_id: PeerId, kind: str) -> tuple[Connection, Connection | None]:
-        """Add a joined peer; returns it and the connection it replaces (same peer id), if any."""
+    async def start(self) -> None:
+        await self.fanout.start(self.deliver)
+
+    async def close(self) -> None:
+        await self.fanout.close()
+
+    def register(self, peer_id: PeerId, kind: str) -> Connection:
+        """Add a joined peer; a session of the same peer id, here or on another edge, is superseded."""
         previous = self.connections.pop(peer_id, None)
         if previous is not None:
             self.unregister(previous)
+            previous.supersede()
         connection = Connection(peer_id, kind, asyncio.Queue(self.queue_size), self.clock.now_ms())
         self.connections[peer_id] = connection
         self.metrics.connections.labels(kind).inc()
-        return connection, previous
+        self.fanout.joined(peer_id)
+        self.fanout.broadcast({"kind": "joined", "peer_id": peer_id})
+        return connection
 
     def add_viewer(self) -> Connection:
         """An anonymous, read-only connection that receives every published event."""
@@ -94,8 +170,9 @@ class Hub:
         self.viewers.discard(connection)
         for key in connection.topics:
             self._subscribers[key].discard(connection)
-        if self.connections.get(connection.peer_id) is connection:
-            del self.connections[connection.peer_id]
+        if self.connections.get(PeerId(connection.peer_id)) is connection:
+            del self.connections[PeerId(connection.peer_id)]
+            self.fanout.left(connection.peer_id)
         self.metrics.connections.labels(connection.kind).dec()
 
     def subscribe(self, connection: Connection, experiment: ExperimentKey, topics: list[str]) -> None:
@@ -105,27 +182,61 @@ class Hub:
             self._subscribers[key].add(connection)
 
     def publish(self, experiment: ExperimentKey | str, topic: str, data: object) -> int:
-        """Fan ``data`` out to the topic's subscribers; returns how many accepted it."""
+        """Fan ``data`` out to the topic's subscribers here and on every other edge; returns how many
+        here accepted it."""
         message = {"type": "event", "topic": topic, "experiment": str(experiment), "data": data}
+        self.fanout.broadcast({"kind": "event", "message": message})
+        return self._fan_out(message)
+
+    def _fan_out(self, message: dict[str, Any]) -> int:
         self.events.append({**message, "at_ms": self.clock.now_ms()})
         text = orjson.dumps(message).decode()
-        subscribers = [*self._subscribers.get((str(experiment), topic), ()), *self.viewers]
-        delivered = sum(conn.offer(text) for conn in subscribers)
-        self.metrics.relay_messages.labels(topic).inc(delivered)
+        subscribers = [*self._subscribers.get((message["experiment"], message["topic"]), ()), *self.viewers]
+        delivered: int = sum(conn.offer(text) for conn in subscribers)
+        self.metrics.relay_messages.labels(message["topic"]).inc(delivered)
         return delivered
 
-    def send_to(self, peer_id: str, message: object) -> bool:
+    async def send_to(self, peer_id: str, message: object) -> bool:
+        """Queue ``message`` for ``peer_id``, joined here or to another edge; False when it is nowhere
+        (or its queue here is full)."""
         connection = self.connections.get(PeerId(peer_id))
-        return connection is not None and connection.offer(orjson.dumps(message).decode())
+        if connection is not None:
+            return connection.offer(orjson.dumps(message).decode())
+        if not await self.fanout.present(peer_id):
+            return False
+        self.fanout.broadcast({"kind": "send", "peer_id": peer_id, "message": message})
+        return True
 
     def head_changed(self, experiment: ExperimentKey) -> None:
-        event = self._head_changed.pop(str(experiment), None)
+        """Wake the head long-polls of ``experiment``, here and on every other edge."""
+        self.fanout.broadcast({"kind": "head", "experiment": str(experiment)})
+        self._wake(str(experiment))
+
+    def _wake(self, experiment: str) -> None:
+        event = self._head_changed.pop(experiment, None)
         if event is not None:
             event.set()
 
     async def wait_head_change(self, experiment: ExperimentKey, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._head_changed[str(experiment)].wait(), timeout_s)
+
+    def deliver(self, envelope: Envelope) -> None:
+        """What another edge broadcast, done here."""
+        kind = envelope.get("kind")
+        if kind == "event":
+            self._fan_out(envelope["message"])
+        elif kind == "head":
+            self._wake(envelope["experiment"])
+        elif kind == "send":
+            connection = self.connections.get(PeerId(envelope["peer_id"]))
+            if connection is not None:
+                connection.offer(orjson.dumps(envelope["message"]).decode())
+        elif kind == "joined":  # the peer's newer session is on another edge
+            previous = self.connections.get(PeerId(envelope["peer_id"]))
+            if previous is not None:
+                self.unregister(previous)
+                previous.supersede()
 
     def peers_by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)

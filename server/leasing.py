@@ -3,7 +3,9 @@
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
 holds (``protocol.leases.assign_shards``), and no lease at all (409) when every shard is held.
-Leases are signed by the edge and stored durably.
+Leases are signed by the edge and stored durably. The choice is made inside the store's write
+transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
+twice in a window.
 
 Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
 from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
@@ -12,14 +14,13 @@ same secret back, and nothing secret is stored. Shards are served only against i
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import secrets
 
 from protocol.ids import ExperimentKey, LeaseId, PeerId
 from protocol.leases import assign_shards
-from protocol.messages import Lease, LeaseGrant
+from protocol.messages import HeadDescriptor, Lease, LeaseGrant
 
 from .errors import Conflict, Forbidden, NotFound
 from .state import EdgeState
@@ -30,7 +31,6 @@ __all__ = ["LeaseIssuer"]
 class LeaseIssuer:
     def __init__(self, state: EdgeState) -> None:
         self.state = state
-        self._lock = asyncio.Lock()
         self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
 
     def secret(self, lease_id: LeaseId) -> str:
@@ -47,22 +47,19 @@ class LeaseIssuer:
     async def issue(self, experiment: ExperimentKey, peer_id: PeerId, principal: str | None = None) -> LeaseGrant:
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
-        async with self._lock:
-            head = self.state.store.current_head(experiment)
+        now_ms = self.state.clock.now_ms()
+
+        def choose(head: HeadDescriptor | None, live: list[Lease]) -> Lease:
             if head is None:
                 raise NotFound(f"experiment {experiment} has no head yet (waiting for the validator's genesis)")
-            now_ms = self.state.clock.now_ms()
-            live = [
-                lease for lease in self.state.store.leases(experiment, head.head_id) if lease.expires_at_ms > now_ms
-            ]
             for lease in live:
                 if lease.peer_id == peer_id:
-                    return LeaseGrant(lease, self.secret(lease.lease_id))
+                    return lease
             taken = {shard for lease in live for shard in lease.shard_ids}
             shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
             if not shards:
                 raise Conflict(f"every shard of window {head.window} is leased; wait for the next head")
-            lease = Lease(
+            return Lease(
                 lease_id=LeaseId(f"lease-{secrets.token_hex(16)}"),
                 experiment=experiment,
                 peer_id=peer_id,
@@ -74,7 +71,9 @@ class LeaseIssuer:
                 expires_at_ms=now_ms + int(self.state.settings.lease_ttl_s * 1000),
                 principal=principal,
             ).signed(self.state.signer)
-            self.state.store.add_lease(lease)
-        self.state.metrics.leases.inc()
-        self.state.hub.publish(experiment, "leases", lease.to_wire())
+
+        lease, created = self.state.store.grant_lease(experiment, now_ms, choose)
+        if created:
+            self.state.metrics.leases.inc()
+            self.state.hub.publish(experiment, "leases", lease.to_wire())
         return LeaseGrant(lease, self.secret(lease.lease_id))

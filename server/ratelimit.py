@@ -1,15 +1,30 @@
 """Rate limits: a token bucket, and one bucket per key (a peer id, a client address) for requests
-that cost the edge work."""
+that cost the edge work.
+
+``RateLimiter`` is the interface the edge checks; ``KeyedRateLimiter`` keeps the buckets in this
+process, ``server.ratelimit_redis.RedisRateLimiter`` in Redis, where every edge of a deployment
+draws on one budget per key."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Protocol
 
 from protocol.clock import SYSTEM_CLOCK, Clock
 
 from .errors import RateLimited
 
-__all__ = ["KeyedRateLimiter", "TokenBucket"]
+__all__ = ["KeyedRateLimiter", "RateLimiter", "TokenBucket", "over_limit"]
+
+
+class RateLimiter(Protocol):
+    def check(self, key: str) -> None:
+        """Count one request of ``key``; ``RateLimited`` when its bucket is empty."""
+        ...
+
+
+def over_limit(key: str, rate_per_s: float) -> RateLimited:
+    return RateLimited(f"{key} is over {rate_per_s * 60:.0f} requests per minute")
 
 
 class TokenBucket:
@@ -42,4 +57,4 @@ class KeyedRateLimiter:
         if len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)
         if not bucket.take():
-            raise RateLimited(f"{key} is over {self.rate_per_s * 60:.0f} requests per minute")
+            raise over_limit(key, self.rate_per_s)

@@ -192,11 +192,8 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         state.admission.check(admitted, "join", kind=proof.peer_kind, peer_id=proof.peer_id)
     except (ProtocolError, EdgeError) as exc:
         raise _Close(close_code_for(exc), str(exc)) from None
-    connection, previous = state.hub.register(proof.peer_id, proof.peer_kind)
+    connection = state.hub.register(proof.peer_id, proof.peer_kind)
     connection.token = token if isinstance(token, str) else None
-    if previous is not None:
-        previous.offer(orjson.dumps({"type": "replaced"}).decode())
-        previous.overflowed.set()
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
     connection.offer(
         orjson.dumps({"type": "welcome", "peer_id": proof.peer_id, "network": state.network.to_wire()}).decode()
@@ -331,7 +328,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
     elif kind == "signal":
         target = PeerId(data.get("to"))
         payload = read_object(data.get("data"), "signal data")
-        if not state.hub.send_to(target, {"type": "signal", "from": connection.peer_id, "data": payload}):
+        if not await state.hub.send_to(target, {"type": "signal", "from": connection.peer_id, "data": payload}):
             connection.offer(orjson.dumps({"type": "error", "status": 404, "detail": f"{target} not here"}).decode())
     elif kind == "metrics":
         key = ExperimentKey.parse(data.get("experiment"))

@@ -2,6 +2,10 @@
 (``DTN_DATA_DIR``); flags win. The embedded default needs no external service: a local directory
 and SQLite.
 
+Several edges behind one proxy share their state: ``store_url`` (PostgreSQL: heads, candidates,
+verdicts, leases, tokens), ``redis_url`` (Redis: event fan-out and relay messages across edges, rate
+limits) and ``blobs_dir`` (one artifact directory they all mount).
+
 Behind a reverse proxy (``deploy/``): ``host``/``port`` are the bind address the proxy forwards to,
 ``public_url`` the address browsers and remote trainers use (its origin may open the WebSockets),
 ``forwarded_allow_ips`` the proxy addresses whose ``X-Forwarded-For``/``-Proto`` name the real client
@@ -56,6 +60,9 @@ _HELP = {
     "forwarded_allow_ips": "addresses (comma-separated; * for any) of proxies whose X-Forwarded-For and X-Forwarded-Proto name the real client: per-address limits then see the client, not the proxy; empty: trust none",
     "unix_socket": "also listen on this unix socket (for a proxy on the same host: cheaper than TCP); connections on it are trusted like forwarded_allow_ips",
     "access_log": "log every request (behind a proxy that logs them, turn it off: --no-access-log or DTN_ACCESS_LOG=0)",
+    "store_url": "PostgreSQL URL (postgresql://user@host:port/db) of a store several edges share; empty: SQLite in data_dir",
+    "redis_url": "Redis URL (redis://host:port/db) through which several edges share events, relay messages and rate limits; empty: in this process only",
+    "blobs_dir": "artifact files (several edges: one shared directory); empty: data_dir/blobs",
     "accel_prefix": "serve shard bytes through the reverse proxy: after the lease check the edge answers X-Accel-Redirect: <prefix><dataset>/<split>/<locator> (an internal location of the proxy, e.g. /_shards/) instead of the bytes; empty: the edge sends the bytes itself",
 }
 
@@ -70,6 +77,11 @@ def _flag(env: str, value: object) -> bool:
     if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise SystemExit(f"{env}={value!r}: expected 1/0, true/false, yes/no or on/off")
     return text in ("1", "true", "yes", "on")
+
+
+def _scheme(url: str) -> str:
+    """What a refused URL is, without the rest of it (it may hold a password)."""
+    return f"{urlsplit(url).scheme}://..." if "://" in url else "a URL without a scheme"
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,9 @@ class Settings:
     accel_prefix: str = ""
     unix_socket: str = ""
     access_log: bool = True
+    store_url: str = ""
+    redis_url: str = ""
+    blobs_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.public_url:
@@ -115,8 +130,19 @@ class Settings:
             listed = {entry.strip().rstrip("/").lower() for entry in self.allowed_origins.split(",") if entry.strip()}
             if origin not in listed:  # the public page's origin may open the WebSockets (idempotent under replace())
                 object.__setattr__(self, "allowed_origins", ",".join(filter(None, [self.allowed_origins, origin])))
+        if self.store_url and urlsplit(self.store_url).scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"store_url must be a postgresql:// URL (or empty for SQLite), not {_scheme(self.store_url)}"
+            )
+        if self.redis_url and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"redis_url must be a redis://, rediss:// or unix:// URL, not {_scheme(self.redis_url)}")
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
+
+    @property
+    def blobs_root(self) -> Path:
+        """Where artifact files live: ``blobs_dir``, or ``data_dir/blobs``."""
+        return Path(self.blobs_dir) if self.blobs_dir else self.data_dir / "blobs"
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:

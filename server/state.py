@@ -1,4 +1,8 @@
-"""``EdgeState``: everything one running edge holds, built once at start-up."""
+"""``EdgeState``: everything one running edge holds, built once at start-up.
+
+Its engines come from the settings: the store (SQLite in ``data_dir``, or PostgreSQL at
+``store_url``), the blobs (``blobs_dir``), and with ``redis_url`` the hub's fan-out and the rate
+limits in Redis, shared with the other edges of a deployment (in this process otherwise)."""
 
 from __future__ import annotations
 
@@ -14,60 +18,66 @@ from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.signing import PureSigner
 
 from .admission import Admission
-from .blobs import BlobStore
+from .blobs import Blobs, BlobStore
 from .errors import NotFound
-from .hub import Hub
+from .hub import Fanout, Hub
 from .metrics import EdgeMetrics
-from .ratelimit import KeyedRateLimiter
+from .ratelimit import KeyedRateLimiter, RateLimiter
 from .settings import Settings
 from .signatures import install_native_verifier
-from .store import Store
+from .store import EdgeStore, open_store
 
 __all__ = ["EdgeState", "load_datasets"]
 
 log = logging.getLogger(__name__)
 
+REDIS_TIMEOUT_S = 5.0
+
 
 @dataclass
 class EdgeState:
     settings: Settings
-    store: Store
-    blobs: BlobStore
+    store: EdgeStore
+    blobs: Blobs
     hub: Hub
     metrics: EdgeMetrics
     signer: PureSigner
     network: NetworkManifest
     datasets: dict[DatasetId, FetchManifest]
-    peer_limits: KeyedRateLimiter
-    address_limits: KeyedRateLimiter  # signature checks per client address, before they are made
+    peer_limits: RateLimiter
+    address_limits: RateLimiter  # signature checks per client address, before they are made
     admission: Admission
     clock: Clock
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
         install_native_verifier()
-        store = Store(settings.data_dir / "edge.sqlite3")
+        store = open_store(settings.store_url, settings.data_dir)
         signer = PureSigner(store.edge_seed())
         network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
         metrics = EdgeMetrics()
+        fanout, peer_limits, address_limits = _shared(settings, clock)
         return cls(
             settings=settings,
             store=store,
-            blobs=BlobStore(settings.data_dir / "blobs"),
-            hub=Hub(metrics, settings.send_queue_size, clock),
+            blobs=BlobStore(settings.blobs_root),
+            hub=Hub(metrics, settings.send_queue_size, clock, fanout),
             metrics=metrics,
             signer=signer,
             network=replace(network, edge_key=signer.public_key),
             datasets=load_datasets(settings.datasets_dir),
             admission=Admission(store, network.admission_required, clock),
-            peer_limits=KeyedRateLimiter(
-                settings.peer_requests_per_min / 60, max(1.0, settings.peer_requests_per_min / 4), clock=clock
-            ),
-            address_limits=KeyedRateLimiter(
-                settings.address_checks_per_min / 60, max(1.0, settings.address_checks_per_min / 4), clock=clock
-            ),
+            peer_limits=peer_limits,
+            address_limits=address_limits,
             clock=clock,
         )
+
+    async def start(self) -> None:
+        await self.hub.start()
+
+    async def close(self) -> None:
+        await self.hub.close()
+        self.store.close()
 
     def experiment(self, key: ExperimentKey | str) -> ExperimentSpec:
         try:
@@ -83,6 +93,28 @@ class EdgeState:
 
     def shard_path(self, manifest: FetchManifest, locator: str) -> Path:
         return self.settings.datasets_dir / manifest.dataset_id / manifest.split / locator
+
+
+def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimiter, RateLimiter]:
+    """The hub's fan-out and the peer and address rate limits: through Redis with ``redis_url``
+    (every edge on it shares them), in this process otherwise. Bursts are a quarter of a minute's."""
+    limits = {
+        "peer": settings.peer_requests_per_min / 60,
+        "address": settings.address_checks_per_min / 60,
+    }
+    peer: RateLimiter
+    address: RateLimiter
+    if not settings.redis_url:
+        peer, address = (KeyedRateLimiter(rate, max(1.0, rate * 15), clock=clock) for rate in limits.values())
+        return None, peer, address
+    import redis  # the `scale` extra
+
+    from .hub_redis import RedisFanout
+    from .ratelimit_redis import RedisRateLimiter
+
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S)
+    peer, address = (RedisRateLimiter(client, name, rate, max(1.0, rate * 15)) for name, rate in limits.items())
+    return RedisFanout(settings.redis_url), peer, address
 
 
 def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:

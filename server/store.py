@@ -1,35 +1,46 @@
-"""The edge's durable state in SQLite: heads (canonical, and proposed ones with their attestations),
+"""The edge's durable state: heads (canonical, and proposed ones with their attestations),
 candidates, leases, verdicts, tokens, peers, its own key.
 
-Everything a peer needs after an edge restart lives here or in the blob store. Writes commit with
-``synchronous=FULL`` before the caller acknowledges anything. The schema has a version
-(``PRAGMA user_version``); a database of another version is refused with a clear error, never
-half-read.
+Everything a peer needs after an edge restart lives here or in the blob store. ``EdgeStore`` holds
+every query, written once in the SQL that SQLite and PostgreSQL share, over a ``Database``: the
+small engine interface (a transaction, a query, close) that each engine implements.
+
+    Store(path)          the embedded default: SQLite in one file (``server.store_sqlite``)
+    PostgresStore(url)   PostgreSQL, shared by several edges (``server.store_postgres``)
+    open_store(...)      the one the edge's settings name (``store_url``; empty: SQLite)
+
+Writes commit durably before the caller acknowledges anything, and a write transaction excludes
+every other writer of the same database, in any process: what makes a lease's shards exclusive
+across edges (``grant_lease``). The schema has a version; a database of another version is refused
+with a clear error, never half-read.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Protocol
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
 from protocol.signing import b64encode
 
 from .errors import Conflict
+from .store_sqlite import SqliteDatabase
 
-__all__ = ["Store"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "Cursor", "Database", "EdgeStore", "PostgresStore", "Store", "open_store"]
 
-_SCHEMA = """
+# The shared dialect: ``?`` placeholders, ``rowid`` for arrival order, ``ON CONFLICT`` upserts,
+# ``IS NOT DISTINCT FROM``, ``RETURNING``, ``"window"`` quoted (a reserved word in PostgreSQL).
+# ``server.store_postgres`` maps the few differences.
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS heads (
-    experiment TEXT NOT NULL, head_id TEXT NOT NULL, parent TEXT, window INTEGER NOT NULL,
+    experiment TEXT NOT NULL, head_id TEXT NOT NULL, parent TEXT, "window" INTEGER NOT NULL,
     descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL, PRIMARY KEY (experiment, head_id));
 CREATE TABLE IF NOT EXISTS current_heads (experiment TEXT PRIMARY KEY, head_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS candidates (
@@ -65,177 +76,193 @@ CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
 """
 
-
 SCHEMA_VERSION = 2
 
 
-class Store:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        empty = self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
-        if not empty and version != SCHEMA_VERSION:
-            self._db.close()
-            raise RuntimeError(
-                f"{path} holds edge schema v{version}; this edge needs v{SCHEMA_VERSION}: "
-                "move the data dir aside (it is not migrated) and start again"
-            )
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+class Cursor(Protocol):
+    """What a statement run in a transaction answers (a DB-API cursor)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+Run = Callable[..., Cursor]  # run(sql, *args): one statement of a transaction
+
+
+class Database(Protocol):
+    """One storage engine (``server.store_sqlite``, ``server.store_postgres``): statements in the
+    shared dialect, the schema created and its version checked when it opens."""
+
+    def transaction(self) -> AbstractContextManager[Run]:
+        """A write transaction that excludes every other writer of the database until it commits
+        (or rolls back, on an exception); it yields ``run(sql, *args)``."""
+        ...
+
+    def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        """Rows of one read, outside any transaction."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _head(text: object) -> HeadDescriptor:
+    return HeadDescriptor.from_wire(json.loads(str(text)))
+
+
+def _candidate(text: object) -> Candidate:
+    return Candidate.from_wire(json.loads(str(text)))
+
+
+def _lease(text: object) -> Lease:
+    return Lease.from_wire(json.loads(str(text)))
+
+
+class EdgeStore:
+    """Every query of the edge's state, over one ``Database``."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
 
     def close(self) -> None:
         self._db.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def _query(self, sql: str, *args: object) -> list[tuple[object, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
-
-    # -- the edge's own signing seed ------------------------------------------------------
+    # -- the edge's own signing seed (edges sharing a database share it) -------------------------
     def edge_seed(self) -> bytes:
-        with self._tx() as db:
-            row = db.execute("SELECT value FROM settings WHERE key = 'edge_seed'").fetchone()
+        with self._db.transaction() as run:
+            row = run("SELECT value FROM settings WHERE key = 'edge_seed'").fetchone()
             if row is None:
                 seed = os.urandom(32)
-                db.execute("INSERT INTO settings VALUES ('edge_seed', ?)", (seed,))
+                run("INSERT INTO settings (key, value) VALUES ('edge_seed', ?)", seed)
                 return seed
             return bytes(row[0])
 
     # -- heads -----------------------------------------------------------------------------
     def promote_head(self, head: HeadDescriptor, now_ms: int) -> bool:
         """Make ``head`` current if its parent is the current head; False if it already is current."""
-        with self._tx() as db:
-            row = db.execute("SELECT head_id FROM current_heads WHERE experiment = ?", (head.experiment,)).fetchone()
+        with self._db.transaction() as run:
+            row = run("SELECT head_id FROM current_heads WHERE experiment = ?", head.experiment).fetchone()
             current = None if row is None else row[0]
             if current == head.head_id:
                 return False
             if head.parent != current:
                 raise Conflict(f"head parent {head.parent} is not the current head {current}")
-            db.execute(
-                "INSERT OR IGNORE INTO heads VALUES (?, ?, ?, ?, ?, ?)",
-                (head.experiment, head.head_id, head.parent, head.window, json.dumps(head.to_wire()), now_ms),
+            run(
+                'INSERT INTO heads (experiment, head_id, parent, "window", descriptor, received_at_ms)'
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                head.experiment,
+                head.head_id,
+                head.parent,
+                head.window,
+                json.dumps(head.to_wire()),
+                now_ms,
             )
-            db.execute("INSERT OR REPLACE INTO current_heads VALUES (?, ?)", (head.experiment, head.head_id))
+            run(
+                "INSERT INTO current_heads (experiment, head_id) VALUES (?, ?)"
+                " ON CONFLICT (experiment) DO UPDATE SET head_id = excluded.head_id",
+                head.experiment,
+                head.head_id,
+            )
             return True
 
+    _CURRENT = "FROM current_heads c JOIN heads h ON h.experiment = c.experiment AND h.head_id = c.head_id"
+    _CURRENT_HEAD = f"SELECT h.descriptor {_CURRENT} WHERE c.experiment = ?"
+
     def current_head(self, experiment: ExperimentKey) -> HeadDescriptor | None:
-        rows = self._query(
-            "SELECT h.descriptor FROM current_heads c JOIN heads h ON h.experiment = c.experiment"
-            " AND h.head_id = c.head_id WHERE c.experiment = ?",
-            experiment,
-        )
-        return HeadDescriptor.from_wire(json.loads(str(rows[0][0]))) if rows else None
+        rows = self._db.query(self._CURRENT_HEAD, experiment)
+        return _head(rows[0][0]) if rows else None
 
     def heads(self, experiment: ExperimentKey) -> list[HeadDescriptor]:
-        rows = self._query("SELECT descriptor FROM heads WHERE experiment = ? ORDER BY window", experiment)
-        return [HeadDescriptor.from_wire(json.loads(str(r[0]))) for r in rows]
+        rows = self._db.query('SELECT descriptor FROM heads WHERE experiment = ? ORDER BY "window"', experiment)
+        return [_head(r[0]) for r in rows]
 
     def head(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
-        rows = self._query("SELECT descriptor FROM heads WHERE experiment = ? AND head_id = ?", experiment, head_id)
-        return HeadDescriptor.from_wire(json.loads(str(rows[0][0]))) if rows else None
+        rows = self._db.query("SELECT descriptor FROM heads WHERE experiment = ? AND head_id = ?", experiment, head_id)
+        return _head(rows[0][0]) if rows else None
 
     # -- candidates ------------------------------------------------------------------------
     def add_candidate(self, candidate: Candidate, size_bytes: int, now_ms: int) -> bool:
         """Record a candidate; False when it was already there (an idempotent re-upload).
 
         Raises ``Conflict`` when its lease already delivered another candidate (one per lease)."""
-        with self._tx() as db:
-            row = db.execute("SELECT candidate_id FROM candidates WHERE lease_id = ?", (candidate.lease_id,)).fetchone()
+        with self._db.transaction() as run:
+            row = run("SELECT candidate_id FROM candidates WHERE lease_id = ?", candidate.lease_id).fetchone()
             if row is not None:
                 if row[0] == candidate.candidate_id:
                     return False
                 raise Conflict(f"lease {candidate.lease_id} already delivered candidate {row[0]}")
-            db.execute(
-                "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
-                (
-                    candidate.experiment,
-                    candidate.candidate_id,
-                    candidate.base_head,
-                    candidate.peer_id,
-                    candidate.lease_id,
-                    json.dumps(candidate.to_wire()),
-                    now_ms,
-                    size_bytes,
-                ),
+            run(
+                "INSERT INTO candidates (experiment, candidate_id, base_head, peer_id, lease_id, descriptor,"
+                " received_at_ms, size_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                candidate.experiment,
+                candidate.candidate_id,
+                candidate.base_head,
+                candidate.peer_id,
+                candidate.lease_id,
+                json.dumps(candidate.to_wire()),
+                now_ms,
+                size_bytes,
             )
             return True
 
     def lease_delivered(self, lease_id: LeaseId) -> str | None:
         """The candidate id a lease delivered, if any."""
-        rows = self._query("SELECT candidate_id FROM candidates WHERE lease_id = ?", lease_id)
+        rows = self._db.query("SELECT candidate_id FROM candidates WHERE lease_id = ?", lease_id)
         return str(rows[0][0]) if rows else None
 
     def window_bytes(self, experiment: ExperimentKey, base_head: HeadId) -> int:
         """Bytes of candidate artifacts stored for one window."""
-        rows = self._query(
+        rows = self._db.query(
             "SELECT COALESCE(SUM(size_bytes), 0) FROM candidates WHERE experiment = ? AND base_head = ?",
             experiment,
             base_head,
         )
-        return int(rows[0][0])  # type: ignore[call-overload]
+        return int(rows[0][0])
 
     def retire_candidates(self, experiment: ExperimentKey, keep_windows: int) -> list[str]:
         """Candidate ids whose artifacts may go: their window is ``keep_windows`` or more heads behind
         the current head. They are marked as gone (descriptors and verdicts stay)."""
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT h.window FROM current_heads c JOIN heads h ON h.experiment = c.experiment"
-                " AND h.head_id = c.head_id WHERE c.experiment = ?",
-                (experiment,),
-            ).fetchone()
+        with self._db.transaction() as run:
+            row = run(f'SELECT h."window" {self._CURRENT} WHERE c.experiment = ?', experiment).fetchone()
             if row is None:
                 return []
-            rows = db.execute(
-                "SELECT c.candidate_id FROM candidates c JOIN heads h ON h.experiment = c.experiment"
-                " AND h.head_id = c.base_head WHERE c.experiment = ? AND c.blob_kept = 1 AND h.window <= ?",
-                (experiment, int(row[0]) - keep_windows),
+            rows = run(
+                "UPDATE candidates SET blob_kept = 0 WHERE experiment = ? AND blob_kept = 1 AND base_head IN"
+                ' (SELECT head_id FROM heads WHERE experiment = ? AND "window" <= ?) RETURNING candidate_id',
+                experiment,
+                experiment,
+                int(row[0]) - keep_windows,
             ).fetchall()
-            retired = [str(r[0]) for r in rows]
-            db.executemany(
-                "UPDATE candidates SET blob_kept = 0 WHERE experiment = ? AND candidate_id = ?",
-                [(experiment, cid) for cid in retired],
-            )
-            return retired
+            return sorted(str(r[0]) for r in rows)
 
     def candidates(self, experiment: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         if base_head is None:
-            rows = self._query("SELECT descriptor FROM candidates WHERE experiment = ? ORDER BY rowid", experiment)
+            rows = self._db.query("SELECT descriptor FROM candidates WHERE experiment = ? ORDER BY rowid", experiment)
         else:
-            rows = self._query(
+            rows = self._db.query(
                 "SELECT descriptor FROM candidates WHERE experiment = ? AND base_head = ? ORDER BY rowid",
                 experiment,
                 base_head,
             )
-        return [Candidate.from_wire(json.loads(str(r[0]))) for r in rows]
+        return [_candidate(r[0]) for r in rows]
 
     def candidates_since(self, experiment: ExperimentKey, since: int, limit: int) -> list[tuple[int, Candidate]]:
         """At most ``limit`` candidates received after cursor ``since``, each with its own cursor."""
-        rows = self._query(
+        rows = self._db.query(
             "SELECT rowid, descriptor FROM candidates WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
             experiment,
             since,
             limit,
         )
-        return [(int(str(r[0])), Candidate.from_wire(json.loads(str(r[1])))) for r in rows]
+        return [(int(r[0]), _candidate(r[1])) for r in rows]
 
     def candidate_window(self, cid: ContentId) -> tuple[ExperimentKey, HeadId] | None:
         """For an artifact that a candidate uploaded and that is no head (heads are public): the
         experiment and base head of the window it was trained for; ``None`` otherwise."""
-        rows = self._query(
+        rows = self._db.query(
             "SELECT experiment, base_head FROM candidates WHERE candidate_id = ?"
             " AND NOT EXISTS (SELECT 1 FROM heads WHERE head_id = ?) LIMIT 1",
             cid,
@@ -244,56 +271,86 @@ class Store:
         return (ExperimentKey.parse(str(rows[0][0])), HeadId(str(rows[0][1]))) if rows else None
 
     # -- leases ----------------------------------------------------------------------------
-    def add_lease(self, lease: Lease) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    lease.lease_id,
-                    lease.experiment,
-                    lease.peer_id,
-                    lease.base_head,
-                    json.dumps(lease.to_wire()),
-                    lease.expires_at_ms,
-                ),
+    def grant_lease(
+        self,
+        experiment: ExperimentKey,
+        now_ms: int,
+        choose: Callable[[HeadDescriptor | None, list[Lease]], Lease],
+    ) -> tuple[Lease, bool]:
+        """Lease in the current window of ``experiment``, atomically across every edge on this
+        database: ``choose(current head, live leases of its window)`` returns one of those leases
+        (asking again) or a new one (or raises), and a new one is stored before any other lease of
+        the database is granted. Returns the lease and whether it is new."""
+        with self._db.transaction() as run:
+            row = run(self._CURRENT_HEAD, experiment).fetchone()
+            head = None if row is None else _head(row[0])
+            live: list[Lease] = []
+            if head is not None:
+                rows = run(
+                    "SELECT descriptor FROM leases WHERE experiment = ? AND base_head = ? AND expires_at_ms > ?"
+                    " ORDER BY rowid",
+                    experiment,
+                    head.head_id,
+                    now_ms,
+                ).fetchall()
+                live = [_lease(r[0]) for r in rows]
+            lease = choose(head, live)
+            if lease in live:
+                return lease, False
+            run(
+                "INSERT INTO leases (lease_id, experiment, peer_id, base_head, descriptor, expires_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                lease.lease_id,
+                lease.experiment,
+                lease.peer_id,
+                lease.base_head,
+                json.dumps(lease.to_wire()),
+                lease.expires_at_ms,
             )
+            return lease, True
 
     def lease(self, lease_id: LeaseId) -> Lease | None:
-        rows = self._query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)
-        return Lease.from_wire(json.loads(str(rows[0][0]))) if rows else None
+        rows = self._db.query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)
+        return _lease(rows[0][0]) if rows else None
 
     def leases(self, experiment: ExperimentKey, base_head: HeadId) -> list[Lease]:
-        rows = self._query(
+        rows = self._db.query(
             "SELECT descriptor FROM leases WHERE experiment = ? AND base_head = ? ORDER BY rowid", experiment, base_head
         )
-        return [Lease.from_wire(json.loads(str(r[0]))) for r in rows]
+        return [_lease(r[0]) for r in rows]
 
     # -- proposals and attestations (quorum) -----------------------------------------------
-    def _insert_new(self, table: str, *row: object) -> bool:
+    def _insert_new(self, table: str, columns: str, *row: object) -> bool:
         """Insert ``row`` into ``table`` (one of this module's fixed names) unless its key is there;
         True when it was new."""
         marks = ", ".join("?" * len(row))
-        with self._tx() as db:
-            return db.execute(f"INSERT OR IGNORE INTO {table} VALUES ({marks})", row).rowcount == 1
+        with self._db.transaction() as run:
+            return run(f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING", *row).rowcount == 1
 
     def add_proposal(self, head: HeadDescriptor, now_ms: int) -> bool:
         """Keep a validator-signed head until enough validators vouch for it; False if already kept."""
         descriptor = json.dumps(head.to_wire())
         key = b64encode(head.validator_key)
-        return self._insert_new("proposals", head.experiment, head.head_id, head.parent, key, descriptor, now_ms)
+        return self._insert_new(
+            "proposals",
+            "experiment, head_id, parent, validator_key, descriptor, received_at_ms",
+            *(head.experiment, head.head_id, head.parent, key, descriptor, now_ms),
+        )
 
     def proposal(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
         """The proposed head ``head_id`` with every attestation received for it as its certificate."""
-        rows = self._query("SELECT descriptor FROM proposals WHERE experiment = ? AND head_id = ?", experiment, head_id)
+        rows = self._db.query(
+            "SELECT descriptor FROM proposals WHERE experiment = ? AND head_id = ?", experiment, head_id
+        )
         if not rows:
             return None
-        head = HeadDescriptor.from_wire(json.loads(str(rows[0][0])))
-        return replace(head, certificate=tuple(self.attestations(experiment, head_id)))
+        return replace(_head(rows[0][0]), certificate=tuple(self.attestations(experiment, head_id)))
 
     def proposals(self, experiment: ExperimentKey, parent: HeadId | None) -> list[HeadDescriptor]:
         """Every head proposed on top of ``parent`` (``None``: genesis), oldest first, with certificates."""
-        rows = self._query(
-            "SELECT head_id FROM proposals WHERE experiment = ? AND parent IS ? ORDER BY received_at_ms, rowid",
+        rows = self._db.query(
+            "SELECT head_id FROM proposals WHERE experiment = ? AND parent IS NOT DISTINCT FROM ?"
+            " ORDER BY received_at_ms, rowid",
             experiment,
             parent,
         )
@@ -301,10 +358,14 @@ class Store:
 
     def add_attestation(self, attestation: Attestation) -> bool:
         key, descriptor = b64encode(attestation.validator_key), json.dumps(attestation.to_wire())
-        return self._insert_new("attestations", attestation.experiment, attestation.head_id, key, descriptor)
+        return self._insert_new(
+            "attestations",
+            "experiment, head_id, validator_key, descriptor",
+            *(attestation.experiment, attestation.head_id, key, descriptor),
+        )
 
     def attestations(self, experiment: ExperimentKey, head_id: HeadId) -> list[Attestation]:
-        rows = self._query(
+        rows = self._db.query(
             "SELECT descriptor FROM attestations WHERE experiment = ? AND head_id = ? ORDER BY rowid",
             experiment,
             head_id,
@@ -314,16 +375,19 @@ class Store:
     # -- verdicts --------------------------------------------------------------------------
     def add_verdict(self, verdict: Verdict) -> bool:
         descriptor = json.dumps(verdict.to_wire())
-        row = (verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor)
-        return self._insert_new("verdicts", *row)
+        return self._insert_new(
+            "verdicts",
+            "experiment, candidate_id, peer_id, accepted, descriptor",
+            *(verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor),
+        )
 
     def verdicts(self, experiment: ExperimentKey, peer_id: PeerId | None = None, limit: int = 500) -> list[Verdict]:
         if peer_id is None:
-            rows = self._query(
+            rows = self._db.query(
                 "SELECT descriptor FROM verdicts WHERE experiment = ? ORDER BY rowid DESC LIMIT ?", experiment, limit
             )
         else:
-            rows = self._query(
+            rows = self._db.query(
                 "SELECT descriptor FROM verdicts WHERE experiment = ? AND peer_id = ? ORDER BY rowid DESC LIMIT ?",
                 experiment,
                 peer_id,
@@ -332,57 +396,91 @@ class Store:
         return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
 
     def verdict_counts(self, experiment: ExperimentKey) -> dict[str, int]:
-        rows = self._query("SELECT accepted, COUNT(*) FROM verdicts WHERE experiment = ? GROUP BY accepted", experiment)
+        rows = self._db.query(
+            "SELECT accepted, COUNT(*) FROM verdicts WHERE experiment = ? GROUP BY accepted", experiment
+        )
         counts = {"accepted": 0, "rejected": 0}
         for accepted, count in rows:
-            counts["accepted" if accepted else "rejected"] = int(count)  # type: ignore[call-overload]
+            counts["accepted" if accepted else "rejected"] = int(count)
         return counts
 
     # -- admission tokens (sha256 digests only) ----------------------------------------------
     def add_token(
         self, digest: str, role: str, label: str, issued_at_ms: int, expires_at_ms: int, max_keys: int = 1
     ) -> None:
-        with self._tx() as db:
-            db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?, ?)", (digest, role, label, issued_at_ms, expires_at_ms))
-            db.execute("INSERT INTO token_limits VALUES (?, ?)", (digest, max_keys))
+        with self._db.transaction() as run:
+            run(
+                "INSERT INTO tokens (digest, role, label, issued_at_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?)",
+                *(digest, role, label, issued_at_ms, expires_at_ms),
+            )
+            run("INSERT INTO token_limits (digest, max_keys) VALUES (?, ?)", digest, max_keys)
 
     def bind_token_key(self, digest: str, peer_id: str, now_ms: int) -> bool:
         """Bind ``peer_id`` to the token (once); False when the token already has its ``max_keys``
         other keys bound (a token without a recorded limit binds one)."""
-        with self._tx() as db:
-            if db.execute("SELECT 1 FROM token_keys WHERE digest = ? AND peer_id = ?", (digest, peer_id)).fetchone():
+        with self._db.transaction() as run:
+            if run("SELECT 1 FROM token_keys WHERE digest = ? AND peer_id = ?", digest, peer_id).fetchone():
                 return True
-            row = db.execute("SELECT max_keys FROM token_limits WHERE digest = ?", (digest,)).fetchone()
-            bound = db.execute("SELECT COUNT(*) FROM token_keys WHERE digest = ?", (digest,)).fetchone()[0]
+            row = run("SELECT max_keys FROM token_limits WHERE digest = ?", digest).fetchone()
+            bound = run("SELECT COUNT(*) FROM token_keys WHERE digest = ?", digest).fetchone()[0]
             if bound >= (1 if row is None else int(row[0])):
                 return False
-            db.execute("INSERT INTO token_keys VALUES (?, ?, ?)", (digest, peer_id, now_ms))
+            run("INSERT INTO token_keys (digest, peer_id, bound_at_ms) VALUES (?, ?, ?)", digest, peer_id, now_ms)
             return True
 
     def token(self, digest: str) -> tuple[str, int] | None:
-        rows = self._query("SELECT role, expires_at_ms FROM tokens WHERE digest = ?", digest)
-        return (str(rows[0][0]), int(rows[0][1])) if rows else None  # type: ignore[call-overload]
+        rows = self._db.query("SELECT role, expires_at_ms FROM tokens WHERE digest = ?", digest)
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+    _TOKEN_FIELDS = ("digest", "role", "label", "issued_at_ms", "expires_at_ms")
 
     def tokens(self) -> list[dict[str, object]]:
-        rows = self._query("SELECT digest, role, label, issued_at_ms, expires_at_ms FROM tokens ORDER BY issued_at_ms")
-        return [dict(zip(("digest", "role", "label", "issued_at_ms", "expires_at_ms"), r, strict=True)) for r in rows]
+        rows = self._db.query(f"SELECT {', '.join(self._TOKEN_FIELDS)} FROM tokens ORDER BY issued_at_ms")
+        return [dict(zip(self._TOKEN_FIELDS, r, strict=True)) for r in rows]
 
     def delete_tokens(self, digest_prefix: str) -> int:
-        """Delete the tokens whose digest starts with ``digest_prefix``; how many were deleted."""
-        with self._tx() as db:
-            match = (len(digest_prefix), digest_prefix)
-            db.execute("DELETE FROM token_keys WHERE substr(digest, 1, ?) = ?", match)
-            db.execute("DELETE FROM token_limits WHERE substr(digest, 1, ?) = ?", match)
-            return int(db.execute("DELETE FROM tokens WHERE substr(digest, 1, ?) = ?", match).rowcount)
+        """Delete the tokens whose digest starts with ``digest_prefix`` (hex digits); how many were deleted."""
+        if not all(c in "0123456789abcdef" for c in digest_prefix):
+            raise ValueError(f"a token digest is hex digits, not {digest_prefix!r}")
+        with self._db.transaction() as run:
+            pattern = digest_prefix + "%"
+            run("DELETE FROM token_keys WHERE digest LIKE ?", pattern)
+            run("DELETE FROM token_limits WHERE digest LIKE ?", pattern)
+            return run("DELETE FROM tokens WHERE digest LIKE ?", pattern).rowcount
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO peers VALUES (?, ?, ?, ?) ON CONFLICT(peer_id) DO UPDATE SET last_seen_ms = ?, kind = ?",
-                (peer_id, kind, now_ms, now_ms, now_ms, kind),
+        with self._db.transaction() as run:
+            run(
+                "INSERT INTO peers (peer_id, kind, first_seen_ms, last_seen_ms) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (peer_id) DO UPDATE SET last_seen_ms = excluded.last_seen_ms, kind = excluded.kind",
+                *(peer_id, kind, now_ms, now_ms),
             )
 
+    _PEER_FIELDS = ("peer_id", "kind", "first_seen_ms", "last_seen_ms")
+
     def peers(self) -> list[dict[str, object]]:
-        rows = self._query("SELECT peer_id, kind, first_seen_ms, last_seen_ms FROM peers ORDER BY last_seen_ms DESC")
-        return [dict(zip(("peer_id", "kind", "first_seen_ms", "last_seen_ms"), r, strict=True)) for r in rows]
+        rows = self._db.query(f"SELECT {', '.join(self._PEER_FIELDS)} FROM peers ORDER BY last_seen_ms DESC")
+        return [dict(zip(self._PEER_FIELDS, r, strict=True)) for r in rows]
+
+
+class Store(EdgeStore):
+    """The embedded default: SQLite in the file ``path`` (one edge process)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(SqliteDatabase(path, SCHEMA, SCHEMA_VERSION))
+
+
+class PostgresStore(EdgeStore):
+    """PostgreSQL at ``url`` (``postgresql://user@host:port/db``), which several edges may share."""
+
+    def __init__(self, url: str) -> None:
+        from .store_postgres import PostgresDatabase  # psycopg is optional: the `scale` extra
+
+        super().__init__(PostgresDatabase(url, SCHEMA, SCHEMA_VERSION))
+
+
+def open_store(store_url: str, data_dir: Path) -> EdgeStore:
+    """The store the edge's settings name: PostgreSQL for a ``postgresql://`` ``store_url``, else
+    SQLite in ``data_dir``."""
+    return PostgresStore(store_url) if store_url else Store(data_dir / "edge.sqlite3")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import numpy as np
+import pytest
 
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
@@ -72,9 +75,16 @@ def head_envelope(
 
 
 def candidate_envelope(
-    trainer: Signer, base: HeadId, lease_id: str = "lease-x", *, seed: int = 1, peer_kind: str = "native"
+    trainer: Signer,
+    base: HeadId,
+    lease_id: str = "lease-x",
+    *,
+    seed: int = 1,
+    peer_kind: str = "native",
+    params: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Candidate, bytes]:
-    artifact = encode_tensors(init_params(SPEC, seed))
+    """A signed candidate envelope: ``params`` (default: a fresh init from ``seed``) on ``base``."""
+    artifact = encode_tensors(init_params(SPEC, seed) if params is None else params)
     lease = Lease(
         LeaseId(lease_id),
         EXPERIMENT,
@@ -144,3 +154,36 @@ def edge_settings(root: Path, datasets: Path, **overrides: Any) -> Settings:
         **overrides,
     }
     return Settings(**options)
+
+
+def missing(message: str) -> NoReturn:
+    """Under CI (``make test`` installs everything first) a missing prerequisite fails; elsewhere it skips."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _private(kind: str) -> Iterator[Any]:
+    """A started ``deploy.services`` server of ``kind``, stopped after the session."""
+    try:
+        from deploy import services
+    except ImportError as exc:  # psycopg or redis: the `scale` extra
+        missing(f"{kind} needs {exc.name} (make setup installs the scale extra)")
+    try:
+        server = getattr(services, kind)()
+    except services.ServiceMissing as exc:
+        missing(f"{kind} cannot run here: {exc}")
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[Any]:
+    """A private PostgreSQL cluster on loopback (``deploy.services.PrivatePostgres``)."""
+    yield from _private("PrivatePostgres")
+
+
+@pytest.fixture(scope="session")
+def private_redis() -> Iterator[Any]:
+    """A private redis-server on loopback (``deploy.services.PrivateRedis``)."""
+    yield from _private("PrivateRedis")

@@ -17,11 +17,14 @@ from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.manifests import ExperimentSpec
 from protocol.messages import HeadDescriptor
+from protocol.model import MODELS, init_params
 from protocol.reasons import Reason
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
 from .support import candidate_envelope, edge_settings
+
+SPEC = MODELS["mnist-mlp"]
 
 
 @pytest.fixture
@@ -198,13 +201,14 @@ def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(
     genesis = validator.ensure_genesis(spec)
     attacker, honest = _trainer(edge, root, "attacker"), _trainer(edge, root, "honest")
     lease = attacker.edge.request_lease(BASELINE, attacker.identity, "native").lease
-    junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id)  # a fresh init: huge update
+    broken = {name: np.full_like(value, np.nan) for name, value in init_params(SPEC, 1).items()}
+    junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id, params=broken)
     attacker.edge.publish_candidate(BASELINE, body)
     report = validator.poll(spec)  # every live lease delivered: the window closes now
     assert report is not None and not report.merged
     [verdict] = report.verdicts
     assert verdict.candidate_id == junk.candidate_id and not verdict.accepted
-    assert verdict.reason in (Reason.NORM_TOO_LARGE, Reason.UNTRUSTED_DIRECTION)  # a fresh init: no trained update
+    assert verdict.reason is Reason.NON_FINITE
     retry = report.head  # same parameters under a new head: the next attempt
     assert retry.parent == genesis.head_id and retry.window == 1 and retry.merged == ()
     assert retry.metrics["val_loss"] == genesis.metrics["val_loss"]

@@ -1,0 +1,280 @@
+"""One contract, every store engine: the same tests against SQLite (the embedded default) and
+PostgreSQL (a private cluster on loopback, ``deploy.services``; skipped with the reason when it
+cannot run here, failed under CI)."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
+from protocol.leases import assign_shards
+from protocol.messages import Attestation, HeadDescriptor, Lease, Verdict
+from protocol.reasons import Reason
+from protocol.signing import PureSigner, peer_id_from_public_key
+from server.errors import Conflict
+from server.store import EdgeStore, PostgresStore, Store
+
+from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, private_postgres
+
+__all__ = ["private_postgres"]  # the fixture, used by name
+
+EDGE = PureSigner(b"\x22" * 32)
+TRAINERS = [PureSigner(bytes([i]) * 32) for i in range(40, 48)]
+SHARDS = tuple(f"shard-{i:03d}" for i in range(24))
+_databases = itertools.count()
+
+Opener = Callable[[], EdgeStore]  # another store on the same database
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    opened: list[EdgeStore] = []
+    if request.param == "sqlite":
+        path = tmp_path / "edge.sqlite3"
+
+        def open_store() -> EdgeStore:
+            opened.append(Store(path))
+            return opened[-1]
+    else:
+        url = request.getfixturevalue("private_postgres").create_database(f"contract_{next(_databases)}")
+
+        def open_store() -> EdgeStore:
+            opened.append(PostgresStore(url))
+            return opened[-1]
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(opener: Opener) -> EdgeStore:
+    return opener()
+
+
+def _chain(store: EdgeStore, length: int) -> list[HeadDescriptor]:
+    heads: list[HeadDescriptor] = []
+    for window in range(length):
+        head, _ = head_envelope(parent=heads[-1].head_id if heads else None, window=window)
+        assert store.promote_head(head, 1000 + window)
+        heads.append(head)
+    return heads
+
+
+def test_the_edge_seed_is_made_once_and_shared_by_every_store_on_the_database(opener: Opener) -> None:
+    seed = opener().edge_seed()
+    assert len(seed) == 32 and opener().edge_seed() == seed
+
+
+def test_heads_chain_from_the_current_one(store: EdgeStore) -> None:
+    assert store.current_head(EXPERIMENT) is None
+    genesis, child = _chain(store, 2)
+    assert store.current_head(EXPERIMENT) == child
+    assert store.heads(EXPERIMENT) == [genesis, child]
+    assert (
+        store.head(EXPERIMENT, genesis.head_id) == genesis
+        and store.head(EXPERIMENT, HeadId("sha256:" + "0" * 64)) is None
+    )
+    assert not store.promote_head(child, 5000)  # already current
+    stray, _ = head_envelope(parent=genesis.head_id, window=7)
+    with pytest.raises(Conflict, match="is not the current head"):
+        store.promote_head(stray, 5000)
+
+
+def test_one_candidate_per_lease_in_arrival_order(store: EdgeStore) -> None:
+    (base,) = _chain(store, 1)
+    first, _ = candidate_envelope(TRAINERS[0], base.head_id, "lease-a", seed=1)
+    second, _ = candidate_envelope(TRAINERS[1], base.head_id, "lease-b", seed=2)
+    assert store.add_candidate(first, 100, 1) and store.add_candidate(second, 250, 2)
+    assert not store.add_candidate(first, 100, 3)  # the same upload again
+    other, _ = candidate_envelope(TRAINERS[0], base.head_id, "lease-a", seed=3)
+    with pytest.raises(Conflict, match="already delivered"):
+        store.add_candidate(other, 100, 4)
+    assert store.candidates(EXPERIMENT) == [first, second] == store.candidates(EXPERIMENT, base.head_id)
+    assert store.candidates(EXPERIMENT, HeadId("sha256:" + "1" * 64)) == []
+    assert store.lease_delivered(LeaseId("lease-a")) == first.candidate_id
+    assert store.lease_delivered(LeaseId("lease-c")) is None
+    assert store.window_bytes(EXPERIMENT, base.head_id) == 350
+    page = store.candidates_since(EXPERIMENT, 0, 1)
+    assert [c for _, c in page] == [first]
+    assert [c for _, c in store.candidates_since(EXPERIMENT, page[0][0], 10)] == [second]
+    assert store.candidate_window(ContentId(first.candidate_id)) == (EXPERIMENT, base.head_id)
+    assert store.candidate_window(ContentId(base.head_id)) is None  # a head is public
+
+
+def test_candidates_retire_once_their_window_is_old(store: EdgeStore) -> None:
+    heads = _chain(store, 1)
+    candidate, _ = candidate_envelope(TRAINERS[0], heads[0].head_id, "lease-a")
+    store.add_candidate(candidate, 10, 1)
+    assert store.retire_candidates(EXPERIMENT, 2) == []
+    heads += _chain_from(store, heads[-1], 2)
+    assert store.retire_candidates(EXPERIMENT, 2) == [candidate.candidate_id]
+    assert store.retire_candidates(EXPERIMENT, 2) == []  # marked gone, once
+    assert store.candidates(EXPERIMENT) == [candidate]  # the descriptor stays
+
+
+def _chain_from(store: EdgeStore, parent: HeadDescriptor, length: int) -> list[HeadDescriptor]:
+    heads = [parent]
+    for _ in range(length):
+        head, _ = head_envelope(parent=heads[-1].head_id, window=heads[-1].window + 1)
+        assert store.promote_head(head, 2000)
+        heads.append(head)
+    return heads[1:]
+
+
+def _chooser(peer: PeerId, now_ms: int, ttl_ms: int = 60_000) -> Callable[[HeadDescriptor | None, list[Lease]], Lease]:
+    """What ``server.leasing`` does: the peer's live lease again, or free shards, or ``Conflict``."""
+
+    def choose(head: HeadDescriptor | None, live: list[Lease]) -> Lease:
+        assert head is not None
+        for lease in live:
+            if lease.peer_id == peer:
+                return lease
+        taken = {shard for lease in live for shard in lease.shard_ids}
+        shards = assign_shards(head.head_id, peer, SHARDS, taken, 3)
+        if not shards:
+            raise Conflict("every shard is leased")
+        lease = Lease(
+            LeaseId(f"lease-{peer}-{now_ms}"), EXPERIMENT, peer, head.head_id, head.window, DatasetId("mnist"),
+            shards, now_ms, now_ms + ttl_ms,
+        )  # fmt: skip
+        return lease.signed(EDGE)
+
+    return choose
+
+
+def test_a_lease_is_granted_once_per_peer_and_window_and_expires(store: EdgeStore) -> None:
+    seen: list[object] = []
+    with pytest.raises(LookupError):
+        store.grant_lease(EXPERIMENT, 0, lambda head, live: (seen.append((head, live)), _raise())[1])
+    assert seen == [(None, [])]
+    (base,) = _chain(store, 1)
+    peer = peer_id_from_public_key(TRAINERS[1].public_key)
+    lease, created = store.grant_lease(EXPERIMENT, 1000, _chooser(peer, 1000, ttl_ms=500))
+    assert created and store.lease(lease.lease_id) == lease and store.leases(EXPERIMENT, base.head_id) == [lease]
+    again, created = store.grant_lease(EXPERIMENT, 1200, _chooser(peer, 1200))
+    assert again == lease and not created
+    renewed, created = store.grant_lease(EXPERIMENT, 1600, _chooser(peer, 1600))  # the first one expired
+    assert created and renewed.lease_id != lease.lease_id
+    assert store.leases(EXPERIMENT, base.head_id) == [lease, renewed]
+    assert store.lease(LeaseId("lease-none")) is None
+
+
+def _raise() -> Lease:
+    raise LookupError("no head")
+
+
+def test_stores_on_one_database_never_lease_a_shard_twice(opener: Opener) -> None:
+    """Eight threads, each with its own store (connection) on one database, race for 24 shards in
+    leases of 3: every shard is leased once, and every request past them gets ``Conflict``."""
+    stores = [opener() for _ in range(8)]
+    _chain(stores[0], 1)
+    granted: list[Lease] = []
+    refused: list[Conflict] = []
+    start = threading.Barrier(len(stores))
+
+    def race(store: EdgeStore, worker: int) -> None:
+        start.wait()
+        for attempt in range(3):
+            peer = _peer(10 * worker + attempt)
+            try:
+                granted.append(store.grant_lease(EXPERIMENT, 1000, _chooser(peer, 1000))[0])
+            except Conflict as exc:
+                refused.append(exc)
+
+    threads = [threading.Thread(target=race, args=(store, i)) for i, store in enumerate(stores)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    shards = [shard for lease in granted for shard in lease.shard_ids]
+    assert sorted(shards) == sorted(SHARDS) and len(granted) == 8 and len(refused) == 16
+
+
+def _peer(number: int) -> PeerId:
+    return peer_id_from_public_key(number.to_bytes(32, "big"))
+
+
+def test_proposals_keep_their_attestations_as_certificates(store: EdgeStore) -> None:
+    genesis, _ = head_envelope()
+    child, _ = head_envelope(parent=genesis.head_id, window=1)
+    assert store.add_proposal(genesis, 1) and not store.add_proposal(genesis, 2)
+    assert store.add_proposal(child, 3)
+    assert [h.head_id for h in store.proposals(EXPERIMENT, None)] == [genesis.head_id]
+    assert [h.head_id for h in store.proposals(EXPERIMENT, genesis.head_id)] == [child.head_id]
+    attestation = Attestation.of(child, [], VALIDATOR, 1)
+    assert store.add_attestation(attestation) and not store.add_attestation(attestation)
+    proposal = store.proposal(EXPERIMENT, child.head_id)
+    assert proposal is not None and proposal.certificate == (attestation,)
+    assert store.attestations(EXPERIMENT, child.head_id) == [attestation]
+    assert store.proposal(EXPERIMENT, HeadId("sha256:" + "2" * 64)) is None
+
+
+def test_verdicts_newest_first_by_peer_and_counted(store: EdgeStore) -> None:
+    (base,) = _chain(store, 1)
+    verdicts = []
+    for i, trainer in enumerate(TRAINERS[:3]):
+        candidate, _ = candidate_envelope(trainer, base.head_id, f"lease-{i}", seed=i)
+        reason = Reason.ACCEPTED if i != 1 else Reason.OUTLIER
+        verdict = Verdict(
+            EXPERIMENT, candidate.candidate_id, base.head_id, candidate.peer_id, reason.accepted, reason, "",
+            VALIDATOR.public_key, i,
+        )  # fmt: skip
+        verdicts.append(verdict.signed(VALIDATOR))
+    assert all(store.add_verdict(v) for v in verdicts) and not store.add_verdict(verdicts[0])
+    assert store.verdicts(EXPERIMENT) == verdicts[::-1] and store.verdicts(EXPERIMENT, limit=1) == verdicts[2:]
+    assert store.verdicts(EXPERIMENT, verdicts[1].peer_id) == [verdicts[1]]
+    assert store.verdict_counts(EXPERIMENT) == {"accepted": 2, "rejected": 1}
+
+
+def test_tokens_bind_at_most_their_keys_and_revoke_by_prefix(store: EdgeStore) -> None:
+    store.add_token("ab" * 32, "trainer", "alice", 5, 10_000, max_keys=2)
+    store.add_token("cd" * 32, "viewer", "bob", 6, 20_000)
+    assert store.token("ab" * 32) == ("trainer", 10_000) and store.token("ef" * 32) is None
+    assert [t["label"] for t in store.tokens()] == ["alice", "bob"]
+    assert store.bind_token_key("ab" * 32, "p1", 1) and store.bind_token_key("ab" * 32, "p1", 2)
+    assert store.bind_token_key("ab" * 32, "p2", 3) and not store.bind_token_key("ab" * 32, "p3", 4)
+    with pytest.raises(ValueError, match="hex digits"):
+        store.delete_tokens("ab%")
+    assert store.delete_tokens("abab") == 1 and store.token("ab" * 32) is None
+    assert store.delete_tokens("abab") == 0 and [t["label"] for t in store.tokens()] == ["bob"]
+
+
+def test_peers_are_remembered_with_their_latest_kind(store: EdgeStore) -> None:
+    store.saw_peer(_peer(1), "native", 10)
+    store.saw_peer(_peer(2), "browser", 20)
+    store.saw_peer(_peer(1), "browser", 30)
+    assert store.peers() == [
+        {"peer_id": _peer(1), "kind": "browser", "first_seen_ms": 10, "last_seen_ms": 30},
+        {"peer_id": _peer(2), "kind": "browser", "first_seen_ms": 20, "last_seen_ms": 20},
+    ]
+
+
+def test_a_database_of_another_schema_version_is_refused(opener: Opener, tmp_path: Path) -> None:
+    store = opener()
+    _mark_old_schema(store, tmp_path)
+    with pytest.raises(RuntimeError, match=r"holds edge schema v1; this edge needs v2"):
+        opener()
+
+
+def _mark_old_schema(store: EdgeStore, tmp_path: Path) -> None:
+    if isinstance(store, PostgresStore):
+        with store._db.transaction() as run:  # the test reaches into the engine to age the database
+            run("UPDATE settings SET value = ? WHERE key = 'schema_version'", b"1")
+    else:
+        db = sqlite3.connect(tmp_path / "edge.sqlite3")
+        db.execute("PRAGMA user_version = 1")
+        db.close()
+
+
+def test_an_unreachable_postgres_is_a_clear_error() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"cannot reach the PostgreSQL store at postgresql://dtn:\*\*\*@127.0.0.1:1/"
+    ):
+        PostgresStore("postgresql://dtn:secret@127.0.0.1:1/none")
