@@ -170,7 +170,7 @@ class Hub:
         self.viewers.discard(connection)
         for key in connection.topics:
             self._subscribers[key].discard(connection)
-        if self.connections.get(PeerId(connection.peer_id)) is connection:
+        if connection.kind != "viewer" and self.connections.get(PeerId(connection.peer_id)) is connection:
             del self.connections[PeerId(connection.peer_id)]
             self.fanout.left(connection.peer_id)
         self.metrics.connections.labels(connection.kind).dec()

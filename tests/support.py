@@ -21,6 +21,7 @@ from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import READ_PROOF_HEADER, Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner, Signer, peer_id_from_public_key
+from protocol.updates import encode_update
 from server.settings import Settings
 
 VALIDATOR = PureSigner(b"\x11" * 32)
@@ -82,9 +83,13 @@ def candidate_envelope(
     seed: int = 1,
     peer_kind: str = "native",
     params: Mapping[str, np.ndarray] | None = None,
+    codec: str = "fp32",
 ) -> tuple[Candidate, bytes]:
-    """A signed candidate envelope: ``params`` (default: a fresh init from ``seed``) on ``base``."""
-    artifact = encode_tensors(init_params(SPEC, seed) if params is None else params)
+    """A signed candidate envelope: ``params`` (default: a fresh init from ``seed``) on ``base``, as an
+    update from all-zero parameters under ``codec``."""
+    trained = init_params(SPEC, seed) if params is None else dict(params)
+    zeros = {name: np.zeros_like(value) for name, value in trained.items()}
+    artifact = encode_tensors(encode_update(SPEC, zeros, trained, codec, None)[0])
     lease = Lease(
         LeaseId(lease_id),
         EXPERIMENT,

@@ -462,6 +462,14 @@ def test_viewers_get_a_read_only_event_stream(edge: BackgroundEdge, client: http
     with pytest.raises(ConnectionClosed) as closed:
         viewers[1].recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+    viewers[2].close()
+    gauge = 'dtn_ws_connections{kind="viewer"}'
+    for _ in range(50):  # leaving is counted: the ones gone are no longer connections
+        if f"{gauge} 1.0" in client.get("/metrics").text:
+            break
+        time.sleep(0.1)
+    assert f"{gauge} 1.0" in client.get("/metrics").text
+    assert client.get("/portal/snapshot").json()["peers"]["by_kind"] == {"viewer": 1}
 
 
 def test_candidates_are_followed_with_a_cursor(client: httpx.Client) -> None:

@@ -155,7 +155,8 @@ def test_stale_candidates_are_rejected_with_reasons(
     clock.advance(spec.window_timeout_s)  # no window history yet: the deadline is window_timeout_s
     report = validator.poll(spec)
     assert report is not None and report.merged
-    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id)
+    codec = validator.network.experiment(BASELINE).codec
+    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id, codec=codec)
     slow.edge.publish_candidate(BASELINE, body)
     validator.poll(spec)
     verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
@@ -201,14 +202,15 @@ def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(
     genesis = validator.ensure_genesis(spec)
     attacker, honest = _trainer(edge, root, "attacker"), _trainer(edge, root, "honest")
     lease = attacker.edge.request_lease(BASELINE, attacker.identity, "native").lease
-    broken = {name: np.full_like(value, np.nan) for name, value in init_params(SPEC, 1).items()}
-    junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id, params=broken)
+    broken = {name: value * np.float32(1000) for name, value in init_params(SPEC, 1).items()}  # far too large
+    codec = spec.codec
+    junk, body = candidate_envelope(attacker.identity, lease.base_head, lease.lease_id, params=broken, codec=codec)
     attacker.edge.publish_candidate(BASELINE, body)
     report = validator.poll(spec)  # every live lease delivered: the window closes now
     assert report is not None and not report.merged
     [verdict] = report.verdicts
     assert verdict.candidate_id == junk.candidate_id and not verdict.accepted
-    assert verdict.reason is Reason.NON_FINITE
+    assert verdict.reason is Reason.NORM_TOO_LARGE
     retry = report.head  # same parameters under a new head: the next attempt
     assert retry.parent == genesis.head_id and retry.window == 1 and retry.merged == ()
     assert retry.metrics["val_loss"] == genesis.metrics["val_loss"]
