@@ -65,6 +65,7 @@ bench: setup
 	$(PY) -m benchmarks.edge_scale_out
 	$(PY) -m benchmarks.trainer_throughput
 	$(PY) -m benchmarks.update_codecs
+	$(PY) -m benchmarks.network_efficiency
 	npx playwright test --config benchmarks/playwright.bench.config.ts
 
 attack-suite: setup
