@@ -1,5 +1,7 @@
 """Scale-out benchmark: lease requests per second across two edges that share a PostgreSQL store
-and Redis, against one edge on SQLite (the embedded default) and one edge on PostgreSQL, same run.
+and Redis, against one edge on SQLite (the embedded default) and one edge on PostgreSQL, same run;
+then relay fan-out latency (p50/p90) with ``--peers`` WebSocket subscribers on one edge vs spread
+over two edges that share Redis.
 
 Every edge is a real ``python -m server`` process; PostgreSQL and redis-server are private
 instances on loopback (``deploy.services``). Each round makes a fresh window (a new validator-signed
@@ -10,7 +12,7 @@ transaction of the store either way. Reported: the median over the rounds of req
 second, and the ratio to one edge on SQLite. The load generator (httpx, one process) shares the
 machine with the edges and the databases.
 
-    python -m benchmarks.edge_scale_out [--rounds 3] [--requests 1000] [--concurrency 16]
+    python -m benchmarks.edge_scale_out [--rounds 3] [--requests 1000] [--concurrency 16] [--peers 5000]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
 
 from . import BENCH_EXPERIMENT, bench_network
-from .edge_throughput import NO_LOOPBACK_LIMITS
+from .edge_throughput import NO_LOOPBACK_LIMITS, fan_out
 
 LEASES = f"/v1/experiments/{BENCH_EXPERIMENT}/leases"
 HEADS = f"/v1/experiments/{BENCH_EXPERIMENT}/heads"
@@ -110,11 +112,31 @@ def _measure(
     return statistics.median(rates)
 
 
+def _fan_out_latency(
+    name: str, local: LocalNetwork, root: Path, shared: list[str], edges: int, args: argparse.Namespace
+) -> list[float]:
+    """Relay fan-out latencies with ``args.peers`` subscribers spread over ``edges`` edges, the
+    publisher on the first: across edges every message goes through Redis pub/sub."""
+    with Fleet(root / name) as fleet:
+        urls = []
+        for index in range(edges):
+            port = free_port()
+            limits = ("--max-connections", str(args.peers + 100))
+            argv = local.edge_argv(port, "--no-access-log", *NO_LOOPBACK_LIMITS, *limits, *shared)
+            argv[argv.index("--data-dir") + 1] = str(root / name / f"edge-{index}")
+            fleet.start(f"edge-{index}", argv)
+            urls.append(f"http://127.0.0.1:{port}")
+            fleet.wait_ready(f"{urls[-1]}/livez")
+        return asyncio.run(fan_out(urls, args.peers, args.messages))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="windows per setup")
     parser.add_argument("--requests", type=int, default=1000, help="lease requests per window")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    parser.add_argument("--peers", type=int, default=5000, help="relay subscribers for the fan-out latency")
+    parser.add_argument("--messages", type=int, default=10, help="relay messages published")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dtn-bench-scale-"))
     local = prepare_network(root, network=lambda key: bench_network(key, 2))
@@ -129,10 +151,20 @@ def main() -> None:
             ),
         }  # fmt: skip
         medians = {name: _measure(name, local, root, shared, edges, args) for name, (shared, edges) in setups.items()}
+        relay = {
+            "one edge": _fan_out_latency("relay-one", local, root, [], 1, args),
+            "two edges on Redis": _fan_out_latency("relay-two", local, root, ["--redis-url", redis.url], 2, args),
+        }
     baseline = medians["one edge, SQLite"]
     for name, rate in medians.items():
         print(
             f"lease requests per second, {name}: {rate:.0f} (median of {args.rounds}; {rate / baseline:.2f} x one edge on SQLite)"
+        )
+    for name, latencies in relay.items():
+        quantiles = statistics.quantiles(latencies, n=10)
+        print(
+            f"relay fan-out to {args.peers} peers, {name} ({len(latencies)} deliveries): "
+            f"p50 {statistics.median(latencies) * 1e3:.1f} ms, p90 {quantiles[8] * 1e3:.1f} ms"
         )
     shutil.rmtree(root)  # kept, with the edges' logs, only when something failed
 

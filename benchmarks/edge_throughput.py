@@ -207,11 +207,13 @@ def _shard_serving(root: Path, rounds: int, seconds: int, connections: int) -> N
     print(f"  ratio edge alone (no proxy) / plain nginx, http: {http['edge alone'] / http['plain nginx']:.2f}")
 
 
-async def _fan_out(url: str, peers: int, messages: int) -> list[float]:
-    ws_url = url.replace("http", "ws") + "/v1/relay"
+async def fan_out(urls: list[str], peers: int, messages: int) -> list[float]:
+    """Seconds from a publisher's relay message (on the first edge) to each subscriber's receipt;
+    subscriber i joins edge ``i % len(urls)``."""
 
     async def join(index: int) -> ClientConnection:
         signer = PureSigner(index.to_bytes(4, "big") * 8)
+        ws_url = urls[index % len(urls)].replace("http", "ws") + "/v1/relay"
         ws = await connect(ws_url, max_size=None, open_timeout=60)
         challenge = json.loads(await ws.recv())
         proof = PeerProof("join", signer.public_key, "viewer", challenge["nonce"], int(time.time() * 1000))
@@ -224,7 +226,7 @@ async def _fan_out(url: str, peers: int, messages: int) -> list[float]:
     subscribers: list[ClientConnection] = []
     for start in range(0, peers, 50):
         subscribers += await asyncio.gather(*(join(i) for i in range(start, min(start + 50, peers))))
-    publisher = await join(10**6)
+    publisher = await join(10**6 * len(urls))  # on the first edge
     latencies: list[float] = []
 
     async def receive(ws: ClientConnection) -> None:
@@ -261,7 +263,7 @@ def main() -> None:
         fleet.start("edge", local.edge_argv(edge_port, *NO_LOOPBACK_LIMITS))
         fleet.wait_ready(f"{edge_url}/healthz")
         for peers in args.peers:
-            latencies = asyncio.run(_fan_out(edge_url, peers, args.messages))
+            latencies = asyncio.run(fan_out([edge_url], peers, args.messages))
             quantiles = statistics.quantiles(latencies, n=10)
             print(
                 f"relay fan-out to {peers} peers ({len(latencies)} deliveries): "
