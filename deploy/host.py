@@ -39,6 +39,7 @@ __all__ = [
     "render_template",
     "self_signed_certificate",
     "standalone_nginx_conf",
+    "upstream_servers",
 ]
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ NGINX_SITE = DEPLOY / "nginx" / "dtn.conf"
 UNITS = tuple(sorted((DEPLOY / "systemd").glob("*.service")))
 _PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _SHELL_VARIABLE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+_UPSTREAM = re.compile(r"unix:/[^\s;{}'\"]+|(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -77,17 +79,33 @@ def derived_values(env: Mapping[str, str], env_file: Path) -> dict[str, str]:
         raise SystemExit(f"{env_file}: DTN_PUBLIC_URL must be https://host[:port], not {public_url!r}")
     host, port = env.get("DTN_HOST", "127.0.0.1"), env.get("DTN_PORT", "8000")
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # nginx reaches the edge on its unix socket when it has one (cheaper than TCP), else on host:port;
+    # DTN_NGINX_UPSTREAMS lists several edges sharing one state instead
+    upstreams = upstream_servers(env.get("DTN_NGINX_UPSTREAMS", ""), env_file)
+    if not upstreams:
+        upstreams = [f"unix:{env['DTN_UNIX_SOCKET']}" if env.get("DTN_UNIX_SOCKET") else address]
     return {
         **env,
         "SERVER_NAME": parts.hostname,
         "PUBLIC_ORIGIN": f"{parts.scheme}://{parts.netloc}",
         "EDGE_ADDRESS": address,
-        # nginx reaches the edge on its unix socket when it has one (cheaper than TCP), else on host:port
-        "EDGE_UPSTREAM": f"unix:{env['DTN_UNIX_SOCKET']}" if env.get("DTN_UNIX_SOCKET") else address,
+        "EDGE_UPSTREAM_SERVERS": "\n".join(f"    server {upstream};" for upstream in upstreams),
         "INSTALL_DIR": str(REPO),
         "ENV_FILE": str(env_file.resolve()),
         "PYTHON": sys.executable,
     }
+
+
+def upstream_servers(value: str, env_file: Path) -> list[str]:
+    """``DTN_NGINX_UPSTREAMS``: edges as ``host:port``, ``[v6]:port`` or ``unix:/path``, separated by
+    commas or spaces; ``SystemExit`` naming an entry nginx would not take."""
+    servers = [entry for entry in re.split(r"[,\s]+", value.strip()) if entry]
+    for server in servers:
+        if not _UPSTREAM.fullmatch(server):
+            raise SystemExit(f"{env_file}: DTN_NGINX_UPSTREAMS: {server!r} is not host:port or unix:/path")
+    if len(set(servers)) != len(servers):
+        raise SystemExit(f"{env_file}: DTN_NGINX_UPSTREAMS names an edge twice")
+    return servers
 
 
 def render_template(template: str, values: Mapping[str, str], name: str) -> str:

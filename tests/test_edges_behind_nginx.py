@@ -1,0 +1,191 @@
+"""Two edges behind one nginx (the site ``python -m deploy render`` writes, with DTN_NGINX_UPSTREAMS
+naming both), on one private PostgreSQL, one redis-server and one blob directory: a native trainer
+trains through nginx (TLS, self-signed), the validator judges on edge a directly. Edge b is killed
+(SIGKILL) mid-run; the trainer goes on through nginx on edge a and nothing acknowledged is lost.
+
+Needs nginx, openssl, PostgreSQL and redis-server (``make setup``); under CI a missing one fails the
+test, elsewhere it is skipped with the reason."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.host import DEPLOY, render, self_signed_certificate, standalone_nginx_conf
+from lab.stack import Fleet, free_port, prepare_network, validating
+from native_peer import NodeBuilder, StorageConfig
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.trainer import WindowOutcome
+from protocol.messages import READ_PROOF_HEADER, PeerProof
+from tools.networks import BASELINE
+
+from .support import missing, now_ms, private_postgres, private_redis
+from .test_scale_out import start_edge
+
+__all__ = ["private_postgres", "private_redis"]  # fixtures, used by name
+
+BASE = f"/v1/experiments/{BASELINE}"
+
+
+def _nginx_site(root: Path, upstreams: list[str], datasets: Path) -> tuple[Path, str]:
+    """The rendered site for ``upstreams`` in a standalone nginx.conf; the conf and the public URL."""
+    https, http = free_port(), free_port()
+    edits = {
+        "DTN_PUBLIC_URL": f"https://127.0.0.1:{https}",
+        "DTN_NGINX_LISTEN": f"127.0.0.1:{https}",
+        "DTN_NGINX_HTTP_LISTEN": f"127.0.0.1:{http}",
+        "DTN_NGINX_UPSTREAMS": ",".join(upstreams),
+        "DTN_TLS_CERT": str(root / "tls" / "cert.pem"),
+        "DTN_TLS_KEY": str(root / "tls" / "key.pem"),
+        "DTN_ACME_ROOT": str(root / "acme"),
+        "DTN_DATASETS_DIR": str(datasets),
+    }
+    lines = []
+    for line in (DEPLOY / "dtn.env.example").read_text().splitlines():
+        key, equals, value = line.partition("=")
+        if equals and not line.startswith("#"):
+            lines.append(f"{key}={edits.pop(key, value).replace('/var/lib/dtn', str(root / 'var'))}")
+    env_file = root / "dtn.env"
+    env_file.write_text("\n".join([*lines, *(f"{key}={value}" for key, value in edits.items())]) + "\n")
+    self_signed_certificate(root / "tls" / "cert.pem", root / "tls" / "key.pem")
+    site = root / "sites" / "dtn.conf"
+    render(env_file, site, root / "units")
+    servers = re.findall(r"^\s*server (\S+);$", site.read_text().split("upstream dtn_edge {")[1].split("}")[0], re.M)
+    assert servers == upstreams, site.read_text()
+    conf = root / "nginx" / "nginx.conf"
+    conf.parent.mkdir()
+    conf.write_text(standalone_nginx_conf(site, conf.parent))
+    return conf, f"https://127.0.0.1:{https}"
+
+
+def _metric(http: httpx.Client, series: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(series + " ") or line.startswith(series + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _until(condition: Callable[[], bool], timeout_s: float, what: str, fleet: Fleet) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        fleet.check_alive()
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.2)
+
+
+def test_two_edges_behind_nginx_one_killed_mid_run_its_trainer_goes_on_through_the_other(
+    tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+    if nginx is None or shutil.which("openssl") is None:
+        missing("nginx and openssl are needed (make setup: apt-get install nginx openssl)")
+    local = prepare_network(tmp_path, datasets=dataset_root)
+    spec = local.network.experiment(BASELINE)
+    shared = {
+        "store-url": private_postgres.create_database("behind_nginx"),
+        "redis-url": private_redis.url,
+        "blobs-dir": tmp_path / "blobs",
+        "accel-prefix": "/_shards/",
+    }
+    with Fleet(tmp_path) as fleet:
+        urls = {name: start_edge(fleet, name, tmp_path, dataset_root, **shared) for name in ("a", "b")}
+        conf, public_url = _nginx_site(tmp_path, [url.removeprefix("http://") for url in urls.values()], dataset_root)
+        fleet.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent)])
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "tls" / "cert.pem"))  # the trainer's httpx trusts it
+        tls = ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
+        fleet.wait_ready(urls["a"] + "/livez")
+        identity = NodeIdentity.load_or_create(local.validator_storage.identity_path)
+        a = httpx.Client(base_url=urls["a"], timeout=30)
+        b = httpx.Client(base_url=urls["b"], timeout=30)
+
+        def lineage() -> list[dict[str, Any]]:
+            return list(a.get(f"{BASE}/heads").json())
+
+        def candidates() -> set[str]:  # as the validator reads them: the open window's too
+            path = f"{BASE}/candidates"
+            proof = PeerProof.for_read(identity, "validator", path, now_ms())
+            return {c["candidate_id"] for c in a.get(path, headers={READ_PROOF_HEADER: proof}).json()}
+
+        with validating(local, urls["a"], [spec]):
+            _until(lambda: httpx.get(f"{public_url}/livez", verify=tls).status_code == 200, 20, "nginx", fleet)
+            trainer = (
+                NodeBuilder(mlp_learner())
+                .trainer(RELEASE, WORKLOAD)
+                .with_network(local.network)
+                .with_storage(StorageConfig(tmp_path / "trainer"))
+                .with_bootstrap_peer(public_url)
+                .spawn()
+            )
+            stop = threading.Event()
+            outcomes: list[WindowOutcome] = []
+            thread = threading.Thread(
+                target=lambda: outcomes.extend(trainer.run([trainer.experiment(*BASELINE.parts)], stop=stop, poll_s=1)),
+                daemon=True,
+            )
+            thread.start()
+            try:
+                # a few windows through nginx, edge b taking part of the trainer's requests
+                def two_windows_b_serving() -> bool:
+                    served_by_b = _metric(b, "dtn_leases_total") + _metric(b, "dtn_candidates_total")
+                    return len(lineage()) >= 3 and served_by_b > 0
+
+                _until(two_windows_b_serving, 45, "two windows, b serving some of them", fleet)
+                before_heads, before_candidates = lineage(), candidates()
+                killed = fleet.processes["b"]
+                killed.kill()  # SIGKILL: no graceful shutdown, its connections just vanish
+                assert killed.wait(10) < 0
+                fleet.stop("b")
+                _until(lambda: len(lineage()) >= len(before_heads) + 2, 45, "two more windows on a alone", fleet)
+            finally:
+                stop.set()
+                thread.join(60)
+            assert not thread.is_alive()
+            trainer_id = str(trainer.peer_id)
+            published = {str(o.candidate_id) for o in outcomes}
+
+            def judged() -> set[str]:
+                verdicts = a.get(f"{BASE}/verdicts", params={"peer_id": trainer_id}).json()
+                return {v["candidate_id"] for v in verdicts}
+
+            _until(lambda: published <= judged(), 30, "a verdict on every published candidate", fleet)
+            trainer.close()
+        after_heads, after_candidates = lineage(), candidates()
+        a_verdicts = a.get(f"{BASE}/verdicts").json()
+        with httpx.Client(base_url=public_url, verify=tls, timeout=30) as http:  # through nginx, on edge a
+            leases = {h["head_id"]: http.get(f"{BASE}/leases", params={"base_head": h["head_id"]}) for h in after_heads}
+        a.close()
+        b.close()
+
+    # training went on through nginx after the kill, on heads promoted after it
+    assert len(after_heads) >= len(before_heads) + 2
+    later = {h["head_id"] for h in after_heads[len(before_heads) :]}
+    assert len({o.base_head_id for o in outcomes} & later) >= 1
+    # nothing acknowledged before the kill is lost: the lineage before it is a prefix, chained
+    assert [h["head_id"] for h in after_heads[: len(before_heads)]] == [h["head_id"] for h in before_heads]
+    for parent, child in itertools.pairwise(after_heads):
+        assert child["parent"] == parent["head_id"] and child["window"] == parent["window"] + 1
+    assert before_candidates and before_candidates <= after_candidates
+    assert published and published <= after_candidates
+    # every candidate the trainer published was judged; the accepted ones are in the head their verdict names
+    verdicts = {v["candidate_id"]: v for v in a_verdicts if v["candidate_id"] in published}
+    assert verdicts.keys() == published
+    heads = {h["head_id"]: h for h in after_heads}
+    accepted = [v for v in verdicts.values() if v["accepted"]]
+    assert len(accepted) >= len(before_heads) + 1, [v["reason"] for v in verdicts.values()]
+    assert all(v["candidate_id"] in heads[v["head_id"]]["merged"] for v in accepted)
+    # no shard leased twice in any window
+    for head in after_heads:
+        assert leases[head["head_id"]].status_code == 200, leases[head["head_id"]].text
+        shards = [shard for lease in leases[head["head_id"]].json() for shard in lease["shard_ids"]]
+        assert len(shards) == len(set(shards)), f"a shard was leased twice in window {head['window']}"
