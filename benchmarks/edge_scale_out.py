@@ -39,7 +39,7 @@ from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
 
 from . import BENCH_EXPERIMENT, bench_network
-from .edge_throughput import NO_LOOPBACK_LIMITS, fan_out
+from .edge_throughput import NO_LOOPBACK_LIMITS, fan_out, fan_out_line
 
 LEASES = f"/v1/experiments/{BENCH_EXPERIMENT}/leases"
 HEADS = f"/v1/experiments/{BENCH_EXPERIMENT}/heads"
@@ -161,11 +161,7 @@ def main() -> None:
             f"lease requests per second, {name}: {rate:.0f} (median of {args.rounds}; {rate / baseline:.2f} x one edge on SQLite)"
         )
     for name, latencies in relay.items():
-        quantiles = statistics.quantiles(latencies, n=10)
-        print(
-            f"relay fan-out to {args.peers} peers, {name} ({len(latencies)} deliveries): "
-            f"p50 {statistics.median(latencies) * 1e3:.1f} ms, p90 {quantiles[8] * 1e3:.1f} ms"
-        )
+        print(fan_out_line(f"{args.peers} peers, {name}", latencies))
     shutil.rmtree(root)  # kept, with the edges' logs, only when something failed
 
 

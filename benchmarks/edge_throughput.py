@@ -246,6 +246,14 @@ async def fan_out(urls: list[str], peers: int, messages: int) -> list[float]:
     return latencies
 
 
+def fan_out_line(what: str, latencies: list[float]) -> str:
+    quantiles = statistics.quantiles(latencies, n=10)
+    return (
+        f"relay fan-out to {what} ({len(latencies)} deliveries): "
+        f"p50 {statistics.median(latencies) * 1e3:.1f} ms, p90 {quantiles[8] * 1e3:.1f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved wrk rounds per side")
@@ -263,12 +271,7 @@ def main() -> None:
         fleet.start("edge", local.edge_argv(edge_port, *NO_LOOPBACK_LIMITS))
         fleet.wait_ready(f"{edge_url}/healthz")
         for peers in args.peers:
-            latencies = asyncio.run(fan_out([edge_url], peers, args.messages))
-            quantiles = statistics.quantiles(latencies, n=10)
-            print(
-                f"relay fan-out to {peers} peers ({len(latencies)} deliveries): "
-                f"p50 {statistics.median(latencies) * 1e3:.1f} ms, p90 {quantiles[8] * 1e3:.1f} ms"
-            )
+            print(fan_out_line(f"{peers} peers", asyncio.run(fan_out([edge_url], peers, args.messages))))
     shutil.rmtree(root)  # kept, with the nodes' logs, only when something failed
 
 
