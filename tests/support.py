@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import time
@@ -192,3 +194,13 @@ def private_postgres() -> Iterator[Any]:
 def private_redis() -> Iterator[Any]:
     """A private redis-server on loopback (``deploy.services.PrivateRedis``)."""
     yield from _private("PrivateRedis")
+
+
+def tools_output(argv: list[str]) -> str:
+    """Run ``python -m tools`` in-process and return what it printed."""
+    from tools.cli import main as tools_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        tools_main(argv)
+    return out.getvalue()

@@ -4,7 +4,6 @@ that storage stays bounded however long the network runs, and that nobody speaks
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import resource
 import socket
@@ -32,7 +31,6 @@ from server.admission import issue_token, token_id
 from server.connections import FD_RESERVE, ConnectionLimits
 from server.serve import BackgroundEdge
 from server.store import Store
-from tools.cli import main as tools_main
 
 from .support import (
     EXPERIMENT,
@@ -41,6 +39,7 @@ from .support import (
     grant_lease,
     head_envelope,
     proof,
+    tools_output,
     validator_reads,
     write_network,
 )
@@ -423,13 +422,13 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
             grant_lease(http, trainer, authorization=f"bearer {tokens['trainer']}")  # the scheme is case-insensitive
             with _join(edge.url, trainer, "native", tokens["trainer"]) as ws:
                 assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
-                listing = _tools(["token", "list", "--data-dir", str(tmp_path / "edge")])
+                listing = tools_output(["token", "list", "--data-dir", str(tmp_path / "edge")])
                 assert tokens["trainer"] not in listing and token_id(tokens["trainer"]) in listing
-                assert "revoked" in _tools(
+                assert "revoked" in tools_output(
                     ["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])]
                 )
                 with pytest.raises(SystemExit):
-                    _tools(["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])])
+                    tools_output(["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])])
                 ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
                 reply = json.loads(ws.recv(timeout=5))
                 assert (reply["type"], reply["status"], reply["error"]) == ("error", 401, "Unauthorized")
@@ -444,14 +443,6 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
             )
     finally:
         edge.stop()
-
-
-def _tools(argv: list[str]) -> str:
-    """Run ``python -m tools`` in-process and return what it printed."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        tools_main(argv)
-    return out.getvalue()
 
 
 def test_no_lease_once_every_shard_of_the_window_is_held(http: httpx.Client, dataset_root: Path) -> None:

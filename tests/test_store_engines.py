@@ -9,6 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
 from server.store import EdgeStore, PostgresStore, Store
 
-from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, private_postgres
+from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, private_postgres, tools_output
 
 __all__ = ["private_postgres"]  # the fixture, used by name
 
@@ -278,3 +279,14 @@ def test_an_unreachable_postgres_is_a_clear_error() -> None:
         RuntimeError, match=r"cannot reach the PostgreSQL store at postgresql://dtn:\*\*\*@127.0.0.1:1/"
     ):
         PostgresStore("postgresql://dtn:secret@127.0.0.1:1/none")
+
+
+def test_operators_manage_tokens_in_a_postgresql_store(private_postgres: Any, tmp_path: Path) -> None:
+    """``python -m tools token`` works on the store several edges share, not only on SQLite."""
+    url = private_postgres.create_database("tokens")
+    issued = tools_output(["token", "issue", "--role", "trainer", "--label", "shared", "--store-url", url]).strip()
+    listed = tools_output(["token", "list", "--store-url", url, "--data-dir", str(tmp_path)])
+    assert "trainer" in listed and "shared" in listed
+    assert "shared" not in tools_output(["token", "list", "--data-dir", str(tmp_path)])  # the SQLite store is another
+    tools_output(["token", "revoke", issued, "--store-url", url])
+    assert "shared" not in tools_output(["token", "list", "--store-url", url])

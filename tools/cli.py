@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
-from server.store import Store
+from server.store import EdgeStore, open_store
 
 from .networks import write_network
 from .pyodide_runtime import CORE_SOURCES, PYODIDE_VERSION, copy_runtime, prepare_runtime
@@ -27,8 +28,9 @@ def cmd_pyodide_runtime(args: argparse.Namespace) -> None:
 
 
 @contextmanager
-def _edge_store(data_dir: Path) -> Iterator[Store]:
-    store = Store(data_dir / "edge.sqlite3")
+def _edge_store(args: argparse.Namespace) -> Iterator[EdgeStore]:
+    """The edge's store: PostgreSQL at ``--store-url`` (several edges), else SQLite in ``--data-dir``."""
+    store = open_store(args.store_url, args.data_dir)
     try:
         yield store
     finally:
@@ -36,12 +38,12 @@ def _edge_store(data_dir: Path) -> Iterator[Store]:
 
 
 def cmd_token_issue(args: argparse.Namespace) -> None:
-    with _edge_store(args.data_dir) as store:
+    with _edge_store(args) as store:
         print(issue_token(store, args.role, args.label, args.ttl_days * 86400, max_keys=args.max_keys))
 
 
 def cmd_token_list(args: argparse.Namespace) -> None:
-    with _edge_store(args.data_dir) as store:
+    with _edge_store(args) as store:
         print(f"{'id':<{TOKEN_ID_LENGTH}}  {'role':<9}  {'expires (UTC)':<16}  label")
         for row in store.tokens():
             expires = time.strftime("%Y-%m-%d %H:%M", time.gmtime(int(row["expires_at_ms"]) / 1000))  # type: ignore[call-overload]
@@ -49,7 +51,7 @@ def cmd_token_list(args: argparse.Namespace) -> None:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> None:
-    with _edge_store(args.data_dir) as store:
+    with _edge_store(args) as store:
         if revoke_token(store, args.token) == 0:
             raise SystemExit(f"no token {args.token!r} (give the token itself or its id from `token list`)")
     print(f"revoked {args.token}; a running edge refuses it from its next request on")
@@ -87,6 +89,11 @@ def main(argv: list[str] | None = None) -> None:
 
     edge_dir = argparse.ArgumentParser(add_help=False)
     edge_dir.add_argument("--data-dir", type=Path, default=Path("var/edge"), help="the edge's data dir")
+    edge_dir.add_argument(
+        "--store-url",
+        default=os.environ.get("DTN_STORE_URL", ""),
+        help="the edges' PostgreSQL store (env DTN_STORE_URL), instead of SQLite in --data-dir",
+    )
     token = sub.add_parser("token", help="admission tokens").add_subparsers(dest="action", required=True)
     issue = token.add_parser("issue", parents=[edge_dir], help="issue a bearer token with a role")
     issue.add_argument("--role", choices=sorted(ROLES), required=True)
