@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig
+from native_peer import StorageConfig, Validator, ValidatorConfig
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.errors import InvalidMessage, SignatureError
@@ -33,7 +33,7 @@ from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings
+from .support import edge_settings, mnist_trainer
 
 Env = tuple[BackgroundEdge, NetworkManifest, list[Validator], ManualClock, Path]
 
@@ -63,9 +63,11 @@ def _validation(head: HeadDescriptor) -> dict[str, float]:
 @pytest.fixture
 def quorum_env(tmp_path: Path, dataset_root: Path) -> Iterator[Env]:
     identities = [NodeIdentity.load_or_create(tmp_path / f"validator-{i}" / "identity.key") for i in range(3)]
-    network = replace(
-        mnist_network(identities[0].public_key), validator_keys=tuple(i.public_key for i in identities), quorum=2
-    )
+    preset = mnist_network(identities[0].public_key)
+    # FedAvg: these tests are about agreement, where every window must merge its one candidate; a
+    # DiLoCo step may be blocked now and then (its momentum restarts), which tests/test_outer.py covers
+    fedavg = tuple(replace(spec, outer_optimizer="fedavg", codec="fp32") for spec in preset.experiments)
+    network = replace(preset, validator_keys=tuple(i.public_key for i in identities), quorum=2, experiments=fedavg)
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
@@ -85,14 +87,7 @@ def _validator(env: Env, index: int, cls: type[Validator] = Validator, *, datase
 
 def _trainer(env: Env, name: str) -> Trainer:
     edge, network, _, _, root = env
-    return (
-        NodeBuilder(mlp_learner())
-        .trainer(RELEASE, WORKLOAD)
-        .with_network(network)
-        .with_storage(StorageConfig(root / name))
-        .with_bootstrap_peer(edge.url)
-        .spawn()
-    )
+    return mnist_trainer(network, root / name, edge.url)
 
 
 def _current(edge: BackgroundEdge) -> HeadDescriptor | None:
