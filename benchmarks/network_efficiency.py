@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from datasets.layout import load_split, read_train_manifest
+from datasets.layout import load_split, load_train
 from lab.efficiency import fp32_bytes, samples_until, utilization
 from lab.stack import Fleet, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
@@ -44,7 +44,6 @@ from protocol.batches import make_batches
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
-from protocol.shards import decode_shard
 
 from . import BENCH_EXPERIMENT, bench_network
 
@@ -73,8 +72,7 @@ class Config:
 def centralized_samples(datasets: Path, target: float, spec: Any) -> int | None:
     """Samples one optax loop trains on before its test accuracy first reaches ``target``."""
     root = datasets / "mnist"
-    parts = [decode_shard((root / "train" / s.locator).read_bytes()) for s in read_train_manifest(root).shards]
-    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    x, y = load_train(root)
     test_x, test_y = load_split(root, "test")
     learner = mlp_learner()
     engine = TrainEngine(learner, learner.make_optimizer(spec))

@@ -16,6 +16,7 @@ Readers check what they read: each shard against the manifest's sha256, splits t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from protocol.manifests import FetchManifest
 from protocol.shards import decode_shard, verify_shard
 
-__all__ = ["HELD_OUT_SPLITS", "load_split", "manifest_path", "read_train_manifest", "split_path"]
+__all__ = ["HELD_OUT_SPLITS", "load_split", "load_train", "manifest_path", "read_train_manifest", "split_path"]
 
 HELD_OUT_SPLITS = ("holdout", "reference", "validation", "test")
 
@@ -41,9 +42,24 @@ def split_path(dataset_root: Path, split: str) -> Path:
 def read_train_manifest(dataset_root: Path) -> FetchManifest:
     """The train manifest under ``dataset_root``, with every shard file checked against it."""
     manifest = FetchManifest.from_wire(json.loads(manifest_path(dataset_root).read_bytes()))
-    for entry in manifest.shards:
-        verify_shard(entry, (dataset_root / "train" / entry.locator).read_bytes())
+    for _ in _checked_shards(dataset_root, manifest):
+        pass
     return manifest
+
+
+def load_train(dataset_root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Every train shard, checked against the manifest, concatenated in manifest order."""
+    manifest = FetchManifest.from_wire(json.loads(manifest_path(dataset_root).read_bytes()))
+    parts = [decode_shard(data) for data in _checked_shards(dataset_root, manifest)]
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def _checked_shards(dataset_root: Path, manifest: FetchManifest) -> Iterator[bytes]:
+    """Each shard file's bytes, read once and checked against ``manifest``."""
+    for entry in manifest.shards:
+        data = (dataset_root / "train" / entry.locator).read_bytes()
+        verify_shard(entry, data)
+        yield data
 
 
 def load_split(dataset_root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 from datasets import mnist
-from datasets.layout import load_split, split_path
+from datasets.layout import load_split, load_train, split_path
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
@@ -51,7 +51,6 @@ from protocol.leases import assign_leases
 from protocol.messages import Candidate, Lease
 from protocol.model import Params
 from protocol.screening import PRESETS
-from protocol.shards import decode_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 
 __all__ = [
@@ -279,9 +278,9 @@ def load_data(datasets_dir: Path) -> Data:
     (trainer shards, the validators' holdout and reference splits, whatever the preparation's random
     draw put where), in a canonical order (sha256 of each example), re-carved into the validator's
     ``HOLDOUT`` and ``REFERENCE`` examples and trainer shards of ``SHARD_EXAMPLES``."""
-    manifest = mnist.prepare(datasets_dir)
+    mnist.prepare(datasets_dir)
     root = datasets_dir / "mnist"
-    parts = [decode_shard((root / "train" / entry.locator).read_bytes()) for entry in manifest.shards]
+    parts = [load_train(root)]
     parts += [load_split(root, split) for split in ("holdout", "reference") if split_path(root, split).exists()]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     keys = [hashlib.sha256(xi.tobytes() + int(yi).to_bytes(1, "big")).digest() for xi, yi in zip(x, y, strict=True)]

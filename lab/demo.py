@@ -279,6 +279,7 @@ def _summarize(
     late = _outcomes(out / "late-joiner")
     trainer2 = _outcomes(out / "trainer-2")
     native = {name: _outcomes(out / name) for name in NATIVE_TRAINERS}
+    baseline = network.experiment(BASELINE)
     sizes = [o["candidate_bytes"] for records in native.values() for o in records if o["experiment"] == BASELINE]
     after_restart = trainer2[restart.get("outcomes_before", len(trainer2)) :]
     # the first window after the restart in an experiment it had trained before: counters and
@@ -329,16 +330,14 @@ def _summarize(
         | {
             "target": target_accuracy,
             "samples": samples_until(
-                candidates[BASELINE], descriptors[BASELINE], reached["window"], network.experiment(BASELINE).batch_size
+                candidates[BASELINE], descriptors[BASELINE], reached["window"], baseline.batch_size
             ),
             "wall_s": round((reached["created_at_ms"] - lineage[BASELINE][0]["created_at_ms"]) / 1000, 1),
         },
         "candidate_bytes": {
             "mean": round(float(np.mean(sizes))) if sizes else None,
-            "vs_fp32": round(float(np.mean(sizes)) / fp32_bytes(MODELS[network.experiment(BASELINE).model]), 3)
-            if sizes
-            else None,
-            "codec": network.experiment(BASELINE).codec,
+            "vs_fp32": round(float(np.mean(sizes)) / fp32_bytes(MODELS[baseline.model]), 3) if sizes else None,
+            "codec": baseline.codec,
         },
         "trainer_utilization": {name: utilization(records) for name, records in native.items()},
         "checks": checks,

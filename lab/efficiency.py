@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import ModelSpec
 
@@ -46,4 +44,4 @@ def utilization(outcomes: Sequence[dict[str, Any]]) -> float | None:
 
 
 def fp32_bytes(model: ModelSpec) -> int:
-    return sum(int(np.prod(shape)) * 4 for shape in model.shapes.values())
+    return 4 * model.num_params

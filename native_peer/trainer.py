@@ -335,10 +335,8 @@ class Trainer:
                 raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
         codec = experiment.spec.codec
-        model = self.project.learner.model
-        tensors, residual = encode_update(
-            model, base, self.project.learner.to_tensors(params), codec, self._residual(experiment)
-        )
+        trained = self.project.learner.to_tensors(params)
+        tensors, residual = encode_update(self.project.learner.model, base, trained, codec, self._residual(experiment))
         candidate, envelope = package_candidate(
             lease,
             tensors,
@@ -358,7 +356,6 @@ class Trainer:
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
         if self.speculative_epochs:
-            trained = self.project.learner.to_tensors(params)
             self._speculation[experiment.key] = _Speculation(lease, x, y, trained, params)
         outcome = WindowOutcome(
             experiment=experiment.key,
@@ -410,9 +407,9 @@ class Trainer:
         """One more epoch past the last window, on its leased examples in a fresh order, while the
         network judges it; False when there is nothing to do (no window yet, or ``speculative_epochs``
         done: the trainer then waits for the next head)."""
-        work = self._speculation.get(experiment.key)
-        if work is None or work.epochs >= self.speculative_epochs:
+        if not self._can_speculate(experiment):
             return False
+        work = self._speculation[experiment.key]
         loader = self._loader(experiment)
         xb, yb = loader.batches(work.x, work.y, epoch_seed(work.lease, experiment.spec.local_epochs + work.epochs))
         started = time.perf_counter()

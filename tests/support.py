@@ -15,6 +15,9 @@ import httpx
 import numpy as np
 import pytest
 
+from native_peer import NodeBuilder, StorageConfig
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.trainer import Trainer
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
@@ -204,3 +207,16 @@ def tools_output(argv: list[str]) -> str:
     with contextlib.redirect_stdout(out):
         tools_main(argv)
     return out.getvalue()
+
+
+def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, speculative_epochs: int = 0) -> Trainer:
+    """A native MNIST MLP trainer spawned through the builder API, as users write it."""
+    return (
+        NodeBuilder(mlp_learner())
+        .trainer(RELEASE, WORKLOAD)
+        .with_network(network)
+        .with_storage(StorageConfig(storage))
+        .with_bootstrap_peer(url)
+        .with_continuous_training(speculative_epochs)
+        .spawn()
+    )

@@ -23,14 +23,12 @@ import pytest
 
 from deploy.host import DEPLOY, render, self_signed_certificate, standalone_nginx_conf
 from lab.stack import Fleet, free_port, prepare_network, validating
-from native_peer import NodeBuilder, StorageConfig
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import WindowOutcome
 from protocol.messages import READ_PROOF_HEADER, PeerProof
 from tools.networks import BASELINE
 
-from .support import missing, now_ms, private_postgres, private_redis
+from .support import missing, mnist_trainer, now_ms, private_postgres, private_redis
 from .test_scale_out import start_edge
 
 __all__ = ["private_postgres", "private_redis"]  # fixtures, used by name
@@ -119,14 +117,7 @@ def test_two_edges_behind_nginx_one_killed_mid_run_its_trainer_goes_on_through_t
 
         with validating(local, urls["a"], [spec]):
             _until(lambda: httpx.get(f"{public_url}/livez", verify=tls).status_code == 200, 20, "nginx", fleet)
-            trainer = (
-                NodeBuilder(mlp_learner())
-                .trainer(RELEASE, WORKLOAD)
-                .with_network(local.network)
-                .with_storage(StorageConfig(tmp_path / "trainer"))
-                .with_bootstrap_peer(public_url)
-                .spawn()
-            )
+            trainer = mnist_trainer(local.network, tmp_path / "trainer", public_url)
             stop = threading.Event()
             outcomes: list[WindowOutcome] = []
             thread = threading.Thread(

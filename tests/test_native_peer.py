@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
+from native_peer import StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.manifests import ExperimentSpec
@@ -22,7 +22,7 @@ from protocol.reasons import Reason
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
-from .support import candidate_envelope, edge_settings
+from .support import candidate_envelope, edge_settings, mnist_trainer
 
 SPEC = MODELS["mnist-mlp"]
 
@@ -42,15 +42,7 @@ def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Background
 
 def _trainer(edge: BackgroundEdge, root: Path, name: str, speculative_epochs: int = 0) -> Trainer:
     network = mnist_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
-    return (
-        NodeBuilder(mlp_learner())
-        .trainer(RELEASE, WORKLOAD)
-        .with_network(network)
-        .with_storage(StorageConfig(root / name))
-        .with_bootstrap_peer(edge.url)
-        .with_continuous_training(speculative_epochs)
-        .spawn()
-    )
+    return mnist_trainer(network, root / name, edge.url, speculative_epochs=speculative_epochs)
 
 
 def test_a_continuous_trainer_keeps_training_while_its_window_is_judged(

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig
+from native_peer import StorageConfig, Validator, ValidatorConfig
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.mnist import mlp_learner
 from protocol.aggregation import flatten
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors, encode_tensors
@@ -38,7 +38,7 @@ from protocol.screening import ACCEPT, PRESETS
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings
+from .support import edge_settings, mnist_trainer
 
 SPEC = MODELS["mnist-mlp"]
 NESTEROV = OuterOptimizer("nesterov", 0.7, 0.9)
@@ -161,14 +161,7 @@ def test_a_quorum_runs_diloco_and_a_validator_without_its_disk_rejoins(tmp_path:
         validators = [_validator(tmp_path, i, network, edge, clock, dataset_root) for i in (0, 1)]
         for validator in validators:
             validator.ensure_genesis(nesterov)
-        trainer = (
-            NodeBuilder(mlp_learner())
-            .trainer(RELEASE, WORKLOAD)
-            .with_network(network)
-            .with_storage(StorageConfig(tmp_path / "trainer"))
-            .with_bootstrap_peer(edge.url)
-            .spawn()
-        )
+        trainer = mnist_trainer(network, tmp_path / "trainer", edge.url)
         experiment = trainer.experiment(*BASELINE.parts)
         heads = [_current(edge)]
         for window in range(3):

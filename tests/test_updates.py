@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig, Validator
+from native_peer import StorageConfig, Validator
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.mnist import mlp_learner
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import InvalidMessage, TooLarge
 from protocol.manifests import ExperimentSpec
@@ -22,7 +22,7 @@ from protocol.updates import INT8_BLOCK, decode_update, encode_update, layout, r
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings
+from .support import edge_settings, mnist_trainer
 
 SPEC = MODELS["mnist-mlp"]
 
@@ -124,14 +124,7 @@ def test_a_network_trains_on_int8_updates(tmp_path: Path, dataset_root: Path) ->
         validator = Validator(mlp_learner(), network, storage, edge.url, dataset_root)
         spec = network.experiment(BASELINE)
         genesis = validator.ensure_genesis(spec)
-        trainer = (
-            NodeBuilder(mlp_learner())
-            .trainer(RELEASE, WORKLOAD)
-            .with_network(network)
-            .with_storage(StorageConfig(tmp_path / "trainer"))
-            .with_bootstrap_peer(edge.url)
-            .spawn()
-        )
+        trainer = mnist_trainer(network, tmp_path / "trainer", edge.url)
         experiment = trainer.experiment(*BASELINE.parts)
         accuracies = [genesis.metrics["val_accuracy"]]
         for _ in range(3):
