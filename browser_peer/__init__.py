@@ -6,7 +6,7 @@
                    but for the bridge)
     js_bridge      the only module that touches ``js`` / ``pyodide``: the bridge in a browser
 
-The page's worker (``static/worker.js``) loads Pyodide and this package (served by the edge as
-``/bundle/peer.zip`` together with ``protocol``), reads the identity seed from IndexedDB and calls
-``js_bridge.start``.
+The page's worker (``static/worker.js``) loads Pyodide and this package (served by the edge as one
+zip with ``protocol``, at the content-addressed URL ``/v1/peer-runtime`` names, checked against its
+sha256), reads the identity seed from IndexedDB and calls ``js_bridge.start``.
 """

@@ -23,7 +23,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     artifact_routes   head and candidate artifacts by content id
     portal            the network manifest, directories, /portal/snapshot, /healthz, /metrics
     relay             the WebSocket relay/signaling endpoint and the viewers' event stream
-    bundle            the browser peer's Python bundle (protocol + browser_peer as a zip)
+    peer_runtime      what a tab loads to be a peer (Pyodide, the peer bundle) at content-addressed URLs
     metrics           Prometheus metrics
     app               create_app(settings): wires the above together
     serve             uvicorn config; BackgroundEdge runs an edge in a thread

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from . import artifact_routes, bundle, dataset_routes, experiment_routes, operations, portal, relay
+from . import artifact_routes, dataset_routes, experiment_routes, operations, peer_runtime, portal, relay
 from .errors import install_handlers, replace_validation_docs
 from .headers import SecurityHeaders
 from .leasing import LeaseIssuer
@@ -26,7 +26,6 @@ def create_app(settings: Settings) -> FastAPI:
         await state.start()
         app.state.edge = state
         app.state.issuer = LeaseIssuer(state)
-        app.state.bundle = bundle.PeerBundle()
         operations.register_collector(state)
         try:
             yield
@@ -45,11 +44,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(
         SecurityHeaders, docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
     )
-    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, operations, bundle):
+    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, operations, peer_runtime):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
-    if settings.pyodide_dir.is_dir():
-        app.mount("/pyodide", StaticFiles(directory=settings.pyodide_dir), name="pyodide")
+    app.state.bundle = peer_runtime.PeerBundle()
+    app.state.pyodide = pyodide = peer_runtime.PyodideRuntime(settings.pyodide_dir)
+    if pyodide.url is not None:
+        app.mount(pyodide.url.rstrip("/"), peer_runtime.ImmutableFiles(directory=settings.pyodide_dir), name="pyodide")
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

@@ -2,16 +2,14 @@
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
 // Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"}.
 // Messages out: {type: "status", status} | {type: "error", message}.
-importScripts("/pyodide/pyodide.js");
-
 const runtime = (async () => {
-  const [pyodide, bundle] = await Promise.all([
-    loadPyodide({ indexURL: "/pyodide/" }),
-    fetch("/bundle/peer.zip").then((response) => {
-      if (!response.ok) throw new Error(`bundle: HTTP ${response.status}`);
-      return response.arrayBuffer();
-    }),
-  ]);
+  // /v1/peer-runtime names the runtime and the bundle by content; their URLs are cached for a year
+  const response = await fetch("/v1/peer-runtime", { cache: "no-cache" });
+  if (!response.ok) throw new Error(`peer runtime: HTTP ${response.status}`);
+  const { pyodide: core, bundle: code } = await response.json();
+  if (core === null) throw new Error("this edge serves no Pyodide runtime (python -m tools pyodide-runtime)");
+  importScripts(`${core.url}pyodide.js`);
+  const [pyodide, bundle] = await Promise.all([loadPyodide({ indexURL: core.url }), fetchVerified(code)]);
   await pyodide.loadPackage("numpy", { messageCallback: () => {} });
   try {
     // optional: SciPy's wasm OpenBLAS makes the trainer's matmuls ~4x faster
@@ -23,6 +21,20 @@ const runtime = (async () => {
   pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/peer')");
   return pyodide;
 })();
+
+async function fetchVerified({ url, id }) {
+  // the peer's code, checked against the content id the edge named before it runs (where the page
+  // has WebCrypto: a secure context, i.e. HTTPS or loopback; over plain HTTP nothing can be checked)
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`bundle: HTTP ${response.status}`);
+  const bytes = await response.arrayBuffer();
+  if (!crypto.subtle) return bytes;
+  const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", bytes)), (b) =>
+    b.toString(16).padStart(2, "0"),
+  ).join("");
+  if (`sha256:${digest}` !== id) throw new Error(`bundle: sha256:${digest} is not ${id}`);
+  return bytes;
+}
 
 function identitySeed() {
   // 32 random bytes, created once per browser profile, kept in IndexedDB.

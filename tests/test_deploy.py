@@ -180,17 +180,25 @@ def test_the_page_and_its_runtime_through_nginx(host: Host) -> None:
         page = http.get("/")
         assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
         assert page.headers["strict-transport-security"] and page.headers["x-content-type-options"] == "nosniff"
-        for path in ("/static/app.js", "/static/worker.js", "/bundle/peer.zip", "/portal/snapshot", "/v1/network"):
+        runtime = http.get("/v1/peer-runtime").json()
+        for path in (
+            "/static/app.js",
+            "/static/worker.js",
+            runtime["bundle"]["url"],
+            "/portal/snapshot",
+            "/v1/network",
+        ):
             assert http.get(path).status_code == 200, path
-        wasm = http.get("/pyodide/pyodide.asm.wasm")
-        assert (
-            wasm.headers["content-type"] == "application/wasm"
-            and wasm.headers["cache-control"] == "public, max-age=86400"
-        )
-        assert http.get("/pyodide/pyodide.asm.wasm", headers={"if-none-match": wasm.headers["etag"]}).status_code == 304
-        wheel = http.get("/pyodide/numpy-2.0.2-cp312-cp312-pyodide_2024_0_wasm32.whl")
-        assert wheel.status_code == 200 and wheel.headers["cache-control"] == "public, max-age=31536000, immutable"
-        assert http.get("/pyodide/python_stdlib.zip").headers["cache-control"] == "public, max-age=86400"
+        core = runtime["pyodide"]["url"]  # from nginx's disk, under the edge's content id: cached for a year
+        for name, media_type in [
+            ("pyodide.asm.wasm", "application/wasm"),
+            ("pyodide.js", "text/javascript"),
+            ("numpy-2.0.2-cp312-cp312-pyodide_2024_0_wasm32.whl", "application/octet-stream"),
+        ]:
+            served = http.get(f"{core}{name}")
+            assert served.status_code == 200 and served.headers["content-type"] == media_type, name
+            assert served.headers["cache-control"] == "public, max-age=31536000, immutable", name
+        assert http.get("/pyodide/pyodide.js").status_code == 404  # never without the id
         assert http.get("/metrics").status_code == 404  # scraped on the edge's own address
         assert http.get("/livez").json() == {"live": True}
     redirect = httpx.get(f"http://{host.env['DTN_NGINX_HTTP_LISTEN']}/v1/network?x=1")

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -187,8 +188,47 @@ def test_validation_split_is_never_served(client: httpx.Client) -> None:
 MANIFEST = "/v1/datasets/mnist/fetch-manifest.json"
 
 
+def _bundle(client: httpx.Client) -> dict[str, str]:
+    runtime = client.get("/v1/peer-runtime")
+    assert runtime.status_code == 200 and runtime.headers["cache-control"] == "no-cache"
+    return dict(runtime.json()["bundle"])
+
+
+def test_the_peer_bundle_is_served_by_content_and_cached_for_a_year(client: httpx.Client) -> None:
+    bundle = _bundle(client)
+    assert client.get("/v1/peer-runtime").json()["pyodide"] is None  # this edge has no runtime directory
+    got = client.get(bundle["url"])
+    assert got.status_code == 200 and content_id(got.content) == bundle["id"]
+    assert bundle["url"] == f"/bundle/{bundle['id'].removeprefix('sha256:')[:32]}.zip"
+    assert got.headers["cache-control"] == "public, max-age=31536000, immutable"
+    stale = client.get("/bundle/" + "0" * 32 + ".zip")  # e.g. an older page's bundle
+    assert stale.status_code == 404 and "/v1/peer-runtime" in stale.json()["detail"]
+    assert client.get("/bundle/peer.zip").status_code == 404
+
+
+def test_the_pyodide_runtime_is_served_under_its_content_id(tmp_path: Path, settings: Settings) -> None:
+    runtime = tmp_path / "pyodide"
+    runtime.mkdir()
+    (runtime / "pyodide-lock.json").write_text('{"packages": {}}')
+    (runtime / "pyodide.js").write_text("// v1")
+    ids = []
+    for version in ("// v1", "// v2"):
+        (runtime / "pyodide.js").write_text(version)
+        with (
+            BackgroundEdge(replace(settings, pyodide_dir=runtime)) as edge,
+            httpx.Client(base_url=edge.url) as http,
+        ):
+            core = http.get("/v1/peer-runtime").json()["pyodide"]
+            script = http.get(f"{core['url']}pyodide.js")
+            assert script.status_code == 200 and script.text == version
+            assert script.headers["cache-control"] == "public, max-age=31536000, immutable"
+            assert http.get("/pyodide/pyodide.js").status_code == 404  # only under the id
+            ids.append(core["id"])
+    assert ids[0] != ids[1]  # changed files, a new id: browsers never keep a stale runtime
+
+
 def test_conditional_get_answers_304_for_star_and_any_matching_tag(client: httpx.Client) -> None:
-    for url in (f"/v1/artifacts/{_genesis(client)}", MANIFEST, "/bundle/peer.zip"):
+    for url in (f"/v1/artifacts/{_genesis(client)}", MANIFEST, _bundle(client)["url"]):
         full = client.get(url)
         etag = full.headers["etag"]
         for if_none_match in ("*", f'"other", {etag}', f'W/"other",W/{etag}'):
@@ -203,7 +243,7 @@ def test_head_answers_the_headers_of_get_without_the_body(client: httpx.Client) 
     grant = grant_lease(client, PureSigner(b"\x22" * 32))
     client.headers[LEASE_SECRET_HEADER] = grant.secret
     shard = f"/v1/datasets/mnist/shards/{grant.lease.shard_ids[0]}?lease={grant.lease.lease_id}"
-    for url in (artifact, shard, MANIFEST, "/bundle/peer.zip"):
+    for url in (artifact, shard, MANIFEST, _bundle(client)["url"]):
         got, head = client.get(url), client.head(url)
         assert got.status_code == head.status_code == 200 and got.content and head.content == b"", url
         assert dict(head.headers.items() - {("date", head.headers["date"])}) == dict(
@@ -253,7 +293,7 @@ def test_ignored_ranges_get_the_whole_artifact(client: httpx.Client, method: str
 
 
 def test_in_memory_resources_ignore_ranges(client: httpx.Client) -> None:
-    for url in (MANIFEST, "/bundle/peer.zip"):
+    for url in (MANIFEST, _bundle(client)["url"]):
         full = client.get(url)
         assert full.status_code == 200 and "accept-ranges" not in full.headers
         whole = client.get(url, headers={"range": "bytes=0-1"})
