@@ -81,7 +81,7 @@ class _Server:
             time.sleep(0.1)
         return self
 
-    def stop(self) -> None:
+    def halt(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)  # PostgreSQL: fast shutdown; Redis: shut down
             try:
@@ -89,6 +89,14 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def restart(self) -> None:
+        """Shut the server down and start it again on its data and port (clients lose their connections)."""
+        self.halt()
+        self.start()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:

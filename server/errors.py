@@ -12,7 +12,8 @@
      ├── Forbidden          403 / 4403   credentials that do not cover the request
      ├── Conflict           409 / 4409   e.g. a head whose parent is not the current head
      ├── RateLimited        429 / 4429
-     └── QuotaExceeded      507 / 4507   e.g. a window's candidate storage is full
+     ├── QuotaExceeded      507 / 4507   e.g. a window's candidate storage is full
+     └── Unavailable        503 / 1013   e.g. the shared store is unreachable for now (try again later)
 
 The framework's own refusals (no such route 404, method not allowed 405, a path or query parameter
 out of bounds 400 ``InvalidMessage``) answer in the same ``{"error", "detail"}`` shape.
@@ -51,6 +52,7 @@ __all__ = [
     "QuotaExceeded",
     "RateLimited",
     "Unauthorized",
+    "Unavailable",
     "close_code_for",
     "documented",
     "install_handlers",
@@ -92,6 +94,10 @@ class QuotaExceeded(EdgeError):
     pass
 
 
+class Unavailable(EdgeError):
+    pass
+
+
 _TABLE: dict[type[Exception], tuple[int, int]] = {
     InvalidMessage: (400, 4400),
     CodecError: (400, 4400),
@@ -104,6 +110,7 @@ _TABLE: dict[type[Exception], tuple[int, int]] = {
     Conflict: (409, 4409),
     RateLimited: (429, 4429),
     QuotaExceeded: (507, 4507),
+    Unavailable: (503, 1013),
 }
 
 

@@ -8,6 +8,10 @@ Every write transaction first takes one transaction-level advisory lock, so writ
 other across every edge process as SQLite's ``BEGIN IMMEDIATE`` does within one host: a lease's
 shards are chosen and stored before any other edge chooses. Reads run outside transactions
 (autocommit) and see what has committed. The schema version is kept in the ``settings`` table.
+
+A lost connection (PostgreSQL restarted, the network between) is ``Unavailable`` (503) for the
+request that finds it, and the next one connects again; a read is retried once on a new connection
+first. A write is never retried here: whether a lost commit happened is the client's to find out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+
+from .errors import Unavailable
 
 if TYPE_CHECKING:
     from .store import Run
@@ -44,10 +50,11 @@ def _ddl(schema: str) -> list[str]:
 
 class PostgresDatabase:
     def __init__(self, url: str, schema: str, version: int) -> None:
+        self._url = url
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-        except psycopg.OperationalError as exc:
-            raise RuntimeError(f"cannot reach the PostgreSQL store at {_redacted(url)}: {exc}") from None
+            self._db = self._connect()
+        except Unavailable as exc:
+            raise RuntimeError(str(exc)) from None
         self._lock = threading.Lock()
         with self.transaction() as run:
             if run("SELECT to_regclass('settings')").fetchone()[0] is not None:
@@ -66,18 +73,49 @@ class PostgresDatabase:
                 str(version).encode(),
             )
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.OperationalError as exc:
+            raise Unavailable(f"cannot reach the PostgreSQL store at {_redacted(self._url)}: {exc}") from None
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection, made again where the last one was lost (call with the lock held)."""
+        if self._db.closed or self._db.broken:
+            self._db = self._connect()
+        return self._db
+
+    def _lost(self, exc: psycopg.OperationalError) -> Unavailable:
+        return Unavailable(f"lost the PostgreSQL store at {_redacted(self._url)}: {exc}".strip())
+
     def close(self) -> None:
         self._db.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Run]:
-        with self._lock, self._db.transaction():
-            self._db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            yield lambda sql, *args: self._db.execute(_statement(sql), args)
+        with self._lock:
+            db = self._live()
+            try:
+                with db.transaction():
+                    db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                    yield lambda sql, *args: db.execute(_statement(sql), args)
+            except psycopg.OperationalError as exc:
+                if db.closed or db.broken:
+                    raise self._lost(exc) from exc
+                raise
 
     def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._db.execute(_statement(sql), args).fetchall()
+            db = self._live()
+            try:
+                return db.execute(_statement(sql), args).fetchall()
+            except psycopg.OperationalError:
+                if not (db.closed or db.broken):
+                    raise
+            try:  # a read: once more, on a new connection
+                return self._live().execute(_statement(sql), args).fetchall()
+            except psycopg.OperationalError as exc:
+                raise self._lost(exc) from exc
 
 
 def _redacted(url: str) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
@@ -19,9 +20,19 @@ from protocol.messages import Attestation, HeadDescriptor, Lease, Verdict
 from protocol.reasons import Reason
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
+from server.serve import BackgroundEdge
 from server.store import EdgeStore, PostgresStore, Store
 
-from .support import EXPERIMENT, VALIDATOR, candidate_envelope, head_envelope, private_postgres, tools_output
+from .support import (
+    EXPERIMENT,
+    VALIDATOR,
+    candidate_envelope,
+    edge_settings,
+    head_envelope,
+    private_postgres,
+    tools_output,
+    write_network,
+)
 
 __all__ = ["private_postgres"]  # the fixture, used by name
 
@@ -290,3 +301,27 @@ def test_operators_manage_tokens_in_a_postgresql_store(private_postgres: Any, tm
     assert "shared" not in tools_output(["token", "list", "--data-dir", str(tmp_path)])  # the SQLite store is another
     tools_output(["token", "revoke", issued, "--store-url", url])
     assert "shared" not in tools_output(["token", "list", "--store-url", url])
+
+
+def test_an_edge_on_postgresql_answers_503_while_it_is_down_and_goes_on_after_its_restart(
+    private_postgres: Any, tmp_path: Path, dataset_root: Path
+) -> None:
+    """A PostgreSQL restart (an upgrade, a failover) costs the requests made meanwhile, not the edge."""
+    from deploy.services import PrivatePostgres
+
+    write_network(tmp_path / "network.json")
+    with PrivatePostgres() as postgres:  # a cluster of its own: restarting it cuts no other test's connections
+        settings = edge_settings(tmp_path, dataset_root, store_url=postgres.create_database("restarted"))
+        with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=30) as http:
+            heads = f"/v1/experiments/{EXPERIMENT}/heads"
+            assert http.post(heads, content=head_envelope()[1]).status_code == 201
+            before = http.get(heads).json()
+            assert len(before) == 1
+            postgres.halt()
+            down = http.get(heads)
+            assert down.status_code == 503 and down.json()["error"] == "Unavailable", down.text
+            assert "127.0.0.1" in down.json()["detail"] and "password" not in down.text
+            assert http.get("/readyz").status_code == 503
+            postgres.start()
+            assert http.get(heads).json() == before  # nothing lost, no edge restart
+            assert http.get("/readyz").status_code == 200
