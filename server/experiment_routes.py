@@ -201,8 +201,7 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
     state.admission.bind(token, proof.peer_id)
     state.experiment(key)  # before the rate limit: a made-up experiment gets no budget of its own
     check_peer_rate(state, proof.peer_id, key)
-    state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
-    grant = await issuer.issue(key, proof.peer_id, state.admission.principal(token))
+    grant = await issuer.issue(key, proof.peer_id, state.admission.principal(token), peer_kind=proof.peer_kind)
     return JSON(grant.to_wire())
 
 

@@ -14,6 +14,7 @@ same secret back, and nothing secret is stored. Shards are served only against i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -44,7 +45,12 @@ class LeaseIssuer:
             raise Forbidden("unknown lease or wrong lease secret")
         return lease
 
-    async def issue(self, experiment: ExperimentKey, peer_id: PeerId, principal: str | None = None) -> LeaseGrant:
+    async def issue(
+        self, experiment: ExperimentKey, peer_id: PeerId, principal: str | None = None, *, peer_kind: str | None = None
+    ) -> LeaseGrant:
+        """The peer's lease in the current window (``peer_kind``: remember the peer as seen, in the
+        same write). The store's write runs in a worker thread: on a shared store it may wait for
+        other edges' writes, and the event loop must not wait with it."""
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
@@ -72,7 +78,8 @@ class LeaseIssuer:
                 principal=principal,
             ).signed(self.state.signer)
 
-        lease, created = self.state.store.grant_lease(experiment, now_ms, choose)
+        seen = None if peer_kind is None else (peer_id, peer_kind)
+        lease, created = await asyncio.to_thread(self.state.store.grant_lease, experiment, now_ms, choose, seen)
         if created:
             self.state.metrics.leases.inc()
             self.state.hub.publish(experiment, "leases", lease.to_wire())

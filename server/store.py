@@ -276,12 +276,16 @@ class EdgeStore:
         experiment: ExperimentKey,
         now_ms: int,
         choose: Callable[[HeadDescriptor | None, list[Lease]], Lease],
+        seen: tuple[PeerId, str] | None = None,
     ) -> tuple[Lease, bool]:
         """Lease in the current window of ``experiment``, atomically across every edge on this
         database: ``choose(current head, live leases of its window)`` returns one of those leases
         (asking again) or a new one (or raises), and a new one is stored before any other lease of
-        the database is granted. Returns the lease and whether it is new."""
+        the database is granted. Returns the lease and whether it is new. ``seen``: the peer asking
+        and its kind, remembered in the same transaction (``saw_peer``)."""
         with self._db.transaction() as run:
+            if seen is not None:
+                self._saw_peer(run, *seen, now_ms)
             row = run(self._CURRENT_HEAD, experiment).fetchone()
             head = None if row is None else _head(row[0])
             live: list[Lease] = []
@@ -451,11 +455,15 @@ class EdgeStore:
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:
         with self._db.transaction() as run:
-            run(
-                "INSERT INTO peers (peer_id, kind, first_seen_ms, last_seen_ms) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (peer_id) DO UPDATE SET last_seen_ms = excluded.last_seen_ms, kind = excluded.kind",
-                *(peer_id, kind, now_ms, now_ms),
-            )
+            self._saw_peer(run, peer_id, kind, now_ms)
+
+    @staticmethod
+    def _saw_peer(run: Run, peer_id: PeerId, kind: str, now_ms: int) -> None:
+        run(
+            "INSERT INTO peers (peer_id, kind, first_seen_ms, last_seen_ms) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (peer_id) DO UPDATE SET last_seen_ms = excluded.last_seen_ms, kind = excluded.kind",
+            *(peer_id, kind, now_ms, now_ms),
+        )
 
     _PEER_FIELDS = ("peer_id", "kind", "first_seen_ms", "last_seen_ms")
 

@@ -7,7 +7,8 @@ table gets an identity column ``rowid`` (SQLite's implicit arrival order); ``INT
 Every write transaction first takes one transaction-level advisory lock, so writers exclude each
 other across every edge process as SQLite's ``BEGIN IMMEDIATE`` does within one host: a lease's
 shards are chosen and stored before any other edge chooses. Reads run outside transactions
-(autocommit) and see what has committed. The schema version is kept in the ``settings`` table.
+(autocommit), on a connection of their own, and see what has committed: a read never waits for a
+writer queued on another edge's lock. The schema version is kept in the ``settings`` table.
 
 A lost connection (PostgreSQL restarted, the network between) is ``Unavailable`` (503) for the
 request that finds it, and the next one connects again; a read is retried once on a new connection
@@ -48,20 +49,48 @@ def _ddl(schema: str) -> list[str]:
     return [statement.strip() for statement in schema.split(";") if statement.strip()]
 
 
+class _Link:
+    """One connection to the store, behind a lock, made again where the last one was lost."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.lock = threading.Lock()
+        self.db = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.OperationalError as exc:
+            raise Unavailable(f"cannot reach the PostgreSQL store at {_redacted(self.url)}: {exc}") from None
+
+    def live(self) -> psycopg.Connection[Any]:
+        """The connection (call with ``lock`` held)."""
+        if _lost(self.db):
+            self.db = self._connect()
+        return self.db
+
+    def raise_if_lost(self, db: psycopg.Connection[Any], exc: psycopg.OperationalError) -> None:
+        """``Unavailable`` where ``exc`` cost ``db`` its connection (else it was the statement's error)."""
+        if _lost(db):
+            raise Unavailable(f"lost the PostgreSQL store at {_redacted(self.url)}: {exc}".strip()) from exc
+
+
+def _lost(db: psycopg.Connection[Any]) -> bool:
+    return db.closed or db.broken
+
+
 class PostgresDatabase:
     def __init__(self, url: str, schema: str, version: int) -> None:
-        self._url = url
         try:
-            self._db = self._connect()
+            self._writer, self._reader = _Link(url), _Link(url)
         except Unavailable as exc:
             raise RuntimeError(str(exc)) from None
-        self._lock = threading.Lock()
         with self.transaction() as run:
             if run("SELECT to_regclass('settings')").fetchone()[0] is not None:
                 row = run("SELECT value FROM settings WHERE key = 'schema_version'").fetchone()
                 found = "none" if row is None else bytes(row[0]).decode()
                 if found != str(version):
-                    self._db.close()
+                    self.close()
                     raise RuntimeError(
                         f"the PostgreSQL store at {_redacted(url)} holds edge schema v{found}; this edge needs "
                         f"v{version}: give it an empty database (it is not migrated)"
@@ -73,49 +102,37 @@ class PostgresDatabase:
                 str(version).encode(),
             )
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        try:
-            return psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-        except psycopg.OperationalError as exc:
-            raise Unavailable(f"cannot reach the PostgreSQL store at {_redacted(self._url)}: {exc}") from None
-
-    def _live(self) -> psycopg.Connection[Any]:
-        """The connection, made again where the last one was lost (call with the lock held)."""
-        if self._db.closed or self._db.broken:
-            self._db = self._connect()
-        return self._db
-
-    def _lost(self, exc: psycopg.OperationalError) -> Unavailable:
-        return Unavailable(f"lost the PostgreSQL store at {_redacted(self._url)}: {exc}".strip())
-
     def close(self) -> None:
-        self._db.close()
+        self._writer.db.close()
+        self._reader.db.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Run]:
-        with self._lock:
-            db = self._live()
+        with self._writer.lock:
+            db = self._writer.live()
             try:
                 with db.transaction():
                     db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
                     yield lambda sql, *args: db.execute(_statement(sql), args)
             except psycopg.OperationalError as exc:
-                if db.closed or db.broken:
-                    raise self._lost(exc) from exc
+                self._writer.raise_if_lost(db, exc)
                 raise
 
     def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
-        with self._lock:
-            db = self._live()
+        link = self._reader
+        with link.lock:
+            db = link.live()
             try:
                 return db.execute(_statement(sql), args).fetchall()
             except psycopg.OperationalError:
-                if not (db.closed or db.broken):
+                if not _lost(db):
                     raise
-            try:  # a read: once more, on a new connection
-                return self._live().execute(_statement(sql), args).fetchall()
+            db = link.live()  # a read: once more, on a new connection
+            try:
+                return db.execute(_statement(sql), args).fetchall()
             except psycopg.OperationalError as exc:
-                raise self._lost(exc) from exc
+                link.raise_if_lost(db, exc)
+                raise
 
 
 def _redacted(url: str) -> str:

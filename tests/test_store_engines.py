@@ -163,15 +163,16 @@ def _chooser(peer: PeerId, now_ms: int, ttl_ms: int = 60_000) -> Callable[[HeadD
 
 def test_a_lease_is_granted_once_per_peer_and_window_and_expires(store: EdgeStore) -> None:
     seen: list[object] = []
-    with pytest.raises(LookupError):
-        store.grant_lease(EXPERIMENT, 0, lambda head, live: (seen.append((head, live)), _raise())[1])
-    assert seen == [(None, [])]
-    (base,) = _chain(store, 1)
     peer = peer_id_from_public_key(TRAINERS[1].public_key)
-    lease, created = store.grant_lease(EXPERIMENT, 1000, _chooser(peer, 1000, ttl_ms=500))
+    with pytest.raises(LookupError):
+        store.grant_lease(EXPERIMENT, 0, lambda head, live: (seen.append((head, live)), _raise())[1], (peer, "native"))
+    assert seen == [(None, [])] and store.peers() == []  # refused: nothing written, the peer not remembered
+    (base,) = _chain(store, 1)
+    lease, created = store.grant_lease(EXPERIMENT, 1000, _chooser(peer, 1000, ttl_ms=500), (peer, "native"))
     assert created and store.lease(lease.lease_id) == lease and store.leases(EXPERIMENT, base.head_id) == [lease]
-    again, created = store.grant_lease(EXPERIMENT, 1200, _chooser(peer, 1200))
-    assert again == lease and not created
+    assert store.peers() == [{"peer_id": peer, "kind": "native", "first_seen_ms": 1000, "last_seen_ms": 1000}]
+    again, created = store.grant_lease(EXPERIMENT, 1200, _chooser(peer, 1200), (peer, "native"))
+    assert again == lease and not created and store.peers()[0]["last_seen_ms"] == 1200
     renewed, created = store.grant_lease(EXPERIMENT, 1600, _chooser(peer, 1600))  # the first one expired
     assert created and renewed.lease_id != lease.lease_id
     assert store.leases(EXPERIMENT, base.head_id) == [lease, renewed]
