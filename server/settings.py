@@ -4,7 +4,8 @@ and SQLite.
 
 Several edges behind one proxy share their state: ``store_url`` (PostgreSQL: heads, candidates,
 verdicts, leases, tokens), ``redis_url`` (Redis: event fan-out and relay messages across edges, rate
-limits) and ``blobs_dir`` (one artifact directory they all mount).
+limits) and ``blobs_dir`` (one artifact directory they all mount) or ``blobs_url`` (an S3-compatible
+bucket; ``blobs_dir`` then holds each edge's cached copies).
 
 Behind a reverse proxy (``deploy/``): ``host``/``port`` are the bind address the proxy forwards to,
 ``public_url`` the address browsers and remote trainers use (its origin may open the WebSockets),
@@ -63,6 +64,8 @@ _HELP = {
     "store_url": "PostgreSQL URL (postgresql://user@host:port/db) of a store several edges share; empty: SQLite in data_dir",
     "redis_url": "Redis URL (redis://host:port/db) through which several edges share events, relay messages and rate limits; empty: in this process only",
     "blobs_dir": "artifact files (several edges: one shared directory); empty: data_dir/blobs",
+    "blobs_url": "s3://bucket/prefix of an S3-compatible store several edges share (endpoint and credentials: "
+    "the AWS_* environment); blobs_dir then holds this edge's cached copies",
     "accel_prefix": "serve shard bytes through the reverse proxy: after the lease check the edge answers X-Accel-Redirect: <prefix><dataset>/<split>/<locator> (an internal location of the proxy, e.g. /_shards/) instead of the bytes; empty: the edge sends the bytes itself",
 }
 
@@ -118,6 +121,7 @@ class Settings:
     store_url: str = ""
     redis_url: str = ""
     blobs_dir: str = ""
+    blobs_url: str = ""
 
     def __post_init__(self) -> None:
         if self.public_url:
@@ -136,6 +140,8 @@ class Settings:
             )
         if self.redis_url and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"redis_url must be a redis://, rediss:// or unix:// URL, not {_scheme(self.redis_url)}")
+        if self.blobs_url and urlsplit(self.blobs_url).scheme != "s3":
+            raise ValueError(f"blobs_url must be an s3://bucket/prefix URL, not {_scheme(self.blobs_url)}")
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
 

@@ -1,7 +1,7 @@
 """``EdgeState``: everything one running edge holds, built once at start-up.
 
 Its engines come from the settings: the store (SQLite in ``data_dir``, or PostgreSQL at
-``store_url``), the blobs (``blobs_dir``), and with ``redis_url`` the hub's fan-out and the rate
+``store_url``), the blobs (``blobs_dir``, or an S3-compatible bucket at ``blobs_url``), and with ``redis_url`` the hub's fan-out and the rate
 limits in Redis, shared with the other edges of a deployment (in this process otherwise)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class EdgeState:
         return cls(
             settings=settings,
             store=store,
-            blobs=BlobStore(settings.blobs_root),
+            blobs=_blobs(settings),
             hub=Hub(metrics, settings.send_queue_size, clock, fanout),
             metrics=metrics,
             signer=signer,
@@ -125,3 +125,12 @@ def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:
         datasets[manifest.dataset_id] = manifest
         log.info("serving dataset %s: %d shards", manifest.dataset_id, len(manifest.shards))
     return datasets
+
+
+def _blobs(settings: Settings) -> Blobs:
+    """A directory (the default), or an S3-compatible bucket with local copies (``blobs_url``)."""
+    if not settings.blobs_url:
+        return BlobStore(settings.blobs_root)
+    from .blobs_s3 import S3Blobs  # boto3 is optional: the `scale` extra
+
+    return S3Blobs(settings.blobs_url, settings.blobs_root)
