@@ -41,3 +41,38 @@ test("browser training throughput vs native NumPy", async ({ page }, testInfo) =
   console.log(`native NumPy, same code, one BLAS thread:   ${nativeOneThread.toFixed(0)} samples/s  ratio ${result.ratio_one_thread.toFixed(3)}`);
   writeFileSync(testInfo.outputPath("browser-benchmark.json"), JSON.stringify(result, null, 2));
 });
+
+// Start-up on a first visit (nothing cached) and on return visits (the page, Pyodide, NumPy and the
+// peer's code from the Service Worker's cache): from "Start contributing" to the first training batch,
+// and on a return visit also from the page's load, where the runtime boots while the page is open.
+test("cold vs warm start to training", async ({ page }, testInfo) => {
+  const phase = () => page.evaluate(() => (window as any).dtn.status.phase ?? "");
+  const training = () => expect.poll(phase, { timeout: 120_000, intervals: [50] }).toMatch(/^training window/);
+  const clickToTraining = async () => {
+    const started = Date.now();
+    await page.locator("#toggle").click();
+    await training();
+    return (Date.now() - started) / 1000;
+  };
+  await page.goto("/?experiment=study/mnist/rev-1");
+  const cold = await clickToTraining();
+  const loadToTraining: number[] = [];
+  const warm: number[] = [];
+  for (let visit = 0; visit < 3; visit++) {
+    const loaded = Date.now();
+    await page.goto("/?experiment=study/mnist/rev-1&contribute=1"); // starts at once
+    await training();
+    loadToTraining.push((Date.now() - loaded) / 1000);
+    await page.goto("/?experiment=study/mnist/rev-1"); // the page open: the runtime boots before the click
+    await expect.poll(phase, { timeout: 60_000 }).toMatch(/^ready/);
+    warm.push(await clickToTraining());
+  }
+  const median = (values: number[]) => [...values].sort((a, b) => a - b)[1];
+  console.log(`first visit, click to training: ${cold.toFixed(2)} s`);
+  console.log(`return visit, click to training (runtime booted while the page was open), median of 3: ${median(warm).toFixed(2)} s`);
+  console.log(`return visit, page load to training (runtime from the cache), median of 3: ${median(loadToTraining).toFixed(2)} s`);
+  writeFileSync(
+    testInfo.outputPath("start-benchmark.json"),
+    JSON.stringify({ cold_click_s: cold, warm_click_s: warm, warm_load_s: loadToTraining }, null, 2),
+  );
+});

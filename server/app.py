@@ -56,6 +56,13 @@ def create_app(settings: Settings) -> FastAPI:
     async def index() -> FileResponse:
         return FileResponse(settings.static_dir / "index.html", headers={"cache-control": "no-cache"})
 
+    @app.get("/sw.js", include_in_schema=False)
+    async def service_worker() -> FileResponse:
+        """The page's Service Worker, at the root so that it may serve the page itself (static/sw.js)."""
+        return FileResponse(
+            settings.static_dir / "sw.js", media_type="text/javascript", headers={"cache-control": "no-cache"}
+        )
+
     @app.get("/viewer", include_in_schema=False)
     async def viewer() -> RedirectResponse:
         return RedirectResponse("/#viewer")

@@ -3,7 +3,8 @@
 ``PeerBundle``: the peer's Python code as one zip (``protocol/`` + ``browser_peer/``), built at
 start-up, deterministic (sorted names, fixed timestamps), so its content id changes only when the code
 does. ``PyodideRuntime``: the self-hosted Pyodide directory (``python -m tools pyodide-runtime``),
-its id computed over every file's name and bytes. Both are served under a URL that holds their id
+its id computed over every file's name and sha256 (listed too, so the page's Service Worker checks
+each file it keeps). Both are served under a URL that holds their id
 (``/bundle/<id>.zip``, ``/pyodide/<id>/...``) as ``immutable``; ``GET /v1/peer-runtime`` (never
 cached) names the current URLs, so a new runtime or bundle reaches tabs on their next load while an
 unchanged one is never downloaded twice.
@@ -59,13 +60,12 @@ class PyodideRuntime:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.content_id: str | None = None
+        self.files: dict[str, str] = {}  # name -> sha256 (hex) of each file, for the page's Service Worker
         if (directory / "pyodide-lock.json").is_file():
-            digest = hashlib.sha256()
             for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")):
-                digest.update(
-                    f"{path.relative_to(directory)}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode()
-                )
-            self.content_id = f"sha256:{digest.hexdigest()}"
+                self.files[str(path.relative_to(directory))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            listing = "".join(f"{name}\0{digest}\n" for name, digest in self.files.items())
+            self.content_id = content_id(listing.encode())
 
     @property
     def url(self) -> str | None:
@@ -90,7 +90,9 @@ async def peer_runtime(request: Request) -> JSON:
     return JSON(
         {
             "bundle": {"id": bundle.content_id, "url": bundle.url},
-            "pyodide": None if pyodide.url is None else {"id": pyodide.content_id, "url": pyodide.url},
+            "pyodide": None
+            if pyodide.url is None
+            else {"id": pyodide.content_id, "url": pyodide.url, "files": pyodide.files},
         },
         headers={"cache-control": "no-cache"},
     )

@@ -24,17 +24,54 @@ function renderStatus(status) {
   if (s.peer_id) setText("peer-id", s.peer_id);
 }
 
-function toggle() {
+async function serviceWorkerInControl() {
+  // static/sw.js keeps the runtime and the page: return visits start from disk, and the page opens
+  // while the edge is briefly down. Its first install takes control of this page (clients.claim).
+  if (!navigator.serviceWorker) return false;
+  try {
+    await navigator.serviceWorker.register("/sw.js");
+    if (!navigator.serviceWorker.controller) {
+      const claimed = new Promise((resolve) => navigator.serviceWorker.addEventListener("controllerchange", resolve));
+      await Promise.race([claimed, new Promise((resolve) => setTimeout(resolve, 3000))]);
+    }
+  } catch (error) {
+    console.info("no Service Worker: every visit loads the runtime again", error);
+  }
+  return Boolean(navigator.serviceWorker.controller);
+}
+const offlineReady = serviceWorkerInControl();
+
+function makeWorker() {
+  // the worker starts loading the runtime as soon as it exists (static/worker.js)
+  const worker = new Worker("/static/worker.js");
+  worker.onmessage = (event) => {
+    if (event.data.type === "status") renderStatus(event.data.status);
+    else renderStatus({ phase: `error: ${event.data.message}` });
+  };
+  return worker;
+}
+
+async function prepareReturningPeer() {
+  // A return visit, the runtime already in the Service Worker's cache: boot it now (a few seconds of
+  // CPU, no download), so that "Start contributing" trains at once. Not for a hidden tab.
+  if (!(await offlineReady) || document.hidden || state.worker) return;
+  const runtime = await fetch("/v1/peer-runtime")
+    .then((response) => response.json())
+    .catch(() => null);
+  if (runtime?.pyodide && (await caches.match(`${runtime.pyodide.url}pyodide.asm.wasm`))) state.worker ??= makeWorker();
+}
+
+async function toggle() {
+  if (state.starting) return;
   if (!state.running) {
-    state.worker ??= new Worker("/static/worker.js");
-    state.worker.onmessage = (event) => {
-      if (event.data.type === "status") renderStatus(event.data.status);
-      else renderStatus({ phase: `error: ${event.data.message}` });
-    };
+    state.starting = true;
+    state.serviceWorker = await offlineReady; // the worker's downloads go through it (read by the tests)
+    state.starting = false;
+    state.worker ??= makeWorker();
     state.worker.postMessage({
       type: "start",
       edgeUrl: location.origin,
-      experiment: $("experiment").value,
+      experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
       token: params.get("token"), // admission token, for networks that require one
     });
     state.running = true;
@@ -192,3 +229,4 @@ $("toggle").addEventListener("click", toggle);
 await poll();
 streamEvents();
 if (params.get("contribute") === "1") toggle();
+else prepareReturningPeer();

@@ -58,6 +58,10 @@ function identitySeed() {
 }
 
 let peer = null;
+runtime.then(
+  () => peer === null && postMessage({ type: "status", status: { phase: "ready: Python runtime loaded" } }),
+  (error) => postMessage({ type: "error", message: String(error) }),
+);
 
 onmessage = async (event) => {
   const message = event.data;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import socket
@@ -204,6 +205,9 @@ def test_the_peer_bundle_is_served_by_content_and_cached_for_a_year(client: http
     stale = client.get("/bundle/" + "0" * 32 + ".zip")  # e.g. an older page's bundle
     assert stale.status_code == 404 and "/v1/peer-runtime" in stale.json()["detail"]
     assert client.get("/bundle/peer.zip").status_code == 404
+    worker = client.get("/sw.js")  # the Service Worker, at the root so that its scope is the whole page
+    assert worker.status_code == 200 and worker.headers["content-type"].startswith("text/javascript")
+    assert worker.headers["cache-control"] == "no-cache" and "dtn-content-v1" in worker.text
 
 
 def test_the_pyodide_runtime_is_served_under_its_content_id(tmp_path: Path, settings: Settings) -> None:
@@ -223,6 +227,10 @@ def test_the_pyodide_runtime_is_served_under_its_content_id(tmp_path: Path, sett
             assert script.status_code == 200 and script.text == version
             assert script.headers["cache-control"] == "public, max-age=31536000, immutable"
             assert http.get("/pyodide/pyodide.js").status_code == 404  # only under the id
+            assert core["files"] == {  # what the page's Service Worker checks each kept file against
+                name: hashlib.sha256((runtime / name).read_bytes()).hexdigest()
+                for name in ("pyodide-lock.json", "pyodide.js")
+            }
             ids.append(core["id"])
     assert ids[0] != ids[1]  # changed files, a new id: browsers never keep a stale runtime
 

@@ -57,3 +57,39 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
   await page.screenshot({ path: screenshot, fullPage: true });
   await testInfo.attach("contribute-and-viewer", { path: screenshot, contentType: "image/png" });
 });
+
+test("return visits start from the Service Worker's checked cache, even while the edge is unreachable", async ({
+  page,
+  context,
+}) => {
+  await page.goto(`/?experiment=${EXPERIMENT}`);
+  await page.locator("#toggle").click();
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.phase ?? ""), { timeout: 120_000 })
+    .toMatch(/^training window/);
+  expect(await page.evaluate(() => (window as any).dtn.serviceWorker)).toBe(true);
+  const runtime = await (await page.request.get("/v1/peer-runtime")).json();
+  const kept = await page.evaluate(async () =>
+    (await (await caches.open("dtn-content-v1")).keys()).map((request) => new URL(request.url).pathname),
+  );
+  // every runtime file the worker loaded, and the bundle, under their current ids
+  for (const name of ["pyodide.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json"]) {
+    expect(kept).toContain(`${runtime.pyodide.url}${name}`);
+  }
+  expect(kept).toContain(runtime.bundle.url);
+  expect(kept.some((path: string) => path.includes("numpy-"))).toBe(true);
+
+  // the edge unreachable: the page, Pyodide, NumPy and the peer's code all come from the cache, the
+  // peer runs and waits for the edge; back online, it trains
+  await context.setOffline(true);
+  await page.reload();
+  await expect(page.locator("#toggle")).toBeVisible();
+  await page.locator("#toggle").click();
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.phase ?? ""), { timeout: 60_000 })
+    .toMatch(/^reconnecting in/);
+  await context.setOffline(false);
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.phase ?? ""), { timeout: 60_000 })
+    .toMatch(/^training window|^window \d+ published|^publishing|^waiting/);
+});
