@@ -613,7 +613,9 @@ class Validator:
         promoted: HeadDescriptor | None = None,
         metrics: dict[str, float] | None = None,
     ) -> Verdict:
-        """The signed verdict; an accepting ``screen`` names the head ``promoted`` it was merged into."""
+        """The signed verdict; an accepting ``screen`` names the head ``promoted`` it was merged into.
+        Its ``examples`` metric is the candidate's example count (checked against its lease before
+        it can be accepted): what contributors are credited for (``server.credit``)."""
         accepted = screen.accepted and promoted is not None
         return Verdict(
             experiment=candidate.experiment,
@@ -626,7 +628,7 @@ class Validator:
             validator_key=self.identity.public_key,
             decided_at_ms=self.clock.now_ms(),
             head_id=promoted.head_id if accepted and promoted is not None else None,
-            metrics=metrics or {},
+            metrics={**(metrics or {}), "examples": float(candidate.examples)},
         ).signed(self.identity)
 
     def _record(self, verdicts: Sequence[Verdict]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
@@ -245,3 +245,17 @@ async def list_verdicts(
     """The experiment's signed verdicts, newest first (500 at most), optionally of one peer."""
     state.experiment(key)
     return JSON([v.to_wire() for v in state.store.verdicts(key, None if peer_id is None else PeerId(peer_id))])
+
+
+@router.get(f"{EXPERIMENT}/credit", responses=_READ)
+async def leaderboard(key: Experiment, state: State, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> JSON:
+    """Contributors by accepted examples, tallied from validator-signed verdicts (``server.credit``)."""
+    state.experiment(key)
+    return JSON([standing.to_wire() for standing in state.credit.leaderboard(key, limit)])
+
+
+@router.get(f"{EXPERIMENT}/credit/{{peer_id}}", responses=_READ)
+async def standing(key: Experiment, state: State, peer_id: Annotated[str, Path(max_length=60)]) -> JSON:
+    """One contributor's standing (zeros for a key with no verdict yet)."""
+    state.experiment(key)
+    return JSON(state.credit.standing(key, PeerId(peer_id)).to_wire())

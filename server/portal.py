@@ -71,6 +71,7 @@ async def snapshot(state: State) -> JSON:
                 ],
                 "verdicts": state.store.verdict_counts(spec.key),
                 "recent_verdicts": [v.to_wire() for v in state.store.verdicts(spec.key, limit=20)],
+                "leaderboard": [standing.to_wire() for standing in state.credit.leaderboard(spec.key, 10)],
             }
         )
     connected = [

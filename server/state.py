@@ -19,6 +19,7 @@ from protocol.signing import PureSigner
 
 from .admission import Admission
 from .blobs import Blobs, BlobStore
+from .credit import CreditBook
 from .errors import NotFound
 from .hub import Fanout, Hub
 from .metrics import EdgeMetrics
@@ -48,6 +49,7 @@ class EdgeState:
     address_limits: RateLimiter  # signature checks per client address, before they are made
     admission: Admission
     clock: Clock
+    credit: CreditBook
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
@@ -70,6 +72,7 @@ class EdgeState:
             peer_limits=peer_limits,
             address_limits=address_limits,
             clock=clock,
+            credit=CreditBook(store),
         )
 
     async def start(self) -> None:

@@ -399,6 +399,16 @@ class EdgeStore:
             )
         return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
 
+    def verdicts_after(self, experiment: ExperimentKey, position: int, limit: int = 5000) -> list[tuple[int, Verdict]]:
+        """Verdicts stored after ``position`` (0: from the first), oldest first, each with its position."""
+        rows = self._db.query(
+            "SELECT rowid, descriptor FROM verdicts WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
+            experiment,
+            position,
+            limit,
+        )
+        return [(int(r[0]), Verdict.from_wire(json.loads(str(r[1])))) for r in rows]
+
     def verdict_counts(self, experiment: ExperimentKey) -> dict[str, int]:
         rows = self._db.query(
             "SELECT accepted, COUNT(*) FROM verdicts WHERE experiment = ? GROUP BY accepted", experiment

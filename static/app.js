@@ -22,6 +22,38 @@ function renderStatus(status) {
     $("verdict").className = s.last_verdict.accepted ? "ok" : "bad";
   }
   if (s.peer_id) setText("peer-id", s.peer_id);
+  if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
+}
+
+async function refreshCredit(accepted) {
+  // this key's standing, tallied by the edge from the validators' signed verdicts
+  state.creditFor = accepted;
+  const experiment = state.status.experiment;
+  const response = await fetch(`/v1/experiments/${experiment}/credit/${state.status.peer_id}`).catch(() => null);
+  if (!response?.ok) return;
+  const standing = await response.json();
+  state.credit = standing;
+  setText(
+    "credit",
+    standing.accepted
+      ? `Your credit: ${standing.examples.toLocaleString()} examples accepted in ${standing.accepted} window${standing.accepted === 1 ? "" : "s"} (${experiment}).`
+      : "Your credit: nothing accepted yet.",
+  );
+}
+
+function renderLeaderboard(experiment) {
+  const rows = (experiment?.leaderboard ?? []).map((standing, i) => {
+    const tr = document.createElement("tr");
+    if (standing.peer_id === state.status.peer_id) tr.className = "you";
+    const you = standing.peer_id === state.status.peer_id ? " (you)" : "";
+    for (const text of [i + 1, `${standing.peer_id.slice(8, 20)}…${you}`, standing.accepted, standing.examples.toLocaleString()]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.append(td);
+    }
+    return tr;
+  });
+  $("leaderboard").tBodies[0].replaceChildren(...rows);
 }
 
 async function serviceWorkerInControl() {
@@ -150,6 +182,7 @@ function renderSnapshot(snapshot) {
     }),
   );
   drawChart(snapshot.experiments);
+  renderLeaderboard(snapshot.experiments.find((e) => e.key === select.value) ?? snapshot.experiments[0]);
   const kinds = { ...snapshot.peers.active_by_kind };
   if (snapshot.peers.by_kind.viewer) kinds["viewers watching"] = snapshot.peers.by_kind.viewer;
   $("peers").replaceChildren(

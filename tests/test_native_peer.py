@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -16,7 +17,7 @@ from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.manifests import ExperimentSpec
-from protocol.messages import HeadDescriptor
+from protocol.messages import HeadDescriptor, Verdict
 from protocol.model import MODELS, init_params
 from protocol.reasons import Reason
 from server.serve import BackgroundEdge
@@ -90,8 +91,11 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
     trainers = [_trainer(edge, root, f"t{i}") for i in range(2)]
     experiment = trainers[0].experiment(*BASELINE.parts)
     heads = [genesis]
+    examples = {str(t.peer_id): 0 for t in trainers}
     for _ in range(3):
         outcomes = [t.train_window_once(experiment) for t in trainers]
+        for trainer, outcome in zip(trainers, outcomes, strict=True):
+            examples[str(trainer.peer_id)] += outcome.examples
         assert {o.base_head_id for o in outcomes} == {heads[-1].head_id}
         assert not set(outcomes[0].shard_ids) & set(outcomes[1].shard_ids)
         report = validator.poll(spec)
@@ -101,6 +105,21 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
         assert set(report.head.merged) == {o.candidate_id for o in outcomes}
         heads.append(report.head)
     assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
+    # credit: tallied by the edge from the verdicts, each signed by the validator
+    board = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit").json()
+    assert {(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board} == {
+        (peer, 3, 0, count) for peer, count in examples.items()
+    }
+    assert [s["examples"] for s in board] == sorted(examples.values(), reverse=True)
+    for peer in examples:
+        signed = [Verdict.from_wire(v) for v in httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts",
+                                                            params={"peer_id": peer}).json()]  # fmt: skip
+        for verdict in signed:
+            verdict.verify(validator.identity.public_key)  # anyone can recompute the standing
+        assert sum(int(v.metrics["examples"]) for v in signed if v.accepted) == examples[peer]
+    stranger = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit/ed25519-{'0' * 40}").json()
+    assert (stranger["accepted"], stranger["examples"]) == (0, 0)
+    assert httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit/not-a-key").status_code == 400
     assert trainers[0].train_window_once(experiment).base_head_id == heads[-1].head_id
     with pytest.raises(WindowUnavailable):  # nothing new to train on until the next head
         trainers[0].train_window_once(experiment, wait_s=0.2)

@@ -326,3 +326,32 @@ def test_an_edge_on_postgresql_answers_503_while_it_is_down_and_goes_on_after_it
             postgres.start()
             assert http.get(heads).json() == before  # nothing lost, no edge restart
             assert http.get("/readyz").status_code == 200
+
+
+def test_credit_is_tallied_from_signed_verdicts_as_they_arrive_alike_on_every_edge(opener: Opener) -> None:
+    from server.credit import CreditBook
+
+    store = opener()
+    (base,) = _chain(store, 1)
+    books = [CreditBook(store), CreditBook(opener())]  # two edges on one database
+
+    def verdict(trainer: PureSigner, index: int, reason: Reason, examples: float) -> Verdict:
+        candidate, _ = candidate_envelope(trainer, base.head_id, f"lease-{index}", seed=index)
+        return Verdict(
+            EXPERIMENT, candidate.candidate_id, base.head_id, candidate.peer_id, reason.accepted, reason, "",
+            VALIDATOR.public_key, 100 + index, metrics={"examples": examples},
+        ).signed(VALIDATOR)  # fmt: skip
+
+    alice, bob = (peer_id_from_public_key(t.public_key) for t in TRAINERS[:2])
+    store.add_verdict(verdict(TRAINERS[0], 0, Reason.ACCEPTED, 4000))
+    store.add_verdict(verdict(TRAINERS[1], 1, Reason.ACCEPTED, 1000))
+    assert [(s.peer_id, s.examples) for s in books[0].leaderboard(EXPERIMENT, 10)] == [(alice, 4000), (bob, 1000)]
+    store.add_verdict(verdict(TRAINERS[1], 2, Reason.ACCEPTED, 3500))
+    store.add_verdict(verdict(TRAINERS[0], 3, Reason.OUTLIER, 4000))  # rejected: no examples credited
+    for book in books:
+        assert [s.to_wire() for s in book.leaderboard(EXPERIMENT, 10)] == [
+            {"peer_id": bob, "accepted": 2, "rejected": 0, "examples": 4500, "last_accepted_ms": 102},
+            {"peer_id": alice, "accepted": 1, "rejected": 1, "examples": 4000, "last_accepted_ms": 100},
+        ]
+        assert book.leaderboard(EXPERIMENT, 1)[0].peer_id == bob
+        assert book.standing(EXPERIMENT, alice).rejected == 1

@@ -53,9 +53,22 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
   expect(shardRequests.length).toBeGreaterThanOrEqual(4);
   for (const url of shardRequests) expect(url).toMatch(/\?lease=lease-[0-9a-f]+$/);
   expect((context as any).outside).toEqual([]);
+  // credit from the validator-signed verdicts: this key's own line and its row on the leaderboard
+  await expect(page.locator("#credit")).toContainText(/examples accepted in \d+ window/);
+  await expect(page.locator("#leaderboard tr.you")).toContainText("(you)");
+  const standing = await page.evaluate(() => (window as any).dtn.credit);
+  expect(standing.accepted).toBeGreaterThanOrEqual(1);
+  expect(standing.examples).toBeGreaterThan(0);
   const screenshot = testInfo.outputPath("contribute-and-viewer.png");
   await page.screenshot({ path: screenshot, fullPage: true });
   await testInfo.attach("contribute-and-viewer", { path: screenshot, contentType: "image/png" });
+  // at phone width: one column, nothing wider than the screen
+  await page.setViewportSize({ width: 390, height: 844 });
+  expect(await page.evaluate(() => document.documentElement.scrollWidth)).toBeLessThanOrEqual(390);
+  await expect(page.locator("#toggle")).toBeInViewport();
+  const phone = testInfo.outputPath("phone-width.png");
+  await page.screenshot({ path: phone, fullPage: true });
+  await testInfo.attach("phone-width", { path: phone, contentType: "image/png" });
 });
 
 test("return visits start from the Service Worker's checked cache, even while the edge is unreachable", async ({

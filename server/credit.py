@@ -1,0 +1,64 @@
+"""Credit for contributors, tallied from the verdicts validators signed.
+
+Every verdict the edge keeps carries a validator's signature, checked on intake; a contributor's
+standing is a sum over them: windows accepted and rejected, and the examples of the accepted
+candidates (the count the validator checked against the lease and signed as the verdict's
+``examples`` metric). Nothing here can be claimed by a peer: anyone can recompute a standing from
+``GET /v1/experiments/<key>/verdicts?peer_id=...`` and check each signature against the network's
+validator keys. The tally is kept in memory and caught up from the store's new verdicts at each read,
+so every edge on a shared store answers alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from protocol.ids import ExperimentKey, PeerId
+from protocol.messages import Verdict
+
+from .store import EdgeStore
+
+__all__ = ["CreditBook", "Standing"]
+
+
+@dataclass
+class Standing:
+    peer_id: PeerId
+    accepted: int = 0  # windows whose candidate was merged
+    rejected: int = 0
+    examples: int = 0  # training examples in the accepted candidates
+    last_accepted_ms: int | None = None
+
+    def add(self, verdict: Verdict) -> None:
+        if verdict.accepted:
+            self.accepted += 1
+            self.examples += int(verdict.metrics.get("examples", 0))
+            self.last_accepted_ms = max(self.last_accepted_ms or 0, verdict.decided_at_ms)
+        else:
+            self.rejected += 1
+
+    def to_wire(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class CreditBook:
+    def __init__(self, store: EdgeStore) -> None:
+        self.store = store
+        self._after: dict[ExperimentKey, int] = {}  # the last verdict (store order) tallied
+        self._standings: dict[ExperimentKey, dict[PeerId, Standing]] = {}
+
+    def _catch_up(self, experiment: ExperimentKey) -> dict[PeerId, Standing]:
+        standings = self._standings.setdefault(experiment, {})
+        while rows := self.store.verdicts_after(experiment, self._after.get(experiment, 0)):
+            for position, verdict in rows:
+                standings.setdefault(verdict.peer_id, Standing(verdict.peer_id)).add(verdict)
+                self._after[experiment] = position
+        return standings
+
+    def leaderboard(self, experiment: ExperimentKey, limit: int) -> list[Standing]:
+        """The ``limit`` contributors with the most accepted examples (then windows)."""
+        ranked = sorted(self._catch_up(experiment).values(), key=lambda s: (-s.examples, -s.accepted, s.peer_id))
+        return ranked[:limit]
+
+    def standing(self, experiment: ExperimentKey, peer_id: PeerId) -> Standing:
+        return self._catch_up(experiment).get(peer_id) or Standing(peer_id)
