@@ -2,6 +2,7 @@
 
     numpy_trainer  the MLP's forward, backward and Adam in NumPy (pure)
     bridge         the small interface the peer needs from its host (HTTP, WebSocket, status, clock)
+    guest          when and how much the peer may compute (paused, CPU share), as the page decides
     peer           BrowserPeer: join the relay, lease, fetch, train, sign, publish, repeat (pure
                    but for the bridge)
     js_bridge      the only module that touches ``js`` / ``pyodide``: the bridge in a browser

@@ -38,6 +38,7 @@ from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
+from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul, gradients
 
 __all__ = ["BrowserPeer", "PeerConfig"]
@@ -78,7 +79,12 @@ class BrowserPeer:
             "last_verdict": None,
             "head_window": None,
             "connected": False,
+            "paused": None,
+            "cpu_share": 1.0,
+            "downloaded_bytes": 0,  # heads, shards and manifests over HTTP
+            "sent_bytes": 0,  # signed candidates over the relay
         }
+        self.guest = Guest()
         self._matmul, backend = fastest_matmul()
         self.status["matmul"] = backend
         self._optimizer: Adam | None = None
@@ -97,7 +103,22 @@ class BrowserPeer:
     def stop(self) -> None:
         self.running = False
         self._head_changed.set()
+        self.guest.resume()
         self._report(phase="stopping")
+
+    def pause(self, reason: str) -> None:
+        """Stop training at the next batch (and lease nothing) until ``resume`` (``browser_peer.guest``)."""
+        self.guest.pause(reason)
+        self._report(phase=f"paused: {reason}", paused=reason)
+
+    def resume(self) -> None:
+        if self.guest.reason is not None:
+            self.guest.resume()
+            self._report(phase="resuming", paused=None)
+
+    def set_share(self, share: float) -> None:
+        self.guest.set_share(share)
+        self._report(cpu_share=self.guest.share)
 
     # -- sessions --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -205,7 +226,9 @@ class BrowserPeer:
         """GET ``path`` from the edge, with the admission token where the network needs one."""
         if self.config.token is not None:
             headers = {**(headers or {}), "authorization": f"Bearer {self.config.token}"}
-        return await self.bridge.fetch_bytes(self.config.edge_url + path, headers or {})
+        data = await self.bridge.fetch_bytes(self.config.edge_url + path, headers or {})
+        self.status["downloaded_bytes"] += len(data)
+        return data
 
     async def _fetch_json(self, path: str) -> Any:
         return json.loads(await self._fetch(path))
@@ -221,6 +244,9 @@ class BrowserPeer:
 
     async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
         assert self._network is not None
+        if self.guest.reason is not None:  # a paused tab asks for no lease
+            self._report(phase=f"paused: {self.guest.reason}")
+            await self.guest.admit()
         head = head_to_train(
             await self._current_head(), self._network.validator_key_set, self._last_base, quorum=self._network.quorum
         )
@@ -262,6 +288,7 @@ class BrowserPeer:
         for epoch in range(spec.local_epochs):
             xb, yb = make_batches(x_all, y_all, spec.batch_size, epoch_seed(lease, epoch))
             for x, y in zip(xb, yb, strict=True):
+                batch_started = time.perf_counter()
                 loss, grads = gradients(model, params, x, y, self._matmul)
                 params = self._optimizer.step(params, grads)
                 losses.append(loss)
@@ -272,7 +299,7 @@ class BrowserPeer:
                         phase=f"training window {head.window}: batch {steps}/{len(xb) * spec.local_epochs}",
                         samples_per_s=rate,
                     )
-                    await asyncio.sleep(0)
+                await self.guest.after_batch(time.perf_counter() - batch_started)
         seconds = time.perf_counter() - started
         examples = steps * spec.batch_size
         rate = examples / max(seconds, 1e-9)
@@ -291,6 +318,7 @@ class BrowserPeer:
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate)
         await socket.send_bytes(envelope)
+        self.status["sent_bytes"] += len(envelope)
         ack = await self._reply(reader, "candidate.ack")
         if ack["candidate_id"] != candidate.candidate_id:
             raise ProtocolError("edge acknowledged another candidate")

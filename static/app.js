@@ -22,8 +22,48 @@ function renderStatus(status) {
     $("verdict").className = s.last_verdict.accepted ? "ok" : "bad";
   }
   if (s.peer_id) setText("peer-id", s.peer_id);
+  setText("downloaded", megabytes(s.downloaded_bytes));
+  setText("sent", megabytes(s.sent_bytes));
   if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
 }
+
+function megabytes(bytes) {
+  return `${((bytes ?? 0) / 1e6).toFixed(1)} MB`;
+}
+
+// -- a good guest: paused while the tab is hidden or on battery (unless allowed), at the chosen CPU share
+const guest = { onBattery: false };
+const preferences = ["share", "background", "battery"];
+
+function guestPause() {
+  if (document.hidden && !$("background").checked) return "tab hidden";
+  if (guest.onBattery && !$("battery").checked) return "on battery";
+  return null;
+}
+
+function applyGuest() {
+  setText("share-value", `${$("share").value} %`);
+  for (const id of preferences) localStorage.setItem(`dtn-${id}`, String($(id).type === "checkbox" ? $(id).checked : $(id).value));
+  if (!state.worker) return;
+  const reason = guestPause();
+  state.worker.postMessage(reason ? { type: "pause", reason } : { type: "resume" });
+  state.worker.postMessage({ type: "share", share: Number($("share").value) / 100 });
+}
+
+for (const id of preferences) {
+  const saved = localStorage.getItem(`dtn-${id}`);
+  if (saved !== null) $(id).type === "checkbox" ? ($(id).checked = saved === "true") : ($(id).value = saved);
+  $(id).addEventListener("input", applyGuest);
+}
+document.addEventListener("visibilitychange", applyGuest);
+navigator.getBattery?.().then((battery) => {
+  const update = () => {
+    guest.onBattery = !battery.charging;
+    applyGuest();
+  };
+  battery.addEventListener("chargingchange", update);
+  update();
+});
 
 async function refreshCredit(accepted) {
   // this key's standing, tallied by the edge from the validators' signed verdicts
@@ -106,6 +146,7 @@ async function toggle() {
       experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
       token: params.get("token"), // admission token, for networks that require one
     });
+    applyGuest();
     state.running = true;
   } else {
     state.worker.postMessage({ type: "stop" });

@@ -1,6 +1,7 @@
 // The browser peer's Web Worker: loads Pyodide, NumPy and the peer's Python bundle (in parallel),
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
-// Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"}.
+// Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"} | {type: "pause", reason} |
+// {type: "resume"} | {type: "share", share} (the fraction of a core to use, browser_peer/guest.py).
 // Messages out: {type: "status", status} | {type: "error", message}.
 const runtime = (async () => {
   // /v1/peer-runtime names the runtime and the bundle by content; their URLs are cached for a year
@@ -58,6 +59,13 @@ function identitySeed() {
 }
 
 let peer = null;
+const guest = { paused: null, share: 1 }; // the page's latest word, also for a peer not started yet
+
+function applyGuest() {
+  peer.set_share(guest.share);
+  if (guest.paused) peer.pause(guest.paused);
+  else peer.resume();
+}
 runtime.then(
   () => peer === null && postMessage({ type: "status", status: { phase: "ready: Python runtime loaded" } }),
   (error) => postMessage({ type: "error", message: String(error) }),
@@ -71,6 +79,11 @@ onmessage = async (event) => {
       const [pyodide, seed] = await Promise.all([runtime, identitySeed()]);
       const bridge = pyodide.pyimport("browser_peer.js_bridge");
       peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null);
+      applyGuest();
+    } else if (message.type === "pause" || message.type === "resume" || message.type === "share") {
+      if (message.type === "share") guest.share = message.share;
+      else guest.paused = message.type === "pause" ? message.reason : null;
+      if (peer !== null) applyGuest();
     } else if (message.type === "stop" && peer !== null) {
       peer.stop();
       peer.destroy();

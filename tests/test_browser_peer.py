@@ -113,3 +113,62 @@ def test_browser_peer_stops_on_an_unknown_experiment(stack: LocalNetwork) -> Non
         asyncio.run(attempt())
     assert any(s["phase"].startswith("error: this network runs no experiment") for s in bridge.statuses)
     assert peer.status["phase"] == "stopped" and peer.status["windows_done"] == 0
+
+
+def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu_share(stack: LocalNetwork) -> None:
+    with (
+        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
+        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
+    ):
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x43" * 32, max_windows=1))
+        peer.pause("tab hidden")  # the page's word before the peer has even joined
+        peer.set_share(0.5)
+
+        async def contribute() -> None:
+            task = asyncio.ensure_future(peer.run())
+            await asyncio.sleep(3)
+            assert peer.status["connected"] and peer.status["paused"] == "tab hidden"
+            assert not any("/shards/" in u for u in bridge.fetched) and not task.done()
+            leases = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/leases", params={"base_head": _head(edge.url)})
+            assert leases.json() == []  # a paused tab holds no shards
+            peer.resume()
+            await asyncio.wait_for(task, 120)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+    assert peer.status["windows_done"] == 1 and peer.status["cpu_share"] == 0.5
+    assert peer.status["downloaded_bytes"] >= 4 * 700_000 and peer.status["sent_bytes"] > 0
+    phases = [s["phase"] for s in bridge.statuses]
+    assert phases.index("resuming") < next(i for i, p in enumerate(phases) if p.startswith("training window"))
+
+
+def _head(url: str) -> str:
+    return str(httpx.get(f"{url}/v1/experiments/{BASELINE}/head").json()["head_id"])
+
+
+def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> None:
+    from browser_peer.guest import Guest
+
+    rests: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        rests.append(seconds)
+
+    async def scenario() -> None:
+        guest = Guest(sleep)
+        await guest.after_batch(0.2)
+        guest.set_share(0.5)
+        await guest.after_batch(0.2)
+        guest.set_share(0.0)  # clamped to MIN_SHARE
+        await guest.after_batch(0.1)
+        assert rests == pytest.approx([0.0, 0.2, 0.9])
+        guest.pause("on battery")
+        waiting = asyncio.ensure_future(guest.after_batch(0.0))
+        admitted = asyncio.ensure_future(guest.admit())
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and not admitted.done()
+        guest.resume()
+        await asyncio.wait_for(asyncio.gather(waiting, admitted), 1)
+
+    asyncio.run(scenario())

@@ -106,3 +106,35 @@ test("return visits start from the Service Worker's checked cache, even while th
     .poll(() => page.evaluate(() => (window as any).dtn.status.phase ?? ""), { timeout: 60_000 })
     .toMatch(/^training window|^window \d+ published|^publishing|^waiting/);
 });
+
+test("a good guest: paused on battery and while hidden unless allowed, at the CPU share chosen", async ({ page }) => {
+  await page.addInitScript(() => {
+    // a laptop unplugged: the Battery Status API says it is not charging
+    const battery = Object.assign(new EventTarget(), { charging: false, level: 0.5 });
+    (navigator as any).getBattery = async () => battery;
+    localStorage.clear();
+  });
+  const status = () => page.evaluate(() => (window as any).dtn.status);
+  await page.goto(`/?experiment=${EXPERIMENT}`);
+  await page.locator("#toggle").click();
+  await expect.poll(async () => (await status()).phase ?? "", { timeout: 120_000 }).toBe("paused: on battery");
+  await page.waitForTimeout(1500);
+  expect((await status()).windows_done ?? 0).toBe(0); // nothing leased or trained meanwhile
+  await page.locator("#battery").check(); // the person allows it
+  await expect.poll(async () => (await status()).phase ?? "", { timeout: 60_000 }).toMatch(/^training window/);
+  await page.locator("#share").fill("50");
+  await expect.poll(async () => (await status()).cpu_share).toBe(0.5);
+  // the tab hidden: paused until it is visible again (or the person allows background training)
+  const visibility = (hidden: boolean) =>
+    page.evaluate((value) => {
+      Object.defineProperty(document, "hidden", { value, configurable: true });
+      document.dispatchEvent(new Event("visibilitychange"));
+    }, hidden);
+  await visibility(true);
+  await expect.poll(async () => (await status()).paused).toBe("tab hidden");
+  await visibility(false);
+  await expect.poll(async () => (await status()).paused ?? null).toBeNull();
+  await expect(page.locator("details summary")).toContainText("What this page downloads and sends");
+  expect(Number((await page.locator("#downloaded").textContent())?.split(" ")[0])).toBeGreaterThan(1);
+  expect(await page.evaluate(() => localStorage.getItem("dtn-share"))).toBe("50"); // remembered for next time
+});
