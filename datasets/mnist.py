@@ -30,7 +30,6 @@ from .sharding import Examples, Source, verified_copy, write_dataset
 
 __all__ = ["DATASET_ID", "SOURCE_SHA256", "prepare"]
 
-
 DATASET_ID = DatasetId("mnist")
 SOURCE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
 _ALLOWED_GLOBALS = {

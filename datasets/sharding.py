@@ -139,7 +139,8 @@ def write_dataset(
     seed: int | None = None,
 ) -> PreparedDataset:
     """Write ``source`` as ``out/<dataset_id>``: ``drawn[split]`` random pool examples for each split the
-    source does not bring, train shards from the rest. ``seed`` only for tests (default: a fresh draw)."""
+    source does not bring, train shards from the rest. ``seed`` fixes the draw (for tests); by default
+    it is fresh and known to nobody after."""
     if set(drawn) | set(source.given) != set(HELD_OUT_SPLITS) or set(drawn) & set(source.given):
         raise ShardingError(f"each held-out split {HELD_OUT_SPLITS} must be drawn or given, once")
     if shard_size < 1:

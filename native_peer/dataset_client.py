@@ -40,9 +40,12 @@ class ShardCache:
         self.local_reads = 0
         self.downloads = 0
 
-    def _local_bytes(self, local_datasets: Path, dataset_id: str, entry: ShardEntry) -> bytes | None:
-        """The shard from the prepared copy under ``local_datasets``, if it is there and matches ``entry``."""
-        path = shard_path(local_datasets / dataset_id, entry)
+    def _local_bytes(self, dataset_id: str, entry: ShardEntry) -> bytes | None:
+        """The shard from the prepared copy under ``local_datasets``, if there is one, it holds the
+        shard and the shard matches ``entry``."""
+        if self.local_datasets is None:
+            return None
+        path = shard_path(self.local_datasets / dataset_id, entry)
         try:
             data = path.read_bytes()
             verify_shard(entry, data)
@@ -55,7 +58,8 @@ class ShardCache:
     def _shard_bytes(self, grant: LeaseGrant, shard_id: str) -> bytes:
         lease = grant.lease
         entry = self.edge.fetch_manifest(lease.dataset_id).shard(shard_id)
-        if self.local_datasets and (local := self._local_bytes(self.local_datasets, lease.dataset_id, entry)):
+        local = self._local_bytes(lease.dataset_id, entry)
+        if local is not None:
             return local
         path = self.storage.shard_path(lease.dataset_id, shard_id)
         if path.exists():

@@ -112,7 +112,7 @@ class FetchManifest:
             dataset_id=DatasetId(d.get("dataset_id")),
             split=read_str(d, "split", max_len=32),
             feature_shape=tuple(read_list(d, "feature_shape", _positive_int, max_len=8)),
-            num_classes=read_int(d, "num_classes", low=2, high=256),
+            num_classes=read_int(d, "num_classes", low=2),
             shards=shards,
             features=read_str(d, "features", max_len=16) if "features" in d else "pixels",
         )
