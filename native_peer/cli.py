@@ -10,6 +10,13 @@ pinned validators are in it and every quorum of its validators includes one of t
 never be canonical without a pinned validator's signature): an edge cannot swap in validators of
 its own. ``--network FILE`` uses a manifest handed over by other means instead (checked against the
 pins when both are given).
+
+``dtn dataset shard`` turns a user's own data (an ``.npz`` file, a folder of images with one subfolder
+per class, or text files) into a prepared dataset an edge serves and validators judge on
+(``datasets.sources``, ``datasets.sharding``); ``dtn dataset check`` verifies one:
+
+    dtn dataset shard --from images ./photos --out var/datasets --dataset-id photos
+    dtn dataset check var/datasets/photos
 """
 
 from __future__ import annotations
@@ -23,11 +30,16 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from protocol.ids import ExperimentKey
+from datasets.layout import HELD_OUT_SPLITS, PreparedDataset, check_dataset
+from datasets.sharding import DEFAULT_FRACTIONS, ShardingError, shard
+from datasets.sources import read_images, read_npz, read_text
+from protocol.errors import ProtocolError
+from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.signing import b64encode
 
@@ -133,7 +145,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         .with_bootstrap_peer(args.edge)
         .with_continuous_training(args.speculative_epochs)
     )
-    trainer = (builder.with_admission_token(args.token) if args.token else builder).spawn()
+    builder = builder.with_admission_token(args.token) if args.token else builder
+    trainer = (builder.with_sharded_dataset(args.shards_from) if args.shards_from else builder).spawn()
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     experiments = [trainer.experiment(*key.parts) for key in keys]
     try:
@@ -169,6 +182,45 @@ def cmd_keys(args: argparse.Namespace) -> None:
         print(f"validator {b64encode(key)}  fingerprint {fingerprint(key)}")
 
 
+def _summary(prepared: PreparedDataset) -> str:
+    manifest = prepared.manifest
+    splits = ", ".join(f"{split} {prepared.split_examples[split]:,}" for split in HELD_OUT_SPLITS)
+    return (
+        f"{manifest.dataset_id}: {len(manifest.shards)} train shards ({prepared.split_examples['train']:,} "
+        f"examples); {splits}\n{manifest.features} features {list(manifest.feature_shape)}, "
+        f"{manifest.num_classes} classes, in {prepared.root}"
+    )
+
+
+def cmd_dataset_shard(args: argparse.Namespace) -> None:
+    fractions = {split: getattr(args, split) for split in HELD_OUT_SPLITS}
+    try:
+        dataset_id = DatasetId(args.dataset_id)
+        if args.kind == "npz":
+            source = read_npz(args.path, features=args.features, num_classes=args.num_classes)
+        elif args.kind == "images":
+            source = read_images(args.path)
+        else:
+            source = read_text(args.path, context=args.context)
+        prepared = shard(
+            source, args.out, dataset_id, fractions=fractions, shard_size=args.shard_size, force=args.force
+        )
+    except (ShardingError, ProtocolError) as exc:
+        print(f"dtn dataset shard: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(_summary(prepared))
+
+
+def cmd_dataset_check(args: argparse.Namespace) -> None:
+    try:
+        prepared = check_dataset(args.root)
+    except (ProtocolError, OSError, ValueError) as exc:
+        print(f"dtn dataset check: {args.root}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(_summary(prepared))
+    print("every shard matches the manifest; every split fits it")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m native_peer", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -196,6 +248,13 @@ def main(argv: list[str] | None = None) -> None:
         help="epochs to keep training past a window while it is judged (0: wait idle)",
     )
     train.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
+    train.add_argument(
+        "--shards-from",
+        type=Path,
+        default=None,
+        help="prepared datasets dir (<dir>/<dataset>/train/) to read leased shards from, verified against "
+        "the edge's fetch-manifest, instead of downloading them",
+    )
     train.set_defaults(run=cmd_train)
 
     keys = sub.add_parser("keys", help="print a network's validator keys and their fingerprints (what trainers pin)")
@@ -212,6 +271,31 @@ def main(argv: list[str] | None = None) -> None:
     validate.add_argument("--datasets", type=Path, required=True, help="prepared datasets (validation split)")
     validate.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     validate.set_defaults(run=cmd_validate)
+
+    dataset = sub.add_parser("dataset", help="prepare your own data as a sharded dataset").add_subparsers(
+        dest="action", required=True
+    )
+    shard_cmd = dataset.add_parser(
+        "shard",
+        help="write train shards, fetch-manifest and held-out splits (datasets.sources lists the input formats)",
+    )
+    shard_cmd.add_argument("--from", dest="kind", choices=("npz", "images", "text"), required=True)
+    shard_cmd.add_argument("path", type=Path, help=".npz file, folder of class subfolders, or text file/folder")
+    shard_cmd.add_argument("--out", type=Path, required=True, help="datasets dir (the edge's --datasets-dir)")
+    shard_cmd.add_argument("--dataset-id", required=True, help="the dataset's id, as experiments name it")
+    shard_cmd.add_argument("--shard-size", type=int, default=1000, help="examples per train shard")
+    for split in HELD_OUT_SPLITS:
+        shard_cmd.add_argument(
+            f"--{split}", type=float, default=DEFAULT_FRACTIONS[split], help=f"fraction drawn for {split}"
+        )
+    shard_cmd.add_argument("--features", choices=("pixels", "tokens"), default="pixels", help="npz: feature kind")
+    shard_cmd.add_argument("--num-classes", type=int, default=None, help="npz: classes (default: largest label + 1)")
+    shard_cmd.add_argument("--context", type=int, default=128, help="text: tokens (bytes) per example")
+    shard_cmd.add_argument("--force", action="store_true", help="replace a dataset already at --out/--dataset-id")
+    shard_cmd.set_defaults(run=cmd_dataset_shard)
+    check = dataset.add_parser("check", help="verify a prepared dataset against its fetch-manifest")
+    check.add_argument("root", type=Path, help="the dataset's folder (<datasets dir>/<dataset id>)")
+    check.set_defaults(run=cmd_dataset_check)
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

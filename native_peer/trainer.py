@@ -11,7 +11,8 @@
 One window follows ``protocol.window``, the routine the browser peer runs too: read the current
 head (``head_to_train``: signed by a validator of the network, not trained on yet), lease shards
 from the edge (``check_lease``: edge-signed, for this head, this peer and experiment), fetch the
-shards in the background while the head artifact downloads, train ``local_epochs`` over the leased
+shards in the background while the head artifact downloads (or read them from a prepared copy on
+disk: ``TrainerBuilder.with_sharded_dataset``), train ``local_epochs`` over the leased
 examples in ``epoch_seed`` order with the user's optimizer (its state stays on this machine, saved
 in the storage dir), then sign and publish the candidate (``package_candidate``). If a newer head
 appeared while training, the work is dropped and the next window starts from that head.
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -136,6 +138,7 @@ class TrainerBuilder:
     bootstrap_url: str | None = None
     admission_token: str | None = None
     speculative_epochs: int = 0
+    local_datasets: Path | None = None
 
     def with_network(self, network: NetworkManifest) -> TrainerBuilder:
         return replace(self, network=network)
@@ -157,6 +160,14 @@ class TrainerBuilder:
             raise ValueError("speculative_epochs must be 0 (off) or more")
         return replace(self, speculative_epochs=speculative_epochs)
 
+    def with_sharded_dataset(self, datasets_dir: Path) -> TrainerBuilder:
+        """Read leased shards from a prepared copy of the network's datasets under ``datasets_dir``
+        (``<dir>/<dataset>/train/``, the layout ``dtn dataset shard`` writes; the train folder is all it
+        needs) instead of downloading them. Leases still come from the edge and only their shards are
+        read, each verified against the fetch-manifest the edge serves; one that is missing or differs
+        is downloaded from the edge instead."""
+        return replace(self, local_datasets=datasets_dir)
+
     def spawn(self) -> Trainer:
         if self.network is None or self.storage is None or self.bootstrap_url is None:
             raise ValueError("a trainer needs with_network(), with_storage() and with_bootstrap_peer() before spawn()")
@@ -168,6 +179,7 @@ class TrainerBuilder:
             self.bootstrap_url,
             self.admission_token,
             speculative_epochs=self.speculative_epochs,
+            local_datasets=self.local_datasets,
         )
 
 
@@ -185,6 +197,7 @@ class Trainer:
         *,
         clock: Clock = SYSTEM_CLOCK,
         speculative_epochs: int = 0,
+        local_datasets: Path | None = None,
     ) -> None:
         self.project = project
         self.clock = clock
@@ -198,7 +211,7 @@ class Trainer:
             raise ValueError("the bootstrap edge serves a network with other validators than the manifest given")
         self.network = replace(network, edge_key=network.edge_key or served.edge_key)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
-        self.shards = ShardCache(self.edge, storage, self._pool)
+        self.shards = ShardCache(self.edge, storage, self._pool, local_datasets)
         self._engines: dict[str, TrainEngine] = {}
         self._opt_states: dict[str, Any] = {}
         self._full_windows: dict[str, HeadId] = {}  # experiment -> a head whose shards were all leased
@@ -377,6 +390,7 @@ class Trainer:
                 "peer_id": self.peer_id,
                 "windows_done": state["windows_done"],
                 "shard_cache_hits": self.shards.hits,
+                "shard_local_reads": self.shards.local_reads,
                 "shard_downloads": self.shards.downloads,
                 "optimizer_restored": experiment.key in self.restored_optimizers,
                 "candidate_bytes": len(envelope),

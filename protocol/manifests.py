@@ -3,7 +3,7 @@
 ``NetworkManifest`` is what a peer is told before it joins: the keys of the validators (only they
 make a head canonical), the edge's key (it signs leases) and the experiments the network runs.
 ``FetchManifest`` is the dataset origin's table of shards, each with its sha256, so a peer verifies
-every byte it downloads.
+every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .signing import b64decode, b64encode
 from .updates import CODECS
 
 __all__ = [
+    "FEATURE_KINDS",
     "PROTOCOL_VERSION",
     "ExperimentSpec",
     "FetchManifest",
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+FEATURE_KINDS = ("pixels", "tokens")
+"""What a shard's uint8 features are: ``pixels`` (k read as k / 256) or ``tokens`` (ids read as is)."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,23 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class FetchManifest:
-    """The shards of one dataset split that the edge serves."""
+    """The shards of one dataset split that the edge serves.
+
+    ``features`` is optional on the wire (absent: ``pixels``) and written only when it is another kind,
+    so pixel datasets keep the manifest they had before token datasets existed."""
 
     dataset_id: DatasetId
     split: str
     feature_shape: tuple[int, ...]
     num_classes: int
     shards: tuple[ShardEntry, ...]
+    features: str = "pixels"
+
+    def __post_init__(self) -> None:
+        if self.features not in FEATURE_KINDS:
+            raise InvalidMessage(f"unknown feature kind {self.features!r}; kinds: {FEATURE_KINDS}")
+        if not 2 <= self.num_classes <= 256:
+            raise InvalidMessage(f"num_classes {self.num_classes} must be in [2, 256] (labels are uint8)")
 
     def shard(self, shard_id: str) -> ShardEntry:
         for entry in self.shards:
@@ -86,6 +99,7 @@ class FetchManifest:
             "feature_shape": list(self.feature_shape),
             "num_classes": self.num_classes,
             "shards": [asdict(entry) for entry in self.shards],
+            **({} if self.features == "pixels" else {"features": self.features}),
         }
 
     @classmethod
@@ -100,6 +114,7 @@ class FetchManifest:
             feature_shape=tuple(read_list(d, "feature_shape", _positive_int, max_len=8)),
             num_classes=read_int(d, "num_classes", low=2),
             shards=shards,
+            features=read_str(d, "features", max_len=16) if "features" in d else "pixels",
         )
 
 

@@ -1,7 +1,13 @@
-"""Dataset shards: a shard is a safetensors artifact with ``images`` (uint8) and ``labels`` (uint8).
+"""Dataset shards: a shard is a safetensors artifact with uint8 features and uint8 ``labels``.
 
-Pixels are stored as integers k and read as k / 256 (the scaling of the MNIST source, exact in
-float32). ``verify_shard`` checks downloaded bytes against their ``ShardEntry`` before use.
+Two kinds of features (``FEATURE_KINDS``), named in the shard's metadata and in its fetch-manifest:
+
+- ``pixels``: tensor ``images``, integers k read as k / 256 (the scaling of the MNIST source, exact
+  in float32); labels ``[n]``. Metadata ``{"format": "dtn-shard-v1"}`` alone, as before tokens existed.
+- ``tokens``: tensor ``tokens``, ids read as the same integers in float32; labels ``[n]`` or, for
+  next-token data, one per position (``[n, T]`` as the tokens). Metadata adds ``"features": "tokens"``.
+
+``verify_shard`` checks downloaded bytes against their ``ShardEntry`` before use.
 """
 
 from __future__ import annotations
@@ -13,26 +19,51 @@ import numpy.typing as npt
 
 from .codec import decode_tensors, encode_tensors
 from .errors import CodecError, IntegrityError
-from .manifests import ShardEntry
+from .manifests import FEATURE_KINDS, ShardEntry
 
 __all__ = ["PIXEL_SCALE", "decode_shard", "encode_shard", "verify_shard"]
 
 PIXEL_SCALE = 1.0 / 256.0
+_FORMAT = "dtn-shard-v1"
+_TENSOR = {"pixels": "images", "tokens": "tokens"}
 
 
-def encode_shard(images: npt.NDArray[np.uint8], labels: npt.NDArray[np.integer]) -> bytes:
-    if images.dtype != np.uint8 or len(images) != len(labels):
-        raise CodecError("a shard holds uint8 images and one label per image")
-    return encode_tensors({"images": images, "labels": np.asarray(labels, np.uint8)}, {"format": "dtn-shard-v1"})
+def encode_shard(
+    features: npt.NDArray[np.uint8], labels: npt.NDArray[np.integer], features_kind: str = "pixels"
+) -> bytes:
+    """Shard bytes for uint8 ``features`` ([n, ...]) and integer ``labels`` in [0, 255]."""
+    if features_kind not in FEATURE_KINDS:
+        raise CodecError(f"unknown feature kind {features_kind!r}; kinds: {FEATURE_KINDS}")
+    labels = np.asarray(labels)
+    _check_shapes(features_kind, features, labels)
+    if labels.size and (labels.min() < 0 or labels.max() > 255):
+        raise CodecError("shard labels must be in [0, 255]")
+    metadata = {"format": _FORMAT} | ({} if features_kind == "pixels" else {"features": features_kind})
+    return encode_tensors({_TENSOR[features_kind]: features, "labels": labels.astype(np.uint8)}, metadata)
 
 
-def decode_shard(data: bytes) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
-    """Features as float32 in [0, 1) and labels as int32."""
-    tensors, _ = decode_tensors(data)
-    images, labels = tensors.get("images"), tensors.get("labels")
-    if images is None or labels is None or images.dtype != np.uint8 or len(images) != len(labels):
-        raise CodecError("shard must hold uint8 'images' and 'labels' of equal length")
-    return images.astype(np.float32) * np.float32(PIXEL_SCALE), labels.astype(np.int32)
+def decode_shard(
+    data: bytes, features_kind: str | None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+    """Features as float32 (pixels in [0, 1), tokens as their ids) and labels as int32; with
+    ``features_kind`` (a manifest's), raise ``CodecError`` unless the shard holds that kind."""
+    tensors, metadata = decode_tensors(data)
+    kind = metadata.get("features", "pixels")
+    if kind not in FEATURE_KINDS or (features_kind is not None and kind != features_kind):
+        raise CodecError(f"shard holds {kind!r} features, expected {features_kind or FEATURE_KINDS}")
+    features, labels = tensors.get(_TENSOR[kind]), tensors.get("labels")
+    if features is None or labels is None or features.dtype != np.uint8 or labels.dtype != np.uint8:
+        raise CodecError(f"shard must hold uint8 {_TENSOR[kind]!r} and 'labels'")
+    _check_shapes(kind, features, labels)
+    scale = np.float32(PIXEL_SCALE if kind == "pixels" else 1.0)
+    return features.astype(np.float32) * scale, labels.astype(np.int32)
+
+
+def _check_shapes(kind: str, features: npt.NDArray[np.generic], labels: npt.NDArray[np.generic]) -> None:
+    if features.dtype != np.uint8 or features.ndim < 2 or len(features) != len(labels):
+        raise CodecError("a shard holds uint8 features [n, ...] and labels for the same n examples")
+    if labels.ndim != 1 and not (kind == "tokens" and labels.shape == features.shape):
+        raise CodecError(f"{kind} shard labels must be [n]" + (" or shaped as the tokens" if kind == "tokens" else ""))
 
 
 def verify_shard(entry: ShardEntry, data: bytes) -> None:

@@ -11,9 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
-from native_peer import StorageConfig, Validator, ValidatorConfig, WindowUnavailable
+from datasets.layout import read_train_manifest
+from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import mlp_learner
+from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.manifests import ExperimentSpec
@@ -296,3 +297,32 @@ def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     assert late.train_window_once(experiment).base_head_id == report.head.head_id
     for node in (*squatters, late, validator):
         node.close()
+
+
+def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    broken = root / "other-copy"
+    for number, entry in enumerate(read_train_manifest(dataset_root / "mnist").shards):
+        if number % 2:  # every other shard differs from the manifest's, the rest are missing
+            (broken / "mnist/train" / entry.locator).parent.mkdir(parents=True, exist_ok=True)
+            (broken / "mnist/train" / entry.locator).write_bytes(b"not this shard")
+
+    def trainer(name: str, datasets: Path) -> Trainer:
+        builder = NodeBuilder(mlp_learner()).trainer(RELEASE, WORKLOAD).with_network(validator.network)
+        storage = StorageConfig(root / name)
+        return builder.with_storage(storage).with_bootstrap_peer(edge.url).with_sharded_dataset(datasets).spawn()
+
+    local, fallback = trainer("local", dataset_root), trainer("fallback", broken)
+    try:
+        outcome = local.train_window_once(local.experiment(*BASELINE.parts))
+        assert local.shards.local_reads == len(outcome.shard_ids) == spec.shards_per_lease  # only the leased ones
+        assert local.shards.downloads == 0 and not (root / "local/datasets").exists()  # read where they lie
+        outcome = fallback.train_window_once(fallback.experiment(*BASELINE.parts))
+        assert fallback.shards.local_reads == 0 and fallback.shards.downloads == len(outcome.shard_ids)
+    finally:
+        local.close()
+        fallback.close()

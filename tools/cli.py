@@ -13,7 +13,7 @@ from pathlib import Path
 from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
 from server.store import EdgeStore, open_store
 
-from .networks import write_network
+from .networks import MNIST_NETWORK, NetworkConfigError, write_network
 from .pyodide_runtime import CORE_SOURCES, PYODIDE_VERSION, copy_runtime, prepare_runtime
 
 __all__ = ["main"]
@@ -58,7 +58,10 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
 
 
 def cmd_init_network(args: argparse.Namespace) -> None:
-    network = write_network(args.validator_storage, args.out, args.network_id, args.quorum)
+    try:
+        network = write_network(args.validator_storage, args.out, args.network_id, args.quorum, args.config)
+    except NetworkConfigError as exc:
+        raise SystemExit(str(exc)) from None
     print(f"wrote {args.out}: experiments {[s.key for s in network.experiments]}")
 
 
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     revoke.add_argument("token", help="the token, or its id from `token list`")
     revoke.set_defaults(run=cmd_token_revoke)
 
-    init = sub.add_parser("init-network", help="create validator identities and the MNIST network manifest")
+    init = sub.add_parser("init-network", help="create validator identities and a network manifest from a config file")
     init.add_argument(
         "--validator-storage",
         type=Path,
@@ -122,6 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     init.add_argument("--quorum", type=int, default=1, help="validators that must vouch for a head (k of n)")
     init.add_argument("--out", type=Path, required=True)
     init.add_argument("--network-id", default="demo")
+    init.add_argument(
+        "--config",
+        type=Path,
+        default=MNIST_NETWORK,
+        help="the network's experiments, TOML or .json (tools/networks.py describes the fields; default: the "
+        "demo's, networks/mnist.toml)",
+    )
     init.set_defaults(run=cmd_init_network)
 
     args = parser.parse_args(argv)

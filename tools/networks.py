@@ -1,56 +1,114 @@
-"""Network manifests an operator starts from: the MNIST preset (a baseline and a low learning rate),
-which the demo runs too, and ``write_network`` (validator identities plus the manifest file)."""
+"""Networks from config files: ``read_experiments`` (a file's experiments), ``mnist_network`` (the demo's
+network, ``networks/mnist.toml``) and ``write_network`` (validator identities plus the manifest file).
+
+A config file (TOML, or JSON when it ends in ``.json``) holds one thing, ``experiments``: a list of
+tables, each one ``ExperimentSpec`` by its field names (``protocol.manifests``: key, dataset_id,
+model, learning_rate, batch_size, local_epochs, codec, outer_optimizer, outer_learning_rate,
+outer_momentum, shards_per_lease, min_candidates, window_timeout_s, screening). Fields with a
+default there may be left out; anything else wrong (an unknown field, a value out of range, an
+unknown model or screening preset, a key twice) is a ``NetworkConfigError`` naming the file, the
+experiment and the field. Config files live in ``networks/`` at the top of the repository, next to
+``deploy/``: they are what an operator copies and edits, not code.
+"""
 
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 from native_peer.identity import NodeIdentity
 from native_peer.storage import StorageConfig
-from protocol.ids import DatasetId, ExperimentKey
+from protocol.errors import InvalidMessage
+from protocol.ids import ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
+from protocol.model import MODELS
+from protocol.screening import PRESETS
 
-__all__ = ["BASELINE", "LOW_LR", "mnist_network", "write_network"]
+__all__ = [
+    "BASELINE",
+    "LOW_LR",
+    "MNIST_NETWORK",
+    "NetworkConfigError",
+    "mnist_network",
+    "read_experiments",
+    "write_network",
+]
 
-BASELINE = ExperimentKey.parse("study/mnist/rev-1")
+MNIST_NETWORK = Path(__file__).resolve().parent.parent / "networks" / "mnist.toml"
+BASELINE = ExperimentKey.parse("study/mnist/rev-1")  # the experiments of MNIST_NETWORK
 LOW_LR = ExperimentKey.parse("study/mnist-low-lr/rev-1")
 
+_FIELDS = {f.name for f in fields(ExperimentSpec)}
+_DEFAULTS = {f.name: f.default for f in fields(ExperimentSpec) if f.default is not MISSING}
 
-def _spec(key: ExperimentKey, learning_rate: float) -> ExperimentSpec:
-    return ExperimentSpec(
-        key=key,
-        dataset_id=DatasetId("mnist"),
-        model="mnist-mlp",
-        learning_rate=learning_rate,
-        batch_size=64,
-        local_epochs=1,
-        shards_per_lease=4,
-        min_candidates=1,
-        window_timeout_s=30.0,
-        screening="balanced",
-    )
+
+class NetworkConfigError(ValueError):
+    """A network config file that cannot be read or does not describe valid experiments."""
+
+
+def read_experiments(path: Path) -> tuple[ExperimentSpec, ...]:
+    """The experiments of the network config file at ``path``, each checked as peers check them."""
+    try:
+        text = path.read_text()
+        config = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        raise NetworkConfigError(f"{path}: {exc}") from None
+    if not isinstance(config, dict) or set(config) != {"experiments"}:
+        found = sorted(config) if isinstance(config, dict) else type(config).__name__
+        raise NetworkConfigError(f"{path}: expected exactly one field, `experiments`; found {found}")
+    entries = config["experiments"]
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise NetworkConfigError(f"{path}: `experiments` must be a non-empty list of tables")
+    specs: dict[str, ExperimentSpec] = {}
+    for number, entry in enumerate(entries, 1):
+        spec = _experiment(entry, f"{path}: experiment {entry.get('key', f'#{number}')!s}")
+        if spec.key in specs:
+            raise NetworkConfigError(f"{path}: experiment {spec.key} is listed twice")
+        specs[spec.key] = spec
+    return tuple(specs.values())
+
+
+def _experiment(entry: dict[str, Any], where: str) -> ExperimentSpec:
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise NetworkConfigError(f"{where}: unknown field(s) {unknown}; fields: {sorted(_FIELDS)}")
+    try:
+        spec = ExperimentSpec.from_wire(_DEFAULTS | entry)
+    except InvalidMessage as exc:
+        raise NetworkConfigError(f"{where}: {exc}") from None
+    if spec.model not in MODELS:
+        raise NetworkConfigError(f"{where}: field 'model': unknown model {spec.model!r}; models: {sorted(MODELS)}")
+    if spec.screening not in PRESETS:
+        raise NetworkConfigError(
+            f"{where}: field 'screening': unknown preset {spec.screening!r}; presets: {sorted(PRESETS)}"
+        )
+    return spec
 
 
 def mnist_network(validator_key: bytes, network_id: str = "demo") -> NetworkManifest:
-    """Two MNIST experiments on one network: ``BASELINE`` (Adam 2e-3, DiLoCo's outer Nesterov step,
-    int8 updates: what ``benchmarks.network_efficiency`` found fastest to 0.97) and ``LOW_LR`` (Adam
-    2e-5, FedAvg, fp32: the plain control)."""
-    baseline = replace(_spec(BASELINE, 2e-3), outer_optimizer="nesterov", codec="int8")
-    return NetworkManifest(network_id, (validator_key,), (baseline, _spec(LOW_LR, 2e-5)))
+    """The demo's network (``MNIST_NETWORK``: ``BASELINE`` and ``LOW_LR``) with one validator."""
+    return NetworkManifest(network_id, (validator_key,), read_experiments(MNIST_NETWORK))
 
 
 def write_network(
-    validator_storages: Sequence[Path], out: Path, network_id: str = "demo", quorum: int = 1
+    validator_storages: Sequence[Path],
+    out: Path,
+    network_id: str = "demo",
+    quorum: int = 1,
+    config: Path = MNIST_NETWORK,
 ) -> NetworkManifest:
     """Create (or reuse) a validator identity under each of ``validator_storages`` and write their
-    network to ``out``: a head is canonical once ``quorum`` of them vouch for it."""
+    network running ``config``'s experiments to ``out``: a head is canonical once ``quorum`` of them
+    vouch for it."""
+    experiments = read_experiments(config)
     keys = tuple(
         NodeIdentity.load_or_create(StorageConfig(path).identity_path).public_key for path in validator_storages
     )
-    network = replace(mnist_network(keys[0], network_id), validator_keys=keys, quorum=quorum)
+    network = NetworkManifest(network_id, keys, experiments, quorum=quorum)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(network.to_wire(), indent=1))
     return network
