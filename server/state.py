@@ -121,10 +121,14 @@ def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimite
 
 
 def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:
-    """Every prepared dataset under ``root`` (``datasets.layout``), each shard file checked."""
+    """Every prepared dataset under ``root`` (``datasets.layout``), each shard file checked; hidden
+    folders (a dataset being written, ``datasets.sharding``) and misnamed ones are left out."""
     datasets: dict[DatasetId, FetchManifest] = {}
-    for dataset_root in sorted(path for path in root.glob("*") if manifest_path(path).exists()):
+    for dataset_root in sorted(path for path in root.glob("[!.]*") if manifest_path(path).exists()):
         manifest = read_train_manifest(dataset_root)
+        if manifest.dataset_id != dataset_root.name:
+            log.warning("not serving %s: its manifest names dataset %s", dataset_root, manifest.dataset_id)
+            continue
         datasets[manifest.dataset_id] = manifest
         log.info("serving dataset %s: %d shards", manifest.dataset_id, len(manifest.shards))
     return datasets
