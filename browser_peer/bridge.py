@@ -1,4 +1,5 @@
-"""What the browser peer needs from its host, as a small interface.
+"""What the browser peer needs from its host, as a small interface: HTTP, a WebSocket, status
+reports and durable storage.
 
 ``js_bridge.JsBridge`` implements it with ``pyfetch`` and ``js.WebSocket`` inside Pyodide; tests
 implement it with httpx and websockets to run the same peer code under CPython.
@@ -43,3 +44,9 @@ class Bridge(Protocol):
     async def connect(self, url: str) -> Socket: ...
 
     def post_status(self, status: dict[str, Any]) -> None: ...
+
+    async def load(self, key: str) -> bytes | None:
+        """What ``save`` kept under ``key`` in the tab's durable storage (IndexedDB), or None."""
+        ...
+
+    async def save(self, key: str, data: bytes) -> None: ...

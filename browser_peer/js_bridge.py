@@ -85,6 +85,13 @@ class JsBridge:
     def post_status(self, status: dict[str, Any]) -> None:
         js.postMessage(to_js({"type": "status", "status": status}, dict_converter=js.Object.fromEntries))
 
+    async def load(self, key: str) -> bytes | None:
+        value = await js.dtnLoad(key)  # static/worker.js: IndexedDB
+        return None if value is None else bytes(value.to_bytes())
+
+    async def save(self, key: str, data: bytes) -> None:
+        await js.dtnSave(key, to_js(data))
+
 
 def start(edge_url: str, experiment: str, seed_hex: str, token: str | None = None) -> BrowserPeer:
     """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""

@@ -40,6 +40,7 @@ from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, pa
 from .bridge import Bridge, HttpError, Socket, SocketClosed
 from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul, gradients
+from .progress import Progress, storage_key
 
 __all__ = ["BrowserPeer", "PeerConfig"]
 
@@ -94,6 +95,7 @@ class BrowserPeer:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
+        self._restored = False
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -152,6 +154,7 @@ class BrowserPeer:
                 self._report(phase=f"error: this network runs no experiment {self.key}")
                 return
             spec = self._network.experiment(self.key)
+            await self._restore(spec)
             await socket.send_text(
                 json.dumps({"type": "subscribe", "experiment": self.key, "topics": ["heads", "verdicts"]})
             )
@@ -173,6 +176,17 @@ class BrowserPeer:
                 if task is not None:
                     task.cancel()
             await socket.close()
+
+    async def _restore(self, spec: ExperimentSpec) -> None:
+        """Once per page load: the optimizer, residual and progress a previous load saved (``progress``)."""
+        if self._restored:
+            return
+        self._restored = True
+        saved = await self.bridge.load(storage_key(self.key))
+        progress = None if saved is None else Progress.decode(saved, self.key, MODELS[spec.model], spec.learning_rate)
+        if progress is not None:
+            self._optimizer, self._residual, self._last_base = progress.optimizer, progress.residual, progress.last_base
+            self._report(windows_done=progress.windows_done, resumed_steps=progress.optimizer.count)
 
     @staticmethod
     async def _heartbeat(socket: Socket) -> None:
@@ -328,4 +342,6 @@ class BrowserPeer:
             windows_done=self.status["windows_done"] + 1,
             last_candidate=candidate.candidate_id,
         )
+        progress = Progress(self._optimizer, self._residual, self.status["windows_done"], self._last_base)
+        await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
         await self._wait_for_head(60.0, reader)

@@ -37,25 +37,43 @@ async function fetchVerified({ url, id }) {
   return bytes;
 }
 
-function identitySeed() {
-  // 32 random bytes, created once per browser profile, kept in IndexedDB.
+// IndexedDB "dtn-peer": the identity seed (store "identity") and the peer's saved progress
+// (store "progress": optimizer state and windows done, browser_peer/progress.py).
+function database() {
   return new Promise((resolve, reject) => {
-    const open = indexedDB.open("dtn-peer", 1);
-    open.onupgradeneeded = () => open.result.createObjectStore("identity");
-    open.onerror = () => reject(open.error);
-    open.onsuccess = () => {
-      const db = open.result;
-      const read = db.transaction("identity", "readonly").objectStore("identity").get("seed");
-      read.onerror = () => reject(read.error);
-      read.onsuccess = () => {
-        if (read.result) return resolve(read.result);
-        const seed = Array.from(crypto.getRandomValues(new Uint8Array(32)), (b) => b.toString(16).padStart(2, "0")).join("");
-        const write = db.transaction("identity", "readwrite").objectStore("identity").put(seed, "seed");
-        write.onerror = () => reject(write.error);
-        write.onsuccess = () => resolve(seed);
-      };
+    const open = indexedDB.open("dtn-peer", 2);
+    open.onupgradeneeded = () => {
+      for (const store of ["identity", "progress"]) {
+        if (!open.result.objectStoreNames.contains(store)) open.result.createObjectStore(store);
+      }
     };
+    open.onerror = () => reject(open.error);
+    open.onsuccess = () => resolve(open.result);
   });
+}
+
+async function stored(store, key, value) {
+  // the value under key (undefined: none); with a value, puts it first
+  const db = await database();
+  return new Promise((resolve, reject) => {
+    const transaction = db.transaction(store, value === undefined ? "readonly" : "readwrite");
+    const request = value === undefined ? transaction.objectStore(store).get(key) : transaction.objectStore(store).put(value, key);
+    transaction.oncomplete = () => resolve(value === undefined ? request.result : value);
+    transaction.onerror = () => reject(transaction.error);
+  });
+}
+
+self.dtnLoad = async (key) => (await stored("progress", key)) ?? null; // called by browser_peer/js_bridge.py
+self.dtnSave = async (key, bytes) => {
+  await stored("progress", key, bytes);
+};
+
+async function identitySeed() {
+  // 32 random bytes, created once per browser profile
+  const seed = await stored("identity", "seed");
+  if (seed) return seed;
+  const fresh = Array.from(crypto.getRandomValues(new Uint8Array(32)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return stored("identity", "seed", fresh);
 }
 
 let peer = null;

@@ -39,9 +39,10 @@ class NativeSocket:
 
 
 class NativeBridge:
-    def __init__(self) -> None:
+    def __init__(self, storage: dict[str, bytes] | None = None) -> None:
         self.statuses: list[dict[str, Any]] = []
         self.fetched: list[str] = []
+        self.storage = {} if storage is None else storage  # the tab's IndexedDB: pass one to share it
         self._http = httpx.AsyncClient(timeout=30)
 
     async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
@@ -56,6 +57,12 @@ class NativeBridge:
 
     def post_status(self, status: dict[str, Any]) -> None:
         self.statuses.append(status)
+
+    async def load(self, key: str) -> bytes | None:
+        return self.storage.get(key)
+
+    async def save(self, key: str, data: bytes) -> None:
+        self.storage[key] = data
 
     async def aclose(self) -> None:
         await self._http.aclose()

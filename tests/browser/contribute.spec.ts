@@ -69,6 +69,12 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
   const phone = testInfo.outputPath("phone-width.png");
   await page.screenshot({ path: phone, fullPage: true });
   await testInfo.attach("phone-width", { path: phone, contentType: "image/png" });
+  // a reload keeps the work: the optimizer's state and the windows done come back from IndexedDB
+  const before = await page.evaluate(() => (window as any).dtn.status.windows_done);
+  await page.reload();
+  await page.locator("#toggle").click();
+  await expect.poll(() => page.evaluate(() => (window as any).dtn.status.resumed_steps ?? 0)).toBeGreaterThan(0);
+  expect(await page.evaluate(() => (window as any).dtn.status.windows_done)).toBeGreaterThanOrEqual(before);
 });
 
 test("return visits start from the Service Worker's checked cache, even while the edge is unreachable", async ({
