@@ -15,9 +15,10 @@ from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
 from .bridge import HttpError, SocketClosed
+from .parts import PartRunner
 from .peer import BrowserPeer, PeerConfig
 
-__all__ = ["JsBridge", "start"]
+__all__ = ["JsBridge", "guide_parts", "run_part", "start"]
 
 
 class JsSocket:
@@ -92,6 +93,12 @@ class JsBridge:
     async def save(self, key: str, data: bytes) -> None:
         await js.dtnSave(key, to_js(data))
 
+    def part_workers(self) -> int:
+        return int(js.dtnPartWorkers())  # static/worker.js: the helpers that have loaded the runtime
+
+    async def train_part(self, index: int, payload: bytes) -> bytes:
+        return bytes((await js.dtnTrainPart(index, to_js(payload))).to_bytes())
+
 
 def start(edge_url: str, experiment: str, seed_hex: str, token: str | None = None) -> BrowserPeer:
     """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""
@@ -101,3 +108,18 @@ def start(edge_url: str, experiment: str, seed_hex: str, token: str | None = Non
 
 
 _RUNNING: set[asyncio.Future[None]] = set()
+_PARTS = PartRunner()  # in a part worker: the parts of windows it trains for the tab's peer
+
+
+async def run_part(payload: Any) -> Any:
+    """Train one encoded ``PartTask`` (a Uint8Array from the tab's peer); the encoded result."""
+    return to_js(await _PARTS.run(bytes(payload.to_bytes())))
+
+
+def guide_parts(paused: str | None, share: float) -> None:
+    """The page's guest settings, in a part worker."""
+    _PARTS.guest.set_share(share)
+    if paused:
+        _PARTS.guest.pause(paused)
+    else:
+        _PARTS.guest.resume()

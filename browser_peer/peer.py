@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from protocol.backoff import Backoff
-from protocol.batches import make_batches
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors
 from protocol.errors import ProtocolError
@@ -31,7 +30,7 @@ from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
-from protocol.model import MODELS, Params
+from protocol.model import MODELS, ModelSpec, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
@@ -39,7 +38,8 @@ from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, pa
 
 from .bridge import Bridge, HttpError, Socket, SocketClosed
 from .guest import Guest
-from .numpy_trainer import Adam, fastest_matmul, gradients
+from .numpy_trainer import Adam, fastest_matmul
+from .parts import PartResult, PartTask, average, merged_optimizer, split, train
 from .progress import Progress, storage_key
 
 __all__ = ["BrowserPeer", "PeerConfig"]
@@ -188,6 +188,15 @@ class BrowserPeer:
             self._optimizer, self._residual, self._last_base = progress.optimizer, progress.residual, progress.last_base
             self._report(windows_done=progress.windows_done, resumed_steps=progress.optimizer.count)
 
+    async def _part(self, index: int, payload: bytes, model: ModelSpec, learning_rate: float) -> PartResult | None:
+        """Part ``index`` of a window, trained by another worker; None (left out of the averages) if that
+        worker fails."""
+        try:
+            return PartResult.decode(await self.bridge.train_part(index, payload), model, learning_rate)
+        except Exception as exc:  # a crashed or stopped worker costs its part, not the window
+            self._report(phase=f"worker {index} failed ({exc}); its part is left out")
+            return None
+
     @staticmethod
     async def _heartbeat(socket: Socket) -> None:
         while True:
@@ -298,25 +307,32 @@ class BrowserPeer:
         if self._optimizer is None:
             self._optimizer = Adam(spec.learning_rate)
         started = time.perf_counter()
-        steps, losses = 0, []
-        for epoch in range(spec.local_epochs):
-            xb, yb = make_batches(x_all, y_all, spec.batch_size, epoch_seed(lease, epoch))
-            for x, y in zip(xb, yb, strict=True):
-                batch_started = time.perf_counter()
-                loss, grads = gradients(model, params, x, y, self._matmul)
-                params = self._optimizer.step(params, grads)
-                losses.append(loss)
-                steps += 1
-                if steps % STATUS_EVERY_BATCHES == 0:
-                    rate = steps * spec.batch_size / (time.perf_counter() - started)
-                    self._report(
-                        phase=f"training window {head.window}: batch {steps}/{len(xb) * spec.local_epochs}",
-                        samples_per_s=rate,
-                    )
-                await self.guest.after_batch(time.perf_counter() - batch_started)
+        seeds = tuple(epoch_seed(lease, epoch) for epoch in range(spec.local_epochs))
+        slices = split(x_all, y_all, 1 + self.bridge.part_workers(), spec.batch_size)
+        tasks = [
+            PartTask(spec.model, spec.batch_size, tuple(seed + part for seed in seeds), params, self._optimizer, x, y)
+            for part, (x, y) in enumerate(slices)
+        ]
+        payloads = [task.encode() for task in tasks[1:]]  # before this worker's part moves the moments
+
+        def report(steps: int, total: int, elapsed_s: float) -> None:
+            if steps % STATUS_EVERY_BATCHES == 0:  # this worker's part; the others run alongside
+                self._report(
+                    phase=f"training window {head.window}: batch {steps}/{total}",
+                    samples_per_s=steps * spec.batch_size * len(tasks) / max(elapsed_s, 1e-9),
+                )
+
+        own = train(tasks[0], self._matmul, self.guest, report)
+        others = (self._part(i, payload, model, spec.learning_rate) for i, payload in enumerate(payloads, 1))
+        results = await asyncio.gather(own, *others)
+        trained = [(result, float(len(task.x))) for result, task in zip(results, tasks, strict=True) if result]
+        params = average([r.params for r, _ in trained], [n for _, n in trained])
+        self._optimizer = merged_optimizer([r for r, _ in trained], [n for _, n in trained])
+        steps = sum(r.steps for r, _ in trained)
         seconds = time.perf_counter() - started
         examples = steps * spec.batch_size
         rate = examples / max(seconds, 1e-9)
+        train_loss = sum(r.loss_sum for r, _ in trained) / max(steps, 1)
         tensors, self._residual = encode_update(model, base, params, spec.codec, self._residual)
         candidate, envelope = package_candidate(
             lease,
@@ -328,9 +344,9 @@ class BrowserPeer:
             examples=examples,
             steps=steps,
             created_at_ms=self.clock.now_ms(),
-            metrics={"train_loss": float(np.mean(losses)), "samples_per_s": rate},
+            metrics={"train_loss": float(train_loss), "samples_per_s": rate, "workers": float(len(trained))},
         )
-        self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate)
+        self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=len(trained))
         await socket.send_bytes(envelope)
         self.status["sent_bytes"] += len(envelope)
         ack = await self._reply(reader, "candidate.ack")

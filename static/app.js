@@ -33,7 +33,10 @@ function megabytes(bytes) {
 
 // -- a good guest: paused while the tab is hidden or on battery (unless allowed), at the chosen CPU share
 const guest = { onBattery: false };
-const preferences = ["share", "background", "battery"];
+const preferences = ["cores", "share", "background", "battery"];
+const cores = navigator.hardwareConcurrency || 1;
+for (let n = 1; n <= cores; n++) $("cores").add(new Option(`${n} of ${cores}`, String(n)));
+$("cores").value = String(Math.max(1, Math.floor(cores / 2))); // about half of what the machine has
 
 function guestPause() {
   if (document.hidden && !$("background").checked) return "tab hidden";
@@ -48,6 +51,7 @@ function applyGuest() {
   const reason = guestPause();
   state.worker.postMessage(reason ? { type: "pause", reason } : { type: "resume" });
   state.worker.postMessage({ type: "share", share: Number($("share").value) / 100 });
+  state.worker.postMessage({ type: "workers", count: Number($("cores").value) });
 }
 
 for (const id of preferences) {
@@ -145,6 +149,7 @@ async function toggle() {
       edgeUrl: location.origin,
       experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
       token: params.get("token"), // admission token, for networks that require one
+      workers: Number($("cores").value),
     });
     applyGuest();
     state.running = true;

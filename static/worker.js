@@ -1,8 +1,10 @@
 // The browser peer's Web Worker: loads Pyodide, NumPy and the peer's Python bundle (in parallel),
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
 // Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"} | {type: "pause", reason} |
-// {type: "resume"} | {type: "share", share} (the fraction of a core to use, browser_peer/guest.py).
-// Messages out: {type: "status", status} | {type: "error", message}.
+// {type: "resume"} | {type: "share", share} (the fraction of a core to use, browser_peer/guest.py) |
+// {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in a helper, below).
+// Messages out: {type: "status", status} | {type: "error", message} | {type: "part-done", id, result} |
+// {type: "part-failed", id, message}.
 const runtime = (async () => {
   // /v1/peer-runtime names the runtime and the bundle by content; their URLs are cached for a year
   const response = await fetch("/v1/peer-runtime", { cache: "no-cache" });
@@ -80,9 +82,59 @@ let peer = null;
 const guest = { paused: null, share: 1 }; // the page's latest word, also for a peer not started yet
 
 function applyGuest() {
+  for (const { worker } of helpers) worker.postMessage(guest.paused ? { type: "pause", reason: guest.paused } : { type: "resume" });
+  for (const { worker } of helpers) worker.postMessage({ type: "share", share: guest.share });
+  if (peer === null) return runtime.then((pyodide) => pyodide.pyimport("browser_peer.js_bridge").guide_parts(guest.paused, guest.share));
   peer.set_share(guest.share);
   if (guest.paused) peer.pause(guest.paused);
   else peer.resume();
+}
+
+// More cores: the tab's peer trains each window in parts, one per worker (browser_peer/parts.py). Its
+// helpers are workers of this same script; they load the runtime (from the Service Worker's cache)
+// and train the parts they are sent, one at a time.
+const helpers = [];
+const waiting = new Map(); // task id -> {resolve, reject, helper}
+let tasks = 0;
+let parts = Promise.resolve(); // in a helper: its parts, in order
+
+function useWorkers(count) {
+  while (helpers.length < count - 1) {
+    const helper = { worker: new Worker("/static/worker.js"), ready: false };
+    helper.worker.onmessage = ({ data }) => {
+      if (data.type === "status" && data.status.phase?.startsWith("ready")) helper.ready = true;
+      const task = waiting.get(data.id);
+      if (!task || (data.type !== "part-done" && data.type !== "part-failed")) return;
+      waiting.delete(data.id);
+      data.type === "part-done" ? task.resolve(data.result) : task.reject(new Error(data.message));
+    };
+    helpers.push(helper);
+    applyGuest();
+  }
+  for (const helper of helpers.splice(Math.max(0, count - 1))) {
+    helper.worker.terminate();
+    for (const [id, task] of waiting) if (task.helper === helper) waiting.delete(id) && task.reject(new Error("worker removed"));
+  }
+}
+
+self.dtnPartWorkers = () => helpers.filter((helper) => helper.ready).length; // called by js_bridge.py
+self.dtnTrainPart = (index, payload) =>
+  new Promise((resolve, reject) => {
+    const helper = helpers.filter((h) => h.ready)[index - 1];
+    if (!helper) return reject(new Error(`no worker ${index}`));
+    const id = tasks++;
+    waiting.set(id, { resolve, reject, helper });
+    helper.worker.postMessage({ type: "part", id, payload }, [payload.buffer]);
+  });
+
+async function trainPart({ id, payload }) {
+  try {
+    const pyodide = await runtime;
+    const bytes = await pyodide.pyimport("browser_peer.js_bridge").run_part(payload); // a Uint8Array copy
+    postMessage({ type: "part-done", id, result: bytes }, [bytes.buffer]);
+  } catch (error) {
+    postMessage({ type: "part-failed", id, message: String(error) });
+  }
 }
 runtime.then(
   () => peer === null && postMessage({ type: "status", status: { phase: "ready: Python runtime loaded" } }),
@@ -97,12 +149,18 @@ onmessage = async (event) => {
       const [pyodide, seed] = await Promise.all([runtime, identitySeed()]);
       const bridge = pyodide.pyimport("browser_peer.js_bridge");
       peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null);
+      useWorkers(message.workers ?? 1);
       applyGuest();
+    } else if (message.type === "workers") {
+      if (peer !== null) useWorkers(message.count);
+    } else if (message.type === "part") {
+      parts = parts.then(() => trainPart(message));
     } else if (message.type === "pause" || message.type === "resume" || message.type === "share") {
       if (message.type === "share") guest.share = message.share;
       else guest.paused = message.type === "pause" ? message.reason : null;
-      if (peer !== null) applyGuest();
+      applyGuest();
     } else if (message.type === "stop" && peer !== null) {
+      useWorkers(1);
       peer.stop();
       peer.destroy();
       peer = null;

@@ -3,6 +3,7 @@ runs in tests exactly as in Pyodide, minus the JS glue."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -10,6 +11,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from browser_peer.bridge import HttpError, SocketClosed
+from browser_peer.parts import PartRunner
 
 
 class NativeSocket:
@@ -39,7 +41,8 @@ class NativeSocket:
 
 
 class NativeBridge:
-    def __init__(self, storage: dict[str, bytes] | None = None) -> None:
+    def __init__(self, storage: dict[str, bytes] | None = None, part_workers: int = 0) -> None:
+        self.runners = [PartRunner() for _ in range(part_workers)]  # each in a thread of its own when used
         self.statuses: list[dict[str, Any]] = []
         self.fetched: list[str] = []
         self.storage = {} if storage is None else storage  # the tab's IndexedDB: pass one to share it
@@ -63,6 +66,12 @@ class NativeBridge:
 
     async def save(self, key: str, data: bytes) -> None:
         self.storage[key] = data
+
+    def part_workers(self) -> int:
+        return len(self.runners)
+
+    async def train_part(self, index: int, payload: bytes) -> bytes:
+        return await asyncio.to_thread(asyncio.run, self.runners[index - 1].run(payload))
 
     async def aclose(self) -> None:
         await self._http.aclose()

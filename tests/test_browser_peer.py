@@ -204,3 +204,23 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     # another experiment's (or a damaged) state is never used
     assert Progress.decode(storage[storage_key(BASELINE)], "study/other/rev-1", MODELS[spec.model], 1e-3) is None
     assert Progress.decode(b"\x00" * 16, BASELINE, MODELS[spec.model], 1e-3) is None
+
+
+def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stack: LocalNetwork) -> None:
+    with (
+        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
+        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
+    ):
+        bridge = NativeBridge(part_workers=2)  # three parts: this worker's and two others'
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x45" * 32, max_windows=2))
+
+        async def contribute() -> None:
+            await asyncio.wait_for(peer.run(), 120)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+        verdicts = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts", params={"peer_id": peer.peer_id}).json()
+    assert peer.status["windows_done"] == 2 and any(v["accepted"] for v in verdicts), verdicts
+    # 4,000 leased examples = 62 batches of 64 a window, in parts of 20, 21 and 21 batches, every part
+    # from the tab's Adam; the tab goes on with the parts' moments averaged and the most steps taken
+    assert peer._optimizer is not None and peer._optimizer.count == 2 * 21

@@ -144,3 +144,17 @@ test("a good guest: paused on battery and while hidden unless allowed, at the CP
   expect(Number((await page.locator("#downloaded").textContent())?.split(" ")[0])).toBeGreaterThan(1);
   expect(await page.evaluate(() => localStorage.getItem("dtn-share"))).toBe("50"); // remembered for next time
 });
+
+test("one tab trains on two cores: a window in two parts, one candidate, accepted", async ({ page }) => {
+  await page.goto(`/?experiment=${EXPERIMENT}`);
+  await page.locator("#cores").selectOption("2");
+  await page.locator("#toggle").click();
+  // the helper loads its runtime while the first window may train alone; later windows use both
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.workers ?? 0), { timeout: 180_000 })
+    .toBe(2);
+  const accepted = await page.evaluate(() => (window as any).dtn.status.accepted ?? 0);
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.accepted ?? 0), { timeout: 120_000 })
+    .toBeGreaterThan(accepted);
+});
