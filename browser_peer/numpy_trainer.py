@@ -42,11 +42,11 @@ def gradients(
 ) -> tuple[float, Params]:
     """Mean softmax cross-entropy of a batch (over every predicted position) and its gradient for
     every parameter: the spec's layers forward, then backward."""
-    logits, caches = forward_chain(spec.layers, params, np.asarray(x, np.float32), matmul)
+    logits, tape = forward_chain(spec.layers, params, np.asarray(x, np.float32), matmul)
     losses, delta = softmax_cross_entropy(logits, y)
     delta[np.arange(len(delta)), np.asarray(y).reshape(-1)] -= 1.0
     delta /= np.float32(len(delta))
-    _, grads = backward_chain(spec.layers, params, caches, delta.reshape(logits.shape), matmul, input_grad=False)
+    _, grads = backward_chain(spec.layers, tape, delta.reshape(logits.shape), matmul, input_grad=False)
     return float(losses.mean()), grads
 
 

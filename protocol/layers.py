@@ -299,7 +299,7 @@ class GELU(Layer):
     kind: ClassVar[str] = "gelu"
 
     def forward(self, params: Mapping[str, F32], x: F32, matmul: Matmul) -> tuple[F32, Cache]:
-        tanh = np.tanh(_GELU_C * (x + _GELU_A * x**3))
+        tanh = np.tanh(_GELU_C * (x + _GELU_A * (x * x * x)))
         return x * (np.float32(0.5) * (np.float32(1.0) + tanh)), (x, tanh)
 
     def backward(
@@ -525,13 +525,13 @@ class Residual(Layer):
         return init_chain(self.layers, input_shape, rng)
 
     def forward(self, params: Mapping[str, F32], x: F32, matmul: Matmul) -> tuple[F32, Cache]:
-        y, caches = forward_chain(self.layers, params, x, matmul)
-        return x + y, caches
+        y, tape = forward_chain(self.layers, params, x, matmul)
+        return x + y, tape
 
     def backward(
         self, params: Mapping[str, F32], cache: Cache, dy: F32, matmul: Matmul, *, input_grad: bool = True
     ) -> tuple[F32 | None, Params]:
-        dx, grads = backward_chain(self.layers, params, cache, dy, matmul, input_grad=input_grad)
+        dx, grads = backward_chain(self.layers, cache, dy, matmul, input_grad=input_grad)
         return (None if dx is None else dy + dx), grads
 
 
@@ -603,36 +603,34 @@ def _prefixed(prefix: str, params: Mapping[str, F32]) -> Params:
 
 def forward_chain(
     layers: Sequence[Layer], params: Mapping[str, F32], x: F32, matmul: Matmul
-) -> tuple[F32, list[Cache]]:
-    """The chain's output for a batch ``x`` and each layer's cache."""
+) -> tuple[F32, list[tuple[dict[str, F32], Cache]]]:
+    """The chain's output for a batch ``x``, and its tape: each layer's parameters and cache."""
     groups = _by_layer(params)
-    caches = []
+    tape = []
     for layer in layers:
-        x, cache = layer.forward(groups.get(layer.name, {}), x, matmul)
-        caches.append(cache)
-    return x, caches
+        leaves = groups.get(layer.name, {})
+        x, cache = layer.forward(leaves, x, matmul)
+        tape.append((leaves, cache))
+    return x, tape
 
 
 def backward_chain(
     layers: Sequence[Layer],
-    params: Mapping[str, F32],
-    caches: Sequence[Cache],
+    tape: Sequence[tuple[dict[str, F32], Cache]],
     dy: F32,
     matmul: Matmul,
     *,
     input_grad: bool = True,
 ) -> tuple[F32 | None, Params]:
-    """The gradient of the chain's input (``None`` unless ``input_grad``) and of every parameter."""
-    groups = _by_layer(params)
+    """From ``forward_chain``'s tape, the gradient of the chain's input (``None`` unless
+    ``input_grad``) and of every parameter."""
     grads: Params = {}
     dx: F32 | None = dy
     for index in reversed(range(len(layers))):
-        layer = layers[index]
+        layer, (leaves, cache) = layers[index], tape[index]
         assert dx is not None  # only the first layer may skip its input gradient
-        dx, leaves = layer.backward(
-            groups.get(layer.name, {}), caches[index], dx, matmul, input_grad=input_grad or index > 0
-        )
-        grads.update(_prefixed(layer.name, leaves))
+        dx, leaf_grads = layer.backward(leaves, cache, dx, matmul, input_grad=input_grad or index > 0)
+        grads.update(_prefixed(layer.name, leaf_grads))
     return dx, grads
 
 
