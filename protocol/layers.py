@@ -31,6 +31,7 @@ __all__ = [
     "F32",
     "GELU",
     "LAYER_TYPES",
+    "MAX_ACTIVATION",
     "CausalSelfAttention",
     "Conv2D",
     "Dense",
@@ -63,6 +64,7 @@ Cache = Any  # what a layer's forward keeps for its backward
 MAX_DIM = 65536  # any size a layer names (units, filters, vocabulary, context, ...)
 MAX_RANK = 4  # dimensions of a per-example shape
 MAX_LAYERS = 64  # layers in one chain (the model's, or a residual block's)
+MAX_ACTIVATION = 2**24  # elements one example may hold in any layer (output, im2col rows, attention scores)
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 _GELU_A = np.float32(0.044715)
@@ -75,6 +77,11 @@ def _normal(rng: np.random.Generator, shape: Shape, std: float) -> F32:
 def _rank(layer: Layer, input_shape: Shape, *ranks: int) -> None:
     if len(input_shape) not in ranks:
         raise InvalidMessage(f"layer {layer.name!r} ({layer.kind}) cannot take input of shape {list(input_shape)}")
+
+
+def _bounded(layer: Layer, what: str, elements: int) -> None:
+    if elements > MAX_ACTIVATION:
+        raise InvalidMessage(f"layer {layer.name!r}: {what} of {elements} elements per example exceed {MAX_ACTIVATION}")
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,7 @@ class Conv2D(Layer):
             raise InvalidMessage(
                 f"layer {self.name!r}: a {self.kernel_size}x{self.kernel_size} kernel exceeds {list(input_shape)}"
             )
+        _bounded(self, "im2col rows", out[0] * out[1] * self.kernel_size**2 * input_shape[-1])
         return (*out, self.filters)
 
     def init(self, input_shape: Shape, rng: np.random.Generator) -> Params:
@@ -447,6 +455,7 @@ class CausalSelfAttention(Layer):
             raise InvalidMessage(
                 f"layer {self.name!r}: width {input_shape[-1]} is not a multiple of {self.heads} heads"
             )
+        _bounded(self, "attention scores", self.heads * input_shape[0] ** 2)
         return {
             f"{p.name}.{leaf}": s
             for p in self._projections(input_shape[-1])
@@ -454,13 +463,10 @@ class CausalSelfAttention(Layer):
         }
 
     def init(self, input_shape: Shape, rng: np.random.Generator) -> Params:
-        width = input_shape[-1]
-        std = np.sqrt(1.0 / width)  # Glorot normal of each d x d block
+        std = np.sqrt(1.0 / input_shape[-1])  # Glorot normal of each d x d block
         return {
-            "qkv.kernel": _normal(rng, (width, 3 * width), std),
-            "qkv.bias": np.zeros(3 * width, np.float32),
-            "out.kernel": _normal(rng, (width, width), std),
-            "out.bias": np.zeros(width, np.float32),
+            leaf: _normal(rng, shape, std) if leaf.endswith("kernel") else np.zeros(shape, np.float32)
+            for leaf, shape in self.param_shapes(input_shape).items()
         }
 
     def forward(self, params: Mapping[str, F32], x: F32, matmul: Matmul) -> tuple[F32, Cache]:

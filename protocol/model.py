@@ -24,6 +24,7 @@ from .errors import InvalidMessage
 from .fields import read_list, read_object, read_str
 from .layers import (
     GELU,
+    MAX_ACTIVATION,
     MAX_DIM,
     MAX_RANK,
     CausalSelfAttention,
@@ -64,7 +65,6 @@ __all__ = [
 
 MAX_ARTIFACT_METADATA_BYTES = 16 * 1024  # header room beyond the tensor table: a few metadata strings
 MAX_PARAMS = 2**27  # 512 MiB of float32
-MAX_ACTIVATION = 2**24  # elements of one example's activation after any layer
 OBJECTIVES = ("classify", "next-token")
 _MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 

@@ -211,6 +211,23 @@ HOSTILE: dict[str, object] = {
         {"type": "dense", "name": "a", "units": 65536}, {"type": "dense", "name": "b", "units": 65536}, DENSE
     ),
     "huge activation": _classifier({"type": "flatten", "name": "f"}, DENSE, input_shape=[65536, 512]),
+    "im2col beyond the bound": _classifier(
+        {"type": "reshape", "name": "r", "shape": [64, 64, 2]},
+        {"type": "conv2d", "name": "c", "filters": 1, "kernel_size": 51},
+        {"type": "flatten", "name": "f"},
+        DENSE,
+        input_shape=[8192],
+    ),
+    "attention scores beyond the bound": {
+        "name": "m",
+        "input_shape": [4096],
+        "layers": [
+            {"type": "embedding", "name": "e", "vocab": 256, "dim": 8, "max_len": 4096},
+            {"type": "attention", "name": "a", "heads": 2},
+            {"type": "dense", "name": "h", "units": 256},
+        ],
+        "objective": "next-token",
+    },
     "residual in a residual": _classifier(
         {"type": "residual", "name": "a", "layers": [{"type": "residual", "name": "b", "layers": [DENSE]}]}, DENSE
     ),
