@@ -1,4 +1,4 @@
-"""The browser's trainer: the MLP's forward, backward and Adam in plain NumPy (no I/O).
+"""The browser's trainer: any model spec's forward, backward and Adam in plain NumPy (no I/O).
 
 Numerically it mirrors the native JAX trainer (``optax.adam`` defaults: b1=0.9, b2=0.999,
 eps=1e-8, bias-corrected; mean softmax cross-entropy); ``tests/test_parity.py`` holds them to a
@@ -7,18 +7,16 @@ stated tolerance from the same head, batch and step. Everything is float32, like
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from protocol.model import ModelSpec, Params
+from protocol.layers import F32, Matmul, backward_chain, forward_chain
+from protocol.model import ModelSpec, Params, softmax_cross_entropy
 
 __all__ = ["Adam", "Matmul", "fastest_matmul", "gradients", "train_epoch"]
-
-F32 = npt.NDArray[np.float32]
-Matmul = Callable[[F32, F32], F32]
 
 
 def fastest_matmul() -> tuple[Matmul, str]:
@@ -42,31 +40,14 @@ def fastest_matmul() -> tuple[Matmul, str]:
 def gradients(
     spec: ModelSpec, params: Mapping[str, F32], x: F32, y: npt.NDArray[np.integer], matmul: Matmul = np.matmul
 ) -> tuple[float, Params]:
-    """Mean softmax cross-entropy of a batch and its gradient for every parameter."""
-    activations = [np.asarray(x, np.float32)]
-    pre_activations = []
-    h = activations[0]
-    for i in range(spec.num_layers):
-        z = matmul(h, params[f"dense{i}.kernel"]) + params[f"dense{i}.bias"]
-        pre_activations.append(z)
-        h = np.maximum(z, 0.0) if i < spec.num_layers - 1 else z
-        activations.append(h)
-    logits = activations[-1]
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    total = exp.sum(axis=1, keepdims=True)
-    batch = len(y)
-    loss = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(batch), y]))
-    delta = exp / total
-    delta[np.arange(batch), y] -= 1.0
-    delta /= np.float32(batch)
-    grads: Params = {}
-    for i in reversed(range(spec.num_layers)):
-        grads[f"dense{i}.kernel"] = matmul(activations[i].T, delta)
-        grads[f"dense{i}.bias"] = delta.sum(axis=0)
-        if i > 0:
-            delta = matmul(delta, params[f"dense{i}.kernel"].T) * (pre_activations[i - 1] > 0)
-    return loss, grads
+    """Mean softmax cross-entropy of a batch (over every predicted position) and its gradient for
+    every parameter: the spec's layers forward, then backward."""
+    logits, tape = forward_chain(spec.layers, params, np.asarray(x, np.float32), matmul)
+    losses, delta = softmax_cross_entropy(logits, y)
+    delta[np.arange(len(delta)), np.asarray(y).reshape(-1)] -= 1.0
+    delta /= np.float32(len(delta))
+    _, grads = backward_chain(spec.layers, tape, delta.reshape(logits.shape), matmul, input_grad=False)
+    return float(losses.mean()), grads
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Native peers: JAX + optax trainers and validators that join a network through its edge.
 
 trainer      NodeBuilder → TrainerBuilder → Trainer: the user-facing trainer API
-learner      JaxLearner (the user's model and optimizer), BatchLoader, TrainEngine, Evaluator
+learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoader, TrainEngine, Evaluator
+jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
 edge_client  HTTP client for the edge

@@ -3,11 +3,13 @@
 ``JaxLearner`` holds what the user brings: ``init`` / ``apply`` for the model, how its parameter
 pytree maps to the network's flat tensor names (the model spec), and ``make_optimizer`` which
 builds the user's optax transformation (schedule included) for an experiment's hyperparameters.
+``spec_learner`` is that learner for any ``ModelSpec`` (layers from ``jax_layers``).
 ``TrainEngine`` compiles one local epoch (``lax.scan`` over batches); ``Evaluator`` compiles evaluation.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +21,17 @@ import optax
 
 from protocol.batches import make_batches
 from protocol.manifests import ExperimentSpec
-from protocol.model import ModelSpec
+from protocol.model import ModelSpec, evaluation_metrics, init_params
 
-__all__ = ["BatchLoader", "Evaluator", "JaxLearner", "TrainEngine", "softmax_cross_entropy"]
+from . import jax_layers
+
+__all__ = ["BatchLoader", "Evaluator", "JaxLearner", "TrainEngine", "adam", "softmax_cross_entropy", "spec_learner"]
 
 PyTree = Any
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean cross-entropy over every predicted position (``[n, C]`` or ``[n, T, V]`` logits)."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
@@ -39,6 +44,33 @@ class JaxLearner:
     from_tensors: Callable[[Mapping[str, np.ndarray]], PyTree]
     make_optimizer: Callable[[ExperimentSpec], optax.GradientTransformation]
     loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy
+
+
+def adam(spec: ExperimentSpec) -> optax.GradientTransformation:
+    """Adam at the experiment's learning rate (the default optimizer)."""
+    return optax.adam(spec.learning_rate)
+
+
+def spec_learner(
+    model: ModelSpec, make_optimizer: Callable[[ExperimentSpec], optax.GradientTransformation] = adam
+) -> JaxLearner:
+    """The learner of ``model``: parameters as the flat dict of its names, ``protocol.model.init_params``
+    for init (seeded from the key, so native and browser peers draw the same way), ``jax_layers`` to apply."""
+
+    def init(rng: jax.Array) -> dict[str, jax.Array]:
+        return from_tensors(init_params(model, int(jax.random.randint(rng, (), 0, 2**31 - 1))))
+
+    def apply(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        return jax_layers.apply(model, params, x)
+
+    def to_tensors(params: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:
+        return {name: np.asarray(params[name], np.float32) for name in model.shapes}
+
+    def from_tensors(tensors: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        model.check(tensors)
+        return {name: jnp.asarray(value) for name, value in tensors.items()}
+
+    return JaxLearner(model, init, apply, to_tensors, from_tensors, make_optimizer)
 
 
 @dataclass(frozen=True)
@@ -86,16 +118,19 @@ class TrainEngine:
 
 
 class Evaluator:
-    """Compiled mean loss and accuracy of a learner's model over (x, y), in chunks."""
+    """Compiled ``protocol.model.evaluation_metrics`` of a learner's model over (x, y), in chunks of
+    about ``chunk`` predicted positions."""
 
     def __init__(self, learner: JaxLearner, *, chunk: int = 5000) -> None:
-        self.chunk = chunk
+        self.model = learner.model
+        positions = math.prod(learner.model.input_shape) if learner.model.objective == "next-token" else 1
+        self.chunk = max(1, chunk // positions)
 
         @jax.jit
         def batch_metrics(params: PyTree, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
             logits = learner.apply(params, x)
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            return losses.sum(), (logits.argmax(axis=1) == y).sum()
+            return losses.sum(), (logits.argmax(axis=-1) == y).sum()
 
         self._batch_metrics = batch_metrics
 
@@ -106,5 +141,4 @@ class Evaluator:
             loss, hits = self._batch_metrics(params, jnp.asarray(x[start:end]), jnp.asarray(y[start:end]))
             total_loss += float(loss)
             correct += int(hits)
-        n = max(len(x), 1)
-        return {"loss": total_loss / n, "accuracy": correct / n}
+        return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)))

@@ -216,13 +216,13 @@ class WindowReport:
 
 
 def _named(split: str, result: dict[str, float]) -> dict[str, float]:
-    """``{"loss", "accuracy"}`` as ``{"<split>_loss", "<split>_accuracy"}``."""
-    return {f"{split}_loss": result["loss"], f"{split}_accuracy": result["accuracy"]}
+    """``{"loss", "accuracy", ...}`` as ``{"<split>_loss", "<split>_accuracy", ...}``."""
+    return {f"{split}_{name}": value for name, value in result.items()}
 
 
 def _unnamed(split: str, metrics: dict[str, float]) -> dict[str, float]:
-    """The inverse of ``_named``: ``{"<split>_loss", ...}`` back to ``{"loss", "accuracy"}``."""
-    return {"loss": metrics[f"{split}_loss"], "accuracy": metrics[f"{split}_accuracy"]}
+    """The inverse of ``_named``: ``{"<split>_loss", ...}`` back to ``{"loss", ...}``."""
+    return {name.removeprefix(f"{split}_"): value for name, value in metrics.items() if name.startswith(f"{split}_")}
 
 
 def share_principal_weight(

@@ -13,7 +13,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
     envelope     descriptor + artifact in one upload body or binary frame
-    model        model specs and the NumPy reference forward pass
+    layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward
+    model        model specs (input shape, layers, objective), MODELS, the reference forward and evaluation
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
     batches      seeded batching of a window's examples

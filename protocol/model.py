@@ -1,58 +1,125 @@
-"""Model specs: parameter names, shapes and init, plus the NumPy reference forward pass.
+"""Model specs: the layers of a model, its parameters' names, shapes and init, and its objective.
 
-The MNIST model is an MLP ``784 -> 128 (ReLU) -> 10``. Parameters are stored flat by name
-(``dense0.kernel``, ``dense0.bias``, ...), float32, in every artifact; JAX and NumPy trainers map
-them to and from their own structures. ``forward`` / ``evaluate`` are the reference numerics the
-JAX model is tested against.
+A ``ModelSpec`` is an input shape (one example), a chain of ``protocol.layers`` and an objective:
+``classify`` (labels ``[n]``, logits ``[n, C]``) or ``next-token`` (labels ``[n, T]``, logits
+``[n, T, V]``; the loss is the mean over every position). Parameters are stored flat by name
+(``dense0.kernel``, ``conv0.bias``, ``attn0.self.qkv.kernel``), float32, in every artifact; JAX and
+NumPy trainers map them to and from their own structures. ``forward`` / ``evaluate`` are the
+reference numerics the JAX models are tested against; ``softmax_cross_entropy`` is the one loss the
+NumPy trainer and evaluation share. Specs travel as plain JSON (``to_wire`` / ``from_wire``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidMessage
+from .fields import read_list, read_object, read_str
+from .layers import (
+    GELU,
+    MAX_ACTIVATION,
+    MAX_DIM,
+    MAX_RANK,
+    CausalSelfAttention,
+    Conv2D,
+    Dense,
+    Embedding,
+    Flatten,
+    Layer,
+    LayerNorm,
+    Matmul,
+    MaxPool2D,
+    Params,
+    ReLU,
+    Reshape,
+    Residual,
+    Shape,
+    activation_shapes,
+    chain_param_shapes,
+    check_chain,
+    forward_chain,
+    init_chain,
+    layer_from_wire,
+)
 
 __all__ = [
     "MAX_ARTIFACT_METADATA_BYTES",
     "MODELS",
+    "OBJECTIVES",
     "ModelSpec",
     "Params",
     "evaluate",
+    "evaluation_metrics",
     "forward",
     "init_params",
+    "mlp",
+    "softmax_cross_entropy",
 ]
 
 MAX_ARTIFACT_METADATA_BYTES = 16 * 1024  # header room beyond the tensor table: a few metadata strings
-
-Params = dict[str, npt.NDArray[np.float32]]
+MAX_PARAMS = 2**27  # 512 MiB of float32
+OBJECTIVES = ("classify", "next-token")
+_MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A fully connected ReLU network with a softmax cross-entropy head."""
+    """A model: the shape of one input example, its layers in order, and its objective.
+
+    Construction checks the whole spec (names, shapes, sizes) and raises ``InvalidMessage``."""
 
     name: str
-    layer_sizes: tuple[int, ...]
+    input_shape: Shape
+    layers: tuple[Layer, ...]
+    objective: str = "classify"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _MODEL_NAME.fullmatch(self.name):
+            raise InvalidMessage(f"model name {self.name!r} must match {_MODEL_NAME.pattern}")
+        if self.objective not in OBJECTIVES:
+            raise InvalidMessage(f"unknown objective {self.objective!r}; objectives: {OBJECTIVES}")
+        if (
+            not isinstance(self.input_shape, tuple)
+            or not 1 <= len(self.input_shape) <= MAX_RANK
+            or not all(type(d) is int and 1 <= d <= MAX_DIM for d in self.input_shape)
+        ):
+            raise InvalidMessage(f"input shape {self.input_shape!r}: 1 to {MAX_RANK} sizes in [1, {MAX_DIM}]")
+        if not isinstance(self.layers, tuple):
+            raise InvalidMessage("layers must be a tuple")
+        check_chain(self.layers)
+        nested = [sub for layer in self.layers if isinstance(layer, Residual) for sub in layer.layers]
+        if any(isinstance(layer, Embedding) for layer in [*self.layers[1:], *nested]):
+            raise InvalidMessage("only a model's first layer may be an embedding (it takes token ids)")
+        shapes = activation_shapes(self.layers, self.input_shape)
+        if max(math.prod(shape) for shape in shapes) > MAX_ACTIVATION:
+            raise InvalidMessage(f"an activation of {self.name} exceeds {MAX_ACTIVATION} elements per example")
+        output = shapes[-1]
+        if self.objective == "classify" and not (len(output) == 1 and output[0] >= 2):
+            raise InvalidMessage(f"a classifier's output must be [classes >= 2], not {list(output)}")
+        if self.objective == "next-token" and not (
+            len(self.input_shape) == 1 and len(output) == 2 and output[0] == self.input_shape[0] and output[1] >= 2
+        ):
+            raise InvalidMessage(
+                f"a next-token model maps [T] to [T, vocab], not {list(self.input_shape)} to {list(output)}"
+            )
+        if self.num_params > MAX_PARAMS:
+            raise InvalidMessage(f"{self.name} has {self.num_params} parameters, more than {MAX_PARAMS}")
 
     @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes: dict[str, tuple[int, ...]] = {}
-        for i, (fan_in, fan_out) in enumerate(zip(self.layer_sizes, self.layer_sizes[1:], strict=False)):
-            shapes[f"dense{i}.kernel"] = (fan_in, fan_out)
-            shapes[f"dense{i}.bias"] = (fan_out,)
-        return shapes
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layer_sizes) - 1
+    def shapes(self) -> dict[str, Shape]:
+        """Every parameter's shape by flat name, in layer order."""
+        return chain_param_shapes(self.layers, self.input_shape)
 
     @property
     def num_params(self) -> int:
-        return sum(int(np.prod(s)) for s in self.shapes.values())
+        return sum(math.prod(s) for s in self.shapes.values())
 
     def check(self, params: Mapping[str, np.ndarray]) -> None:
         """Raise ``InvalidMessage`` unless ``params`` has exactly this spec's names, shapes, float32."""
@@ -68,44 +135,122 @@ class ModelSpec:
         """The largest artifact that can hold this model: float32 tensors plus a small header."""
         return 8 + MAX_ARTIFACT_METADATA_BYTES + 4 * self.num_params
 
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "input_shape": list(self.input_shape),
+            "layers": [layer.to_wire() for layer in self.layers],
+            "objective": self.objective,
+        }
 
-MODELS: dict[str, ModelSpec] = {"mnist-mlp": ModelSpec("mnist-mlp", (784, 128, 10))}
+    @classmethod
+    def from_wire(cls, value: object) -> ModelSpec:
+        d = read_object(value, "model")
+        unknown = set(d) - {"name", "input_shape", "layers", "objective"}
+        if unknown:
+            raise InvalidMessage(f"a model has no fields {sorted(unknown)}")
+        return cls(
+            name=read_str(d, "name", max_len=64),
+            input_shape=tuple(read_list(d, "input_shape", _size, max_len=MAX_RANK)),
+            layers=tuple(read_list(d, "layers", layer_from_wire, max_len=64)),
+            objective=read_str(d, "objective", max_len=16),
+        )
+
+
+def _size(value: object) -> int:
+    if type(value) is not int:
+        raise InvalidMessage("expected an integer")
+    return value
+
+
+def mlp(name: str, layer_sizes: Sequence[int]) -> ModelSpec:
+    """A fully connected ReLU classifier ``layer_sizes[0] -> ... -> layer_sizes[-1]`` (``dense0``, ``relu0``, ``dense1``, ...)."""
+    layers: list[Layer] = []
+    for i, units in enumerate(layer_sizes[1:]):
+        layers += [ReLU(f"relu{i - 1}")] if i else []
+        layers.append(Dense(f"dense{i}", units))
+    return ModelSpec(name, (layer_sizes[0],), tuple(layers))
+
+
+def _char_lm(name: str, *, context: int, width: int, blocks: int, heads: int) -> ModelSpec:
+    """A byte-level pre-LN transformer: embedding, ``blocks`` x (attention, MLP) residuals, norm, head."""
+    layers: list[Layer] = [Embedding("embed", 256, width, context)]
+    for i in range(blocks):
+        layers.append(Residual(f"attn{i}", (LayerNorm("norm"), CausalSelfAttention("self", heads))))
+        layers.append(
+            Residual(f"mlp{i}", (LayerNorm("norm"), Dense("fc", 4 * width), GELU("gelu"), Dense("proj", width)))
+        )
+    layers += [LayerNorm("norm"), Dense("head", 256)]
+    return ModelSpec(name, (context,), tuple(layers), "next-token")
+
+
+MODELS: dict[str, ModelSpec] = {
+    "mnist-mlp": mlp("mnist-mlp", (784, 128, 10)),
+    "mnist-cnn": ModelSpec(
+        "mnist-cnn",
+        (784,),
+        (
+            Reshape("image", (28, 28, 1)),
+            Conv2D("conv0", 8, 5),
+            ReLU("relu0"),
+            MaxPool2D("pool0"),
+            Conv2D("conv1", 16, 5),
+            ReLU("relu1"),
+            MaxPool2D("pool1"),
+            Flatten("flatten"),
+            Dense("dense0", 128),
+            ReLU("relu2"),
+            Dense("dense1", 10),
+        ),
+    ),
+    "char-lm": _char_lm("char-lm", context=64, width=64, blocks=2, heads=4),
+}
 
 
 def init_params(spec: ModelSpec, seed: int) -> Params:
-    """He-normal kernels, zero biases, from a seeded generator (same seed, same bytes)."""
-    rng = np.random.default_rng(seed)
-    params: Params = {}
-    for name, shape in spec.shapes.items():
-        if name.endswith(".kernel"):
-            params[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])).astype(np.float32)
-        else:
-            params[name] = np.zeros(shape, np.float32)
-    return params
+    """Each layer's init (He-normal dense and conv kernels, zero biases, ...) from one seeded
+    generator, layer by layer (same seed, same bytes)."""
+    return init_chain(spec.layers, spec.input_shape, np.random.default_rng(seed))
 
 
-def forward(spec: ModelSpec, params: Mapping[str, np.ndarray], x: np.ndarray) -> npt.NDArray[np.float32]:
-    """Logits for a batch ``x`` of shape ``[n, layer_sizes[0]]``."""
-    h = np.asarray(x, np.float32)
-    for i in range(spec.num_layers):
-        h = h @ params[f"dense{i}.kernel"] + params[f"dense{i}.bias"]
-        if i < spec.num_layers - 1:
-            h = np.maximum(h, 0.0)
-    return h
+def forward(
+    spec: ModelSpec, params: Mapping[str, np.ndarray], x: np.ndarray, matmul: Matmul = np.matmul
+) -> npt.NDArray[np.float32]:
+    """Logits for a batch ``x`` of shape ``[n, *input_shape]``."""
+    logits, _ = forward_chain(spec.layers, params, np.asarray(x, np.float32), matmul)
+    return logits
+
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cross-entropy at every position of ``logits [..., V]`` against integer ``labels [...]``, and the
+    softmax, flattened to ``[positions]`` and ``[positions, V]``, in the logits' dtype."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    shifted = flat - flat.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    total = exp.sum(axis=1, keepdims=True)
+    index = np.asarray(labels).reshape(-1)
+    return np.log(total[:, 0]) - shifted[np.arange(len(index)), index], exp / total
+
+
+def evaluation_metrics(spec: ModelSpec, total_loss: float, correct: int, positions: int) -> dict[str, float]:
+    """Mean loss and accuracy per predicted position; ``bits_per_char`` too for a next-token model."""
+    n = max(positions, 1)
+    metrics = {"loss": total_loss / n, "accuracy": correct / n}
+    if spec.objective == "next-token":
+        metrics["bits_per_char"] = metrics["loss"] / math.log(2)
+    return metrics
 
 
 def evaluate(
-    spec: ModelSpec, params: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, batch_size: int = 2048
+    spec: ModelSpec, params: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, batch_size: int = 256
 ) -> dict[str, float]:
-    """Mean cross-entropy (accumulated in float64) and accuracy over ``(x, y)``."""
-    total_loss = 0.0
-    correct = 0
+    """``evaluation_metrics`` over ``(x, y)``, the loss accumulated in float64."""
+    total_loss, correct, positions = 0.0, 0, 0
     for start in range(0, len(x), batch_size):
         logits = forward(spec, params, x[start : start + batch_size]).astype(np.float64)
         labels = np.asarray(y[start : start + batch_size], np.int64)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        total_loss += float(-log_probs[np.arange(len(labels)), labels].sum())
-        correct += int((logits.argmax(axis=1) == labels).sum())
-    n = max(len(x), 1)
-    return {"loss": total_loss / n, "accuracy": correct / n}
+        losses, _ = softmax_cross_entropy(logits, labels)
+        total_loss += float(losses.sum())
+        correct += int((logits.argmax(axis=-1) == labels).sum())
+        positions += labels.size
+    return evaluation_metrics(spec, total_loss, correct, positions)

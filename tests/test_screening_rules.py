@@ -15,12 +15,12 @@ import pytest
 from protocol.aggregation import bulyan, flatten, fltrust_trimmed_mean
 from protocol.deadline import DeadlinePolicy, window_deadline_s
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
-from protocol.model import ModelSpec, Params
+from protocol.model import Params, mlp
 from protocol.reasons import Reason
 from protocol.screening import ACCEPT, PRESETS, ScreeningPolicy
 from protocol.trust import TrustBook
 
-TINY = ModelSpec("tiny", (3, 2))
+TINY = mlp("tiny", (3, 2))
 BASE: Params = {
     "dense0.kernel": np.ones((3, 2), np.float32),
     "dense0.bias": np.ones(2, np.float32),
