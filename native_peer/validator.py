@@ -55,7 +55,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -252,7 +252,7 @@ def _seconds(value: object) -> float:
 class Validator:
     def __init__(
         self,
-        learner: JaxLearner,
+        learners: JaxLearner | Mapping[str, JaxLearner],
         network: NetworkManifest,
         storage: StorageConfig,
         edge_url: str,
@@ -261,7 +261,8 @@ class Validator:
         *,
         admission_token: str | None = None,
     ) -> None:
-        self.learner = learner
+        # one learner per model (name -> learner): a validator judges every experiment of those models
+        self.learners = {learners.model.name: learners} if isinstance(learners, JaxLearner) else dict(learners)
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
         if self.identity.public_key not in network.validator_key_set:
             raise ValueError("this node's key is not a validator key of the network manifest")
@@ -271,7 +272,7 @@ class Validator:
         self.edge = EdgeClient(edge_url, token=admission_token, reader=self.identity)
         self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
         self.datasets_dir = datasets_dir
-        self.evaluate = Evaluator(learner)
+        self._evaluators = {name: Evaluator(learner) for name, learner in self.learners.items()}
         self._splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         self._state_path = storage.root / "validator-state.json"
         self.state = ValidatorState.load(self._state_path)
@@ -296,7 +297,16 @@ class Validator:
         return cache[split]
 
     def _evaluate(self, spec: ExperimentSpec, params: Any, split: str) -> dict[str, float]:
-        return self.evaluate(params, *self._split(spec, split))
+        return self._evaluators[spec.model](params, *self._split(spec, split))
+
+    def learner(self, spec: ExperimentSpec) -> JaxLearner:
+        """The learner of ``spec``'s model (a ``KeyError`` naming it when this validator has none)."""
+        try:
+            return self.learners[spec.model]
+        except KeyError:
+            raise KeyError(
+                f"no learner for model {spec.model} of {spec.key}; this validator has {sorted(self.learners)}"
+            ) from None
 
     # -- heads -----------------------------------------------------------------------------
     def _sign_head(
@@ -313,7 +323,7 @@ class Validator:
         ``outer_state`` the id of the outer optimizer's state after it (stored by the caller)."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
-            self.learner.to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
+            self.learner(spec).to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
         )
         head = HeadDescriptor(
             experiment=spec.key,
@@ -338,7 +348,7 @@ class Validator:
             head.verify_trusted(self.network.validator_key_set, self.network.quorum)
             return head
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
-        params = self.learner.init(jax.random.PRNGKey(seed))
+        params = self.learner(spec).init(jax.random.PRNGKey(seed))
         genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "holdout"))
         write_atomic(self.storage.head_path(genesis.head_id), artifact)
         proposed = {p.head_id: p for p in self.edge.proposals(spec.key, None)}
@@ -424,13 +434,14 @@ class Validator:
         policy = PRESETS[spec.screening]
         val_x, val_y = self._split(spec, "holdout")
         base = self._head_params(head)
+        learner = self.learner(spec)
         decision = judge_window(
-            self.learner.model,
+            learner.model,
             base,
             {"loss": head.metrics["val_loss"]},
             share_principal_weight([self._precheck(spec, head, base, c) for c in window], policy),
             policy,
-            lambda params: self.evaluate(self.learner.from_tensors(params), val_x, val_y),
+            lambda params: self._evaluators[spec.model](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
             reference=self._reference(spec, head, base) if policy.anchored else None,
             # robust rules break ties by a salt no submitter knows before the window's set is closed
@@ -446,11 +457,11 @@ class Validator:
             steps, merged, validation = 0, base, _unnamed("val", head.metrics)
         outer_state = None
         if decision.outer_state is not None:
-            state = encode_state(self.learner.model, decision.outer_state)
+            state = encode_state(learner.model, decision.outer_state)
             outer_state = ContentId(content_id(state))
             write_atomic(self.storage.head_path(outer_state), state)
         promoted, artifact = self._sign_head(
-            spec, self.learner.from_tensors(merged), head, decision.accepted, steps, validation, outer_state
+            spec, learner.from_tensors(merged), head, decision.accepted, steps, validation, outer_state
         )
         return promoted, artifact, decision
 
@@ -460,7 +471,7 @@ class Validator:
         if head.outer_state is None:
             return None
         data = self.edge.artifact(head.outer_state, self.storage.head_path(head.outer_state))
-        return decode_state(self.learner.model, data)
+        return decode_state(self.learner(self.network.experiment(head.experiment)).model, data)
 
     def _reference(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
@@ -475,11 +486,11 @@ class Validator:
         steps = max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
         index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
         if spec.key not in self._engines:
-            self._engines[spec.key] = TrainEngine(self.learner, self.learner.make_optimizer(spec))
+            self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
         engine = self._engines[spec.key]
-        params = self.learner.from_tensors(base)
+        params = self.learner(spec).from_tensors(base)
         params, _, _ = engine.train_epoch(params, engine.init_optimizer(params), x[index], y[index])
-        return self.learner.to_tensors(params)
+        return self.learner(spec).to_tensors(params)
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)
@@ -598,7 +609,7 @@ class Validator:
             path = self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:")
             try:
                 encoded, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
-                tensors = decode_update(self.learner.model, base, encoded, spec.codec)
+                tensors = decode_update(self.learner(spec).model, base, encoded, spec.codec)
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
         submission = Submission(

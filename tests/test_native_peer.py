@@ -243,7 +243,7 @@ def edge_head(validator: Validator, spec: ExperimentSpec) -> HeadDescriptor:
 
 def _validator_with(validator: Validator, edge: BackgroundEdge, dataset_root: Path, clock: ManualClock) -> Validator:
     return Validator(
-        validator.learner, validator.network, validator.storage, edge.url, dataset_root, ValidatorConfig(clock=clock)
+        validator.learners, validator.network, validator.storage, edge.url, dataset_root, ValidatorConfig(clock=clock)
     )
 
 
@@ -259,7 +259,7 @@ def test_validator_state_survives_restart(
     report = validator.poll(spec)
     assert report is not None and report.merged
     validator.close()
-    restarted = Validator(validator.learner, validator.network, validator.storage, edge.url, dataset_root)
+    restarted = Validator(validator.learners, validator.network, validator.storage, edge.url, dataset_root)
     assert restarted.ensure_genesis(spec).head_id == report.head.head_id != genesis.head_id
     assert first.candidate_id in restarted.state.judged
     assert restarted.poll(spec) is None  # nothing new: the judged candidate is not judged again

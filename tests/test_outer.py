@@ -219,7 +219,7 @@ def test_the_edge_takes_a_head_only_after_its_outer_state(tmp_path: Path, datase
         )
         genesis = validator.ensure_genesis(nesterov)
         state = encode_state(SPEC, np.ones(SPEC.num_params))
-        params = validator.learner.init(jax.random.PRNGKey(1))
+        params = validator.learner(nesterov).init(jax.random.PRNGKey(1))
         head, artifact = validator._sign_head(nesterov, params, genesis, (), 0, {"loss": 1.0, "accuracy": 0.1})
         named = replace(head, outer_state=ContentId(content_id(state))).signed(validator.identity)
         path = f"{edge.url}/v1/experiments/{BASELINE}"

@@ -51,7 +51,7 @@ class ByzantineValidator(Validator):
         params = self._head_params(head)
         skewed = {name: (value + np.float32(0.05)).astype(np.float32) for name, value in params.items()}
         promoted, artifact = self._sign_head(
-            spec, self.learner.from_tensors(skewed), head, decision.accepted, 0, _validation(head)
+            spec, self.learner(spec).from_tensors(skewed), head, decision.accepted, 0, _validation(head)
         )
         return promoted, artifact, decision
 
