@@ -1,4 +1,5 @@
-"""``python -m lab``: the mixed-fleet demo, the attack suite, and the stack the browser tests use."""
+"""``python -m lab``: the mixed-fleet demo, the workloads run, the attack suite, and the stack the browser
+tests use."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ def cmd_demo(args: argparse.Namespace) -> None:
     try:
         summary = run_demo(
             args.out, max_minutes=args.max_minutes, browser=not args.no_browser, target_accuracy=args.target_accuracy
+        )
+    except BrowserUnavailable as exc:
+        sys.exit(f"error: {exc}")
+    if not summary["all_checks_passed"]:
+        sys.exit("error: some checks failed; see " + str(args.out / "summary.md"))
+
+
+def cmd_workloads(args: argparse.Namespace) -> None:
+    from .demo import BrowserUnavailable
+    from .workloads import run_workloads
+
+    try:
+        summary = run_workloads(
+            args.out, max_minutes=args.max_minutes, target_accuracy=args.target_accuracy, browser=not args.no_browser
         )
     except BrowserUnavailable as exc:
         sys.exit(f"error: {exc}")
@@ -58,6 +73,13 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--target-accuracy", type=float, default=0.95)
     demo.add_argument("--no-browser", action="store_true", help="run without the headless-browser trainer")
     demo.set_defaults(run=cmd_demo)
+
+    workloads = sub.add_parser("workloads", help="the CNN and the char-level language model in a mixed fleet")
+    workloads.add_argument("--out", type=Path, default=Path("var/workloads"))
+    workloads.add_argument("--max-minutes", type=float, default=30.0)
+    workloads.add_argument("--target-accuracy", type=float, default=0.99, help="the CNN's test accuracy")
+    workloads.add_argument("--no-browser", action="store_true", help="run without the headless-browser trainers")
+    workloads.set_defaults(run=cmd_workloads)
 
     suite = sub.add_parser("attack-suite", help="score the screening presets against attacks on real MNIST updates")
     suite.add_argument("--out", type=Path, default=Path("var/attack-suite"))

@@ -30,7 +30,7 @@ import httpx
 
 from datasets import mnist
 from native_peer.identity import NodeIdentity
-from native_peer.mnist import mlp_learner
+from native_peer.learner import network_learners
 from native_peer.storage import StorageConfig
 from native_peer.validator import Validator, ValidatorConfig
 from protocol.manifests import ExperimentSpec, NetworkManifest
@@ -99,7 +99,9 @@ class LocalNetwork:
         ]  # fmt: skip
 
     def validator(self, url: str, config: ValidatorConfig = FAST_POLL) -> Validator:
-        return Validator(mlp_learner(), self.network, self.validator_storage, url, self.datasets, config)
+        return Validator(
+            network_learners(self.network), self.network, self.validator_storage, url, self.datasets, config
+        )
 
 
 def prepare_network(

@@ -40,11 +40,13 @@ from datasets.sharding import DEFAULT_FRACTIONS, ShardingError, shard
 from datasets.sources import read_images, read_npz, read_text
 from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
-from protocol.manifests import NetworkManifest
+from protocol.manifests import NetworkManifest, SupportedWorkload
+from protocol.model import MODELS
 from protocol.signing import b64encode
 
 from .edge_client import EdgeClient
-from .mnist import RELEASE, WORKLOAD, mlp_learner
+from .learner import network_learners, spec_learner
+from .mnist import RELEASE
 from .storage import StorageConfig
 from .trainer import NodeBuilder
 from .validator import Validator
@@ -137,9 +139,17 @@ def _train_network(args: argparse.Namespace) -> NetworkManifest:
 def cmd_train(args: argparse.Namespace) -> None:
     network = _train_network(args)
     args.storage = args.storage or _default_storage(args.edge)
+    keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
+    workloads = {(spec.model, spec.dataset_id) for spec in map(network.experiment, keys)}
+    if len(workloads) != 1:
+        raise SystemExit(
+            f"dtn train: {', '.join(map(str, keys))} train {len(workloads)} model/dataset pairs; one trainer runs "
+            "one: pass --experiment for each of one model"
+        )
+    ((model, dataset_id),) = workloads
     builder = (
-        NodeBuilder(mlp_learner())
-        .trainer(RELEASE, WORKLOAD)
+        NodeBuilder(spec_learner(MODELS[model]))
+        .trainer(RELEASE, SupportedWorkload(f"{model}-cpu", model, dataset_id))
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
         .with_bootstrap_peer(args.edge)
@@ -147,7 +157,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     )
     builder = builder.with_admission_token(args.token) if args.token else builder
     trainer = (builder.with_sharded_dataset(args.shards_from) if args.shards_from else builder).spawn()
-    keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     experiments = [trainer.experiment(*key.parts) for key in keys]
     try:
         outcomes = trainer.run(experiments, max_windows=args.windows, stop=_stop_on_signals())
@@ -160,7 +169,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_validate(args: argparse.Namespace) -> None:
     network = _network(args.network)
     validator = Validator(
-        mlp_learner(), network, StorageConfig(args.storage), args.edge, args.datasets, admission_token=args.token
+        network_learners(network),
+        network,
+        StorageConfig(args.storage),
+        args.edge,
+        args.datasets,
+        admission_token=args.token,
     )
     try:
         validator.run(network.experiments, _stop_on_signals())

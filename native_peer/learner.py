@@ -20,12 +20,21 @@ import numpy as np
 import optax
 
 from protocol.batches import make_batches
-from protocol.manifests import ExperimentSpec
-from protocol.model import ModelSpec, evaluation_metrics, init_params
+from protocol.manifests import ExperimentSpec, NetworkManifest
+from protocol.model import MODELS, ModelSpec, evaluation_metrics, init_params
 
 from . import jax_layers
 
-__all__ = ["BatchLoader", "Evaluator", "JaxLearner", "TrainEngine", "adam", "softmax_cross_entropy", "spec_learner"]
+__all__ = [
+    "BatchLoader",
+    "Evaluator",
+    "JaxLearner",
+    "TrainEngine",
+    "adam",
+    "network_learners",
+    "softmax_cross_entropy",
+    "spec_learner",
+]
 
 PyTree = Any
 
@@ -142,3 +151,8 @@ class Evaluator:
             total_loss += float(loss)
             correct += int(hits)
         return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)))
+
+
+def network_learners(network: NetworkManifest) -> dict[str, JaxLearner]:
+    """A learner (``spec_learner``, Adam) for every model the network's experiments train."""
+    return {spec.model: spec_learner(MODELS[spec.model]) for spec in network.experiments}

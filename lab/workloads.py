@@ -1,0 +1,214 @@
+"""``python -m lab workloads``: the models beyond the MLP, trained by a mixed fleet on one machine.
+
+The network of ``networks/workloads.toml``: a LeNet-style CNN on MNIST (``mnist-cnn``) and a byte-level
+transformer language model (``char-lm``) on the Python standard library's source (``datasets.pystdlib``,
+context 64). One edge, one validator judging both, for each experiment a native JAX trainer and a
+headless Chromium trainer (Pyodide + NumPy, the same layers), until the CNN reaches its target test
+accuracy and the language model has trained as many windows, or the time is up. The summary gives each
+experiment's windows and metrics (test accuracy; validation bits per character), the browser's accepted
+candidates, and a sample the final language model writes. Live progress on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datasets import pystdlib
+from native_peer.edge_client import EdgeClient
+from protocol.codec import decode_tensors
+from protocol.ids import ContentId, ExperimentKey
+from protocol.manifests import NetworkManifest
+from protocol.model import MODELS, ModelSpec, forward
+from tools.networks import read_experiments
+
+from .charts import accuracy_svg
+from .demo import CHROMIUM, CHROMIUM_FLAGS, BrowserUnavailable, browser_problem
+from .stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
+
+__all__ = ["WORKLOADS_NETWORK", "run_workloads", "sample_text"]
+
+WORKLOADS_NETWORK = REPO / "networks" / "workloads.toml"
+CNN = ExperimentKey.parse("study/mnist-cnn/rev-1")
+LM = ExperimentKey.parse("study/pystdlib-lm/rev-1")
+CORPUS_BYTES = 2_000_000  # the corpus's first bytes: ~30k sequences, enough for a run of minutes
+SPLITS = {"holdout": 0.05, "reference": 0.05, "validation": 0.05, "test": 0.05}
+
+
+def prepare_workloads(root: Path, datasets: Path | None = None) -> LocalNetwork:
+    """MNIST and the standard-library corpus under ``datasets``, a validator and the workloads network."""
+    local = prepare_network(
+        root,
+        datasets=datasets,
+        network=lambda key: NetworkManifest("workloads", (key,), read_experiments(WORKLOADS_NETWORK)),
+    )
+    context = MODELS["char-lm"].input_shape[0]
+    pystdlib.prepare(local.datasets, context=context, max_bytes=CORPUS_BYTES, fractions=SPLITS)
+    return local
+
+
+def sample_text(model: ModelSpec, params: dict[str, np.ndarray], prompt: bytes, length: int, seed: int = 0) -> str:
+    """``length`` bytes the language model writes after ``prompt`` (sampled at temperature 0.8)."""
+    context = model.input_shape[0]
+    tokens = list(prompt)
+    rng = np.random.default_rng(seed)
+    for _ in range(length):
+        window = tokens[-context:]
+        x = np.zeros((1, context), np.float32)
+        x[0, : len(window)] = window  # causal: what follows the window cannot change its last logits
+        logits = forward(model, params, x)[0, len(window) - 1].astype(np.float64) / 0.8
+        p = np.exp(logits - logits.max())
+        tokens.append(int(rng.choice(len(p), p=p / p.sum())))
+    return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def run_workloads(out: Path, *, max_minutes: float, target_accuracy: float, browser: bool) -> dict[str, Any]:
+    if browser and (problem := browser_problem()) is not None:
+        raise BrowserUnavailable(f"the browser trainers cannot start: {problem}; pass --no-browser to skip them")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    local = prepare_workloads(out)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    profiles = Path(tempfile.mkdtemp(prefix="dtn-chromium-"))
+    started = time.monotonic()
+    try:
+        with Fleet(out) as fleet:
+            fleet.start("edge", local.edge_argv(port))
+            fleet.wait_ready(f"{url}/healthz")
+            fleet.start("validator", local.validator_argv(url))
+            for key in (CNN, LM):
+                name = key.parts[1]
+                fleet.start(f"native-{name}", [*local.trainer_argv(url, out / f"native-{name}"), "--experiment", key])
+                if browser:
+                    page = f"{url}/?contribute=1&experiment={key}"
+                    fleet.start(
+                        f"browser-{name}", [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profiles / name}", page]
+                    )
+            summary = _supervise(url, fleet, started, max_minutes, target_accuracy, browser)
+    finally:
+        shutil.rmtree(profiles, ignore_errors=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(report := summary_markdown(summary))
+    print("\n" + report)
+    return summary
+
+
+def _supervise(
+    url: str, fleet: Fleet, started: float, max_minutes: float, target_accuracy: float, browser: bool
+) -> dict[str, Any]:
+    edge = EdgeClient(url)
+    try:
+        while time.monotonic() < started + max_minutes * 60:
+            fleet.check_alive()
+            heads = {e["key"]: e["head"] or {"window": 0, "metrics": {}} for e in edge.portal_snapshot()["experiments"]}
+            cnn, lm = heads[CNN], heads[LM]
+            line = (
+                f"{time.monotonic() - started:6.0f}s | cnn: window {cnn['window']} test acc "
+                f"{cnn['metrics'].get('test_accuracy', 0):.4f} | lm: window {lm['window']} val bits/char "
+                f"{lm['metrics'].get('val_bits_per_char', float('nan')):.3f}"
+            )
+            print(
+                ("\r" + line.ljust(100)) if sys.stdout.isatty() else line,
+                end="" if sys.stdout.isatty() else "\n",
+                flush=True,
+            )
+            browsers_in = all(_browser_accepted(edge, key) for key in (CNN, LM)) or not browser
+            if (
+                cnn["metrics"].get("test_accuracy", 0) >= target_accuracy
+                and lm["window"] >= cnn["window"]
+                and browsers_in
+            ):
+                break
+            time.sleep(3.0)
+        wall_s = time.monotonic() - started
+        fleet.stop_all(keep=("edge",))
+        return _summarize(edge, url, fleet.out, wall_s, target_accuracy, browser)
+    finally:
+        edge.close()
+
+
+def _browser_accepted(edge: EdgeClient, key: ExperimentKey) -> int:
+    browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
+    return sum(v.accepted and v.peer_id in browsers for v in edge.verdicts(key))
+
+
+def _summarize(edge: EdgeClient, url: str, out: Path, wall_s: float, target: float, browser: bool) -> dict[str, Any]:
+    network = edge.network()
+    experiments: dict[str, Any] = {}
+    lineage: dict[str, list[dict[str, Any]]] = {}
+    for spec in network.experiments:
+        heads = edge.heads(spec.key)
+        lineage[str(spec.key)] = [{"window": h.window, **h.metrics} for h in heads]
+        verdicts = edge.verdicts(spec.key)
+        experiments[str(spec.key)] = {
+            "model": spec.model,
+            "params": MODELS[spec.model].num_params,
+            "windows": heads[-1].window,
+            "final": heads[-1].metrics,
+            "accepted": sum(v.accepted for v in verdicts),
+            "rejected": sum(not v.accepted for v in verdicts),
+            "browser_accepted": _browser_accepted(edge, spec.key),
+        }
+    final = edge.heads(LM)[-1]
+    params, _ = decode_tensors(edge.artifact(ContentId(final.head_id), out / "lm-head.safetensors"))
+    sample = sample_text(MODELS["char-lm"], params, b"def ", 240)
+    cnn = experiments[str(CNN)]["final"]
+    checks = {
+        "cnn_reached_target": cnn.get("test_accuracy", 0) >= target,
+        "lm_bits_per_char_fell": lineage[str(LM)][-1].get("val_bits_per_char", 99)
+        < lineage[str(LM)][0].get("val_bits_per_char", 0),
+        "browser_candidates_accepted_in_both": (not browser)
+        or all(e["browser_accepted"] > 0 for e in experiments.values()),
+    }
+    (out / "cnn-accuracy.svg").write_text(accuracy_svg({str(CNN): lineage[str(CNN)]}, target))
+    return {
+        "wall_time_s": wall_s,
+        "target_accuracy": target,
+        "browser": browser,
+        "experiments": experiments,
+        "lineage": lineage,
+        "lm_sample": sample,
+        "checks": checks,
+        "all_checks_passed": all(checks.values()),
+    }
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        f"# Workloads beyond the MLP: {'all checks passed' if summary['all_checks_passed'] else 'CHECKS FAILED'}",
+        "",
+        f"Wall time {summary['wall_time_s']:.0f} s. Browser trainers: {'included' if summary['browser'] else 'SKIPPED'}.",
+        "",
+        "| experiment | model (parameters) | windows | final | accepted / rejected | from browsers |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, e in summary["experiments"].items():
+        m = e["final"]
+        final = (
+            f"test accuracy {m['test_accuracy']:.4f}"
+            if "val_bits_per_char" not in m
+            else f"val {m['val_bits_per_char']:.3f} / test {m.get('test_bits_per_char', float('nan')):.3f} bits per char"
+        )
+        lines.append(
+            f"| {key} | {e['model']} ({e['params']:,}) | {e['windows']} | {final} | {e['accepted']} / {e['rejected']} | {e['browser_accepted']} |"
+        )
+    lines += ["", "| check | result |", "| --- | --- |"]
+    lines += [f"| {name} | {'PASS' if ok else 'FAIL'} |" for name, ok in summary["checks"].items()]
+    lines += [
+        "",
+        "The final language model, prompted with `def ` (temperature 0.8):",
+        "",
+        "```",
+        summary["lm_sample"],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

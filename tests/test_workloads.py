@@ -1,0 +1,61 @@
+"""The workloads run's pieces (``python -m lab workloads`` itself trains for many minutes and is run by
+hand; its figures are in the README): its network file, the language model's sampler and the summary."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lab.workloads import CNN, LM, WORKLOADS_NETWORK, sample_text, summary_markdown
+from protocol.model import MODELS, init_params
+from tools.networks import read_experiments
+
+
+def test_the_workloads_network_runs_the_cnn_and_the_language_model() -> None:
+    specs = {spec.key: spec for spec in read_experiments(WORKLOADS_NETWORK)}
+    assert (specs[CNN].model, specs[CNN].dataset_id) == ("mnist-cnn", "mnist")
+    assert (specs[LM].model, specs[LM].dataset_id) == ("char-lm", "pystdlib")
+
+
+def test_the_sampler_continues_the_prompt_and_is_reproducible() -> None:
+    model = MODELS["char-lm"]
+    params = init_params(model, 3)
+    text = sample_text(model, params, b"def ", 80, seed=1)
+    assert text.startswith("def ") and text == sample_text(model, params, b"def ", 80, seed=1)
+    assert text != sample_text(model, params, b"def ", 80, seed=2)
+    # a prompt longer than the context (64 bytes) still works: the window slides over its end
+    long_prompt = bytes(np.random.default_rng(0).integers(32, 127, 200, dtype=np.uint8))
+    assert sample_text(model, params, long_prompt, 10).startswith(long_prompt.decode())
+
+
+def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
+    summary = {
+        "all_checks_passed": False,
+        "wall_time_s": 600.0,
+        "browser": True,
+        "experiments": {
+            str(CNN): {
+                "model": "mnist-cnn",
+                "params": 105_000,
+                "windows": 20,
+                "final": {"test_accuracy": 0.9912},
+                "accepted": 40,
+                "rejected": 1,
+                "browser_accepted": 9,
+            },
+            str(LM): {
+                "model": "char-lm",
+                "params": 137_000,
+                "windows": 20,
+                "final": {"val_bits_per_char": 2.71, "test_bits_per_char": 2.75},
+                "accepted": 30,
+                "rejected": 2,
+                "browser_accepted": 5,
+            },
+        },
+        "checks": {"cnn_reached_target": True, "lm_bits_per_char_fell": False},
+        "lm_sample": "def f(x):\n    return x",
+    }
+    text = summary_markdown(summary)
+    assert "CHECKS FAILED" in text and "| lm_bits_per_char_fell | FAIL |" in text
+    assert "test accuracy 0.9912" in text and "val 2.710 / test 2.750 bits per char" in text
+    assert "def f(x):" in text
