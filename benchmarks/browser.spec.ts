@@ -86,3 +86,29 @@ test("cold vs warm start to training", async ({ page }, testInfo) => {
     JSON.stringify({ cold_click_s: cold, warm_click_s: warm, warm_load_s: loadToTraining }, null, 2),
   );
 });
+
+// Each model (the layer set): samples/s in the browser (Pyodide NumPy in a Web Worker) vs the same NumPy
+// code natively vs the native JAX trainer, same synthetic batches, in one run.
+test("models: browser vs native NumPy vs JAX", async ({ page }, testInfo) => {
+  const native = JSON.parse(execFileSync(".venv/bin/python", ["-m", "benchmarks.model_throughput"]).toString());
+  await page.goto("/");
+  const browser = await page.evaluate(async (models: Record<string, number>) => {
+    const worker = new Worker("/static/worker.js");
+    const rates: Record<string, number> = {};
+    for (const [model, batchSize] of Object.entries(models)) {
+      rates[model] = await new Promise((resolve) => {
+        worker.onmessage = ({ data }) => data.type === "benchmark" && resolve(data.samples_per_s);
+        worker.postMessage({ type: "benchmark", model, batchSize, steps: 20 });
+      });
+    }
+    worker.terminate();
+    return rates;
+  }, { "mnist-mlp": 64, "mnist-cnn": 64, "char-lm": 32 });
+  for (const [model, rate] of Object.entries(browser)) {
+    const { numpy, jax } = native[model];
+    console.log(
+      `${model}: browser ${rate.toFixed(0)} samples/s, native NumPy ${numpy.toFixed(0)} (browser ${(rate / numpy).toFixed(3)} x), JAX ${jax.toFixed(0)} (browser ${(rate / jax).toFixed(3)} x)`,
+    );
+  }
+  writeFileSync(testInfo.outputPath("models-benchmark.json"), JSON.stringify({ browser, native }, null, 2));
+});

@@ -14,11 +14,15 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
+from protocol.model import MODELS
+
 from .bridge import HttpError, SocketClosed
+from .numpy_trainer import fastest_matmul
 from .parts import PartRunner
 from .peer import BrowserPeer, PeerConfig
+from .throughput import samples_per_s
 
-__all__ = ["JsBridge", "guide_parts", "run_part", "start"]
+__all__ = ["JsBridge", "benchmark", "guide_parts", "run_part", "start"]
 
 
 class JsSocket:
@@ -123,3 +127,8 @@ def guide_parts(paused: str | None, share: float) -> None:
         _PARTS.guest.pause(paused)
     else:
         _PARTS.guest.resume()
+
+
+def benchmark(model: str, batch_size: int, steps: int) -> float:
+    """Samples per second training ``model`` here (``browser_peer.throughput``; the browser benchmark)."""
+    return samples_per_s(MODELS[model], batch_size, steps, fastest_matmul()[0])

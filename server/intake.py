@@ -67,7 +67,10 @@ async def _store_artifact(
     state: EdgeState, artifact: bytes, cid: ContentId, spec: ExperimentSpec, codec: str = "fp32"
 ) -> None:
     """Store ``artifact`` once it hashes to ``cid`` and is exactly an artifact of the experiment's
-    model under ``codec`` (candidates: the experiment's; heads: plain float32 parameters)."""
+    model under ``codec`` (candidates: the experiment's; heads: plain float32 parameters), and no larger
+    than the experiment's model allows (``EdgeState.artifact_limit``: over HTTP and the relay alike)."""
+    if len(artifact) > (limit := state.artifact_limit(spec.key)):
+        raise TooLarge(f"an artifact of {len(artifact)} bytes; {spec.model} artifacts are at most {limit}")
 
     def work() -> None:
         verify_content(artifact, cid)

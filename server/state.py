@@ -15,6 +15,7 @@ from datasets.layout import manifest_path, read_train_manifest
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
+from protocol.model import MODELS
 from protocol.signing import PureSigner
 
 from .admission import Admission
@@ -87,6 +88,11 @@ class EdgeState:
             return self.network.experiment(key)
         except KeyError:
             raise NotFound(f"no experiment {key} on this network") from None
+
+    def artifact_limit(self, key: ExperimentKey | str) -> int:
+        """The largest artifact of ``key``: its model's float32 parameters and header (``max_artifact_bytes``
+        is the ceiling for every experiment), so a small model's uploads are refused early."""
+        return min(self.settings.max_artifact_bytes, MODELS[self.experiment(key).model].max_artifact_bytes)
 
     def dataset(self, dataset_id: str) -> FetchManifest:
         try:

@@ -2,7 +2,8 @@
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
 // Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"} | {type: "pause", reason} |
 // {type: "resume"} | {type: "share", share} (the fraction of a core to use, browser_peer/guest.py) |
-// {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in a helper, below).
+// {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in a helper, below) |
+// {type: "benchmark", model, batchSize, steps} (answered with {type: "benchmark", model, samples_per_s}).
 // Messages out: {type: "status", status} | {type: "error", message} | {type: "part-done", id, result} |
 // {type: "part-failed", id, message}.
 const runtime = (async () => {
@@ -153,6 +154,10 @@ onmessage = async (event) => {
       applyGuest();
     } else if (message.type === "workers") {
       if (peer !== null) useWorkers(message.count);
+    } else if (message.type === "benchmark") {
+      const pyodide = await runtime; // benchmarks/browser.spec.ts: this runtime's training speed per model
+      const rate = pyodide.pyimport("browser_peer.js_bridge").benchmark(message.model, message.batchSize, message.steps);
+      postMessage({ type: "benchmark", model: message.model, samples_per_s: rate });
     } else if (message.type === "part") {
       parts = parts.then(() => trainPart(message));
     } else if (message.type === "pause" || message.type === "resume" || message.type === "share") {
