@@ -1,0 +1,49 @@
+"""``server.holders.HeadHolders``: who holds each experiment's current head, within its bounds."""
+
+from __future__ import annotations
+
+from protocol.clock import ManualClock
+from protocol.hashing import content_id
+from protocol.ids import HeadId
+from protocol.signing import peer_id_from_public_key
+from server.holders import HeadHolders
+
+HEAD, NEXT = HeadId(content_id(b"head 1")), HeadId(content_id(b"head 2"))
+PEERS = [peer_id_from_public_key(bytes([i]) * 32) for i in range(10)]
+ASKER = peer_id_from_public_key(b"\xff" * 32)
+
+
+def joined(_: str) -> bool:
+    return True
+
+
+def test_a_new_head_forgets_the_holders_of_the_last() -> None:
+    holders = HeadHolders(ManualClock())
+    holders.announce("s/e/r", HEAD, PEERS[0])
+    holders.announce("s/e/r", NEXT, PEERS[1])
+    assert holders.holders("s/e/r", HEAD, ASKER, joined) == []
+    assert holders.holders("s/e/r", NEXT, ASKER, joined) == [PEERS[1]]
+    assert holders.holders("s/e/other", NEXT, ASKER, joined) == []
+
+
+def test_holders_are_bounded_in_number_age_and_answer_size() -> None:
+    clock = ManualClock()
+    holders = HeadHolders(clock, max_holders=4, ttl_s=60.0, max_answer=3)
+    for peer in PEERS[:6]:
+        holders.announce("s/e/r", HEAD, peer)
+    kept = set(PEERS[2:6])  # the latest four announcers
+    answer = holders.holders("s/e/r", HEAD, ASKER, joined)
+    assert len(answer) == 3 and set(answer) <= kept
+    assert set(holders.holders("s/e/r", HEAD, PEERS[2], joined)) == kept - {PEERS[2]}
+    assert holders.holders("s/e/r", HEAD, ASKER, lambda peer: peer == PEERS[5]) == [PEERS[5]]
+    clock.advance(61.0)
+    assert holders.holders("s/e/r", HEAD, ASKER, joined) == []
+
+
+def test_askers_spread_over_the_holders_in_a_reproducible_order() -> None:
+    holders = HeadHolders(ManualClock())
+    for peer in PEERS:
+        holders.announce("s/e/r", HEAD, peer)
+    firsts = {holders.holders("s/e/r", HEAD, asker, joined)[0] for asker in PEERS}
+    assert len(firsts) > 3
+    assert holders.holders("s/e/r", HEAD, ASKER, joined) == holders.holders("s/e/r", HEAD, ASKER, joined)
