@@ -52,6 +52,7 @@ __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
+HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
 
 
 @dataclass(frozen=True)
@@ -289,9 +290,7 @@ class BrowserPeer:
         reaches peers, else (none could, or one lied) from the edge. A held head is announced."""
         artifact = None
         if self.bridge.shares_heads:
-            ask = {"type": "holders", "experiment": self.key, "head_id": head.head_id}
-            await socket.send_text(json.dumps(ask))
-            holders = [p for p in (await self._reply(reader, "holders"))["peers"] if p not in self._dropped]
+            holders = await self._holders(socket, reader, head.head_id)
             sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
             artifact = None if sent is None else self._checked(sent, head.head_id)
         if artifact is None:
@@ -302,6 +301,18 @@ class BrowserPeer:
             self.bridge.keep_head(head.head_id, artifact)
             await socket.send_text(json.dumps({"type": "have", "experiment": self.key, "head_id": head.head_id}))
         return artifact
+
+    async def _holders(self, socket: Socket, reader: asyncio.Task[None], head_id: HeadId) -> list[str]:
+        """Peers the edge says hold ``head_id`` (none dropped); while another peer is fetching it from
+        the edge (``fetching``), wait for it to announce the head a few times before giving up."""
+        for attempt in range(HOLDER_ASKS):
+            await socket.send_text(json.dumps({"type": "holders", "experiment": self.key, "head_id": head_id}))
+            answer = await self._reply(reader, "holders")
+            holders = [p for p in answer["peers"] if p not in self._dropped]
+            if holders or not answer.get("fetching") or attempt == HOLDER_ASKS - 1:
+                return holders
+            await asyncio.sleep(HOLDER_WAIT_S)
+        return []
 
     def _checked(self, sent: PeerBytes, head_id: HeadId) -> bytes | None:
         """``sent.data`` if it is ``head_id``'s artifact; else drop the peer that sent it and say so."""

@@ -17,7 +17,7 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
     peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
-    peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers": [<peer id>]}
+    peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers", "fetching"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
@@ -43,6 +43,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,6 +68,7 @@ from .errors import (
     close_code_for,
     status_for,
 )
+from .holders import Holders
 from .hub import TOPICS, Connection, ConnectionState
 from .intake import accept_candidate, check_peer_rate
 from .leasing import LeaseIssuer
@@ -338,13 +340,14 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         key = ExperimentKey.parse(data.get("experiment"))
         state.experiment(key)
         head_id = HeadId(data.get("head_id"))
-        if kind == "have":
-            current = state.store.current_head(key)
-            if current is not None and current.head_id == head_id:  # anything else: ignored
-                state.holders.announce(key, head_id, connection.peer_id)
-        else:
-            peers = state.holders.holders(key, head_id, connection.peer_id, lambda p: p in state.hub.connections)
-            answer = {"type": "holders", "experiment": key, "head_id": head_id, "peers": peers}
+        current = state.store.current_head(key)
+        is_current = current is not None and current.head_id == head_id  # any other head: ignored
+        if kind == "have" and is_current:
+            state.holders.announce(key, head_id, connection.peer_id)
+        elif kind == "holders":
+            joined = state.hub.connections.__contains__
+            holders = state.holders.ask(key, head_id, connection.peer_id, joined) if is_current else Holders([])
+            answer = {"type": "holders", "experiment": key, "head_id": head_id, **asdict(holders)}
             connection.offer(orjson.dumps(answer).decode())
     elif kind == "metrics":
         key = ExperimentKey.parse(data.get("experiment"))

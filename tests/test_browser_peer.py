@@ -256,3 +256,33 @@ def test_browser_peers_take_the_head_from_a_holder_and_drop_one_that_lies(tmp_pa
     assert c.status["head_edge_bytes"] == size and c.status["head_peer_bytes"] == 0
     assert any(url.endswith(artifact) for url in bridges[2].fetched)
     assert b.status["windows_done"] == c.status["windows_done"] == 1
+
+
+def test_peers_that_wake_to_a_head_together_download_it_from_the_edge_once(tmp_path: Path, dataset_root: Path) -> None:
+    """The first to ask fetches the head from the edge; the other waits for its announcement."""
+    write_network(tmp_path / "network.json", experiment_spec(BASELINE))
+    swarm = Swarm()
+    seeds = [bytes([seed]) * 32 for seed in (0x49, 0x4A)]
+    bridges = [SwarmBridge(swarm, peer_id_from_public_key(PureSigner(seed).public_key)) for seed in seeds]
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
+        head, genesis = head_envelope(experiment=BASELINE)
+        httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/heads", content=genesis).raise_for_status()
+        peers = [
+            BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, seed))
+            for bridge, seed in zip(bridges, seeds, strict=True)
+        ]
+
+        async def together() -> None:
+            tasks = [asyncio.ensure_future(peer.run()) for peer in peers]
+            while any(peer.status["windows_done"] < 1 for peer in peers):
+                await asyncio.sleep(0.05)
+            for peer, task in zip(peers, tasks, strict=True):
+                peer.stop()
+                await asyncio.wait_for(task, 10)
+            for bridge in bridges:
+                await bridge.aclose()
+
+        asyncio.run(together())
+    size = len(next(iter(swarm.heads.values()))[head.head_id])
+    assert sorted(peer.status["head_edge_bytes"] for peer in peers) == [0, size]
+    assert sorted(peer.status["head_peer_bytes"] for peer in peers) == [0, size]

@@ -441,7 +441,9 @@ def test_holders_of_the_current_head_are_named_to_other_joined_peers(
         assert answer["type"] == "holders" and answer["head_id"] == head and answer["experiment"] == EXPERIMENT
         return list(answer["peers"])
 
-    assert holders(ws_b) == []
+    assert holders(ws_b) == []  # B asked first: it downloads the head from the edge
+    ws_c.send(json.dumps({"type": "holders", "experiment": EXPERIMENT, "head_id": head_id}))
+    assert json.loads(ws_c.recv(timeout=5))["fetching"] is True  # C waits for B to announce it
     ws_a.send(json.dumps({"type": "have", "experiment": EXPERIMENT, "head_id": head_id}))
     stale = content_id(b"not the current head")
     ws_c.send(json.dumps({"type": "have", "experiment": EXPERIMENT, "head_id": stale}))  # ignored, unanswered
