@@ -296,7 +296,7 @@ class BrowserPeer:
         if artifact is None:
             artifact = await self._fetch(f"/v1/artifacts/{head.head_id}")
             verify_content(artifact, head.head_id)
-            self.status["head_edge_bytes"] += len(artifact)
+            self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
         if self.bridge.shares_heads:
             self.bridge.keep_head(head.head_id, artifact)
             await socket.send_text(json.dumps({"type": "have", "experiment": self.key, "head_id": head.head_id}))
@@ -323,8 +323,8 @@ class BrowserPeer:
             self.bridge.drop_peer(sent.peer_id, str(exc))
             self._report(peers_dropped=sorted(self._dropped), phase=f"dropped peer {sent.peer_id}: {exc}")
             return None
-        self.status["head_peer_bytes"] += len(sent.data)
         self.status["downloaded_bytes"] += len(sent.data)
+        self._report(head_peer_bytes=self.status["head_peer_bytes"] + len(sent.data))
         return sent.data
 
     async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:

@@ -15,6 +15,7 @@
 // On the data channel "heads" (ordered, reliable), one request at a time:
 //   asker → {"type": "get", "head_id"}
 //   holder → {"type": "head", "head_id", "size_bytes"} then binary chunks of CHUNK_BYTES | {"type": "missing" | "busy"}
+// A holder that fails (no connection, too slow: all tries share FETCH_BUDGET_MS) is not asked for REST_MS.
 const CHUNK_BYTES = 64 * 1024;
 const RECENT_HEADS = 3;
 const MAX_LINKS = 8; // connections kept in each direction; the least recently used is closed first
@@ -22,8 +23,10 @@ const MAX_TRANSFERS = 4; // heads being sent at once, to all askers together
 const ASKER_BYTES_PER_PERIOD = 64 * 1024 * 1024; // what one asker may take in PERIOD_MS
 const PERIOD_MS = 10 * 60_000;
 const MAX_TRIES = 3; // holders asked per head, in the order the edge gave
+const FETCH_BUDGET_MS = 30_000; // for all of them together; then the worker downloads it from the edge
 const CONNECT_TIMEOUT_MS = 8_000;
-const TRANSFER_TIMEOUT_MS = 30_000;
+const REST_MS = 10 * 60_000; // a holder that failed (no connection, too slow) is not asked again for this long
+const MAX_NOTES = 50; // entries kept in each list of stats
 const GATHER_TIMEOUT_MS = 2_000;
 const MAX_SDP_CHARS = 16_384;
 const OFFERS_PER_MINUTE = 60; // connections this tab answers, from all askers together
@@ -38,6 +41,7 @@ export class HeadSharing {
     this.asking = new Map(); // peer id -> link (we asked for the connection: we fetch over it)
     this.serving = new Map(); // peer id -> link (it asked: we serve over it)
     this.dropped = new Set();
+    this.resting = new Map(); // peer id -> until when it is not asked (it failed)
     this.transfers = 0;
     this.offers = { sinceMs: 0, count: 0 };
     // read by the page and the browser tests
@@ -54,7 +58,7 @@ export class HeadSharing {
       while (this.heads.size > RECENT_HEADS) this.heads.delete(this.heads.keys().next().value);
     } else if (message.type === "peer.drop") {
       this.dropped.add(message.peer_id);
-      this.stats.dropped.push(message.peer_id);
+      note(this.stats.dropped, message.peer_id);
       this.close(this.asking, message.peer_id, "bye");
       this.close(this.serving, message.peer_id, "bye");
     } else if (message.type === "signal") {
@@ -65,31 +69,36 @@ export class HeadSharing {
 
   // -- asking ------------------------------------------------------------------------------------
   async fetch({ head_id: headId, holders, max_bytes: maxBytes }) {
-    for (const peerId of holders.filter((peer) => !this.dropped.has(peer)).slice(0, MAX_TRIES)) {
+    const deadline = Date.now() + FETCH_BUDGET_MS;
+    const usable = (peer) => !this.dropped.has(peer) && (this.resting.get(peer) ?? 0) <= Date.now();
+    for (const peerId of holders.filter(usable).slice(0, MAX_TRIES)) {
       try {
-        const data = await this.ask(peerId, headId, maxBytes);
+        const data = await this.ask(peerId, headId, maxBytes, deadline);
         if (data) {
           this.stats.received_bytes += data.byteLength;
-          this.stats.fetched.push({ head_id: headId, peer_id: peerId, size_bytes: data.byteLength });
+          note(this.stats.fetched, { head_id: headId, peer_id: peerId, size_bytes: data.byteLength });
           return { data, peer_id: peerId };
         }
       } catch (error) {
-        this.stats.failures.push(`${peerId.slice(0, 16)}: ${error.message}`);
+        note(this.stats.failures, `${peerId.slice(0, 16)}: ${error.message}`);
+        this.resting.set(peerId, Date.now() + REST_MS);
         this.close(this.asking, peerId, "bye");
       }
+      if (Date.now() >= deadline) break;
     }
+    for (const [peerId, untilMs] of this.resting) if (untilMs <= Date.now()) this.resting.delete(peerId);
     return {};
   }
 
-  async ask(peerId, headId, maxBytes) {
+  async ask(peerId, headId, maxBytes, deadline) {
     // the head's bytes from peerId (unchecked), or null when it has none to give now
     const link = this.asking.get(peerId) ?? this.connect(peerId);
     touch(this.asking, peerId);
-    await within(link.open, CONNECT_TIMEOUT_MS, "no connection");
+    await within(link.open, Math.min(CONNECT_TIMEOUT_MS, deadline - Date.now()), "no connection");
     const answer = new Promise((resolve, reject) => (link.pending = { headId, maxBytes, resolve, reject }));
     link.channel.send(JSON.stringify({ type: "get", head_id: headId }));
     try {
-      return await within(answer, TRANSFER_TIMEOUT_MS, "transfer timed out");
+      return await within(answer, deadline - Date.now(), "too slow");
     } finally {
       link.pending = null;
     }
@@ -234,6 +243,11 @@ function touch(links, peerId) {
   const link = links.get(peerId);
   links.delete(peerId);
   links.set(peerId, link);
+}
+
+function note(list, entry) {
+  list.push(entry);
+  if (list.length > MAX_NOTES) list.shift();
 }
 
 function parse(text) {
