@@ -22,7 +22,8 @@ export default defineConfig({
     },
   },
   webServer: {
-    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e`,
+    // a folder per port: stacks of parallel runs on other ports never wipe each other's state
+    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e-${port}`,
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 180_000,
     cwd: __dirname,

@@ -1,15 +1,17 @@
 """What the browser peer needs from its host, as a small interface: HTTP, a WebSocket, status
-reports and durable storage.
+reports, durable storage and other peers' copies of heads.
 
-``js_bridge.JsBridge`` implements it with ``pyfetch`` and ``js.WebSocket`` inside Pyodide; tests
-implement it with httpx and websockets to run the same peer code under CPython.
+``js_bridge.JsBridge`` implements it with ``pyfetch`` and ``js.WebSocket`` inside Pyodide, and heads
+from peers through the page's WebRTC connections (``static/head_sharing.js``); tests implement it
+with httpx and websockets to run the same peer code under CPython (heads over HTTP only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Bridge", "HttpError", "Socket", "SocketClosed"]
+__all__ = ["Bridge", "HttpError", "PeerBytes", "Socket", "SocketClosed"]
 
 
 class HttpError(Exception):
@@ -36,7 +38,17 @@ class Socket(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class PeerBytes:
+    """Bytes another peer sent for an artifact: unchecked until the caller verifies them."""
+
+    data: bytes
+    peer_id: str
+
+
 class Bridge(Protocol):
+    shares_heads: bool  # whether the host reaches other peers for heads (below); False: HTTP only
+
     async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
         """GET ``url`` with ``headers``; raises ``HttpError`` for a status of 400 or more."""
         ...
@@ -57,4 +69,27 @@ class Bridge(Protocol):
 
     async def train_part(self, index: int, payload: bytes) -> bytes:
         """An encoded ``PartTask`` trained by part worker ``index`` (1 to ``part_workers()``)."""
+        ...
+
+    # -- heads from peers (used only where ``shares_heads``) ------------------------------------
+    async def fetch_head(self, head_id: str, holders: list[str], max_bytes: int) -> PeerBytes | None:
+        """The artifact ``head_id`` (at most ``max_bytes``) from the first of ``holders`` (peers that
+        announced it) that sends it; None when none does. The bytes are not checked here."""
+        ...
+
+    def keep_head(self, head_id: str, data: bytes) -> None:
+        """Serve ``data``, verified as ``head_id``, to other peers that ask (a few recent heads)."""
+        ...
+
+    def drop_peer(self, peer_id: str, reason: str) -> None:
+        """Close ``peer_id``'s connection and never ask it again (it sent wrong bytes)."""
+        ...
+
+    def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:
+        """A signaling message from ``peer_id``, relayed by the edge (``{"kind": "unreachable"}``:
+        the edge could not deliver ours)."""
+        ...
+
+    async def signal_out(self) -> tuple[str, dict[str, Any]]:
+        """The next signaling message for the edge to relay: (to peer id, data); waits for one."""
         ...

@@ -2,12 +2,15 @@
 
 It implements ``bridge.Bridge`` with ``pyfetch`` and the worker's ``WebSocket``, posts status
 objects to the page with ``postMessage``, and exposes ``start(config)`` for ``static/worker.js``.
+Heads from peers go through the page, which owns the WebRTC connections (``static/head_sharing.js``;
+the worker's ``dtnFetchHead``, ``dtnKeepHead`` and ``dtnNextSignal`` carry the requests).
 Only plain data crosses the boundary: JSON-like dicts, strings and byte arrays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import js  # type: ignore[import-not-found]
@@ -16,7 +19,7 @@ from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
 from protocol.model import MODELS
 
-from .bridge import HttpError, SocketClosed
+from .bridge import HttpError, PeerBytes, SocketClosed
 from .numpy_trainer import fastest_matmul
 from .parts import PartRunner
 from .peer import BrowserPeer, PeerConfig
@@ -78,6 +81,9 @@ class JsSocket:
 
 
 class JsBridge:
+    def __init__(self, shares_heads: bool = False) -> None:
+        self.shares_heads = shares_heads  # the page has WebRTC (static/app.js says so at start)
+
     async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
         response = await pyfetch(url, headers=headers)
         if response.status >= 400:
@@ -103,10 +109,34 @@ class JsBridge:
     async def train_part(self, index: int, payload: bytes) -> bytes:
         return bytes((await js.dtnTrainPart(index, to_js(payload))).to_bytes())
 
+    async def fetch_head(self, head_id: str, holders: list[str], max_bytes: int) -> PeerBytes | None:
+        sent = await js.dtnFetchHead(head_id, to_js(holders), max_bytes)  # the page tries the holders
+        return None if sent is None else PeerBytes(bytes(sent.data.to_bytes()), str(sent.peer_id))
 
-def start(edge_url: str, experiment: str, seed_hex: str, token: str | None = None) -> BrowserPeer:
+    def keep_head(self, head_id: str, data: bytes) -> None:
+        js.dtnKeepHead(head_id, to_js(data))
+
+    def drop_peer(self, peer_id: str, reason: str) -> None:
+        self._post({"type": "peer.drop", "peer_id": peer_id, "reason": reason})
+
+    def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:
+        self._post({"type": "signal", "peer_id": peer_id, "data": json.dumps(data)})
+
+    async def signal_out(self) -> tuple[str, dict[str, Any]]:
+        message = json.loads(await js.dtnNextSignal())
+        return str(message["peer_id"]), dict(message["data"])
+
+    @staticmethod
+    def _post(message: dict[str, Any]) -> None:
+        js.postMessage(to_js(message, dict_converter=js.Object.fromEntries))
+
+
+def start(
+    edge_url: str, experiment: str, seed_hex: str, token: str | None = None, shares_heads: bool = False
+) -> BrowserPeer:
     """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""
-    peer = BrowserPeer(JsBridge(), PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None))
+    config = PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None)
+    peer = BrowserPeer(JsBridge(shares_heads), config)
     _RUNNING.add(asyncio.ensure_future(peer.run()))
     return peer
 

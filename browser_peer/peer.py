@@ -10,6 +10,12 @@ against its content id / the fetch-manifest's sha256), train one window with Ada
 frame (``package_candidate``), then wait for the next head. If the socket drops (edge restart),
 reconnect with ``protocol.backoff`` and carry on. Timestamps come from an injectable
 ``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
+
+Heads from peers, where the host reaches them (``bridge.shares_heads``: a page with WebRTC): the peer
+asks the edge which peers announced the head (``holders``), takes it from one of them through the
+bridge, checks it against the head's content id like any download, and on a mismatch drops that
+peer for good and downloads the head from the edge. A head it holds, it announces (``have``) and
+the page serves it. Signaling for those connections goes through this peer's relay WebSocket.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors
-from protocol.errors import ProtocolError
+from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
@@ -36,7 +42,7 @@ from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
-from .bridge import Bridge, HttpError, Socket, SocketClosed
+from .bridge import Bridge, HttpError, PeerBytes, Socket, SocketClosed
 from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
@@ -46,6 +52,7 @@ __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
+HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,11 @@ class BrowserPeer:
             "connected": False,
             "paused": None,
             "cpu_share": 1.0,
-            "downloaded_bytes": 0,  # heads, shards and manifests over HTTP
+            "downloaded_bytes": 0,  # heads, shards and manifests over HTTP, and heads from peers
             "sent_bytes": 0,  # signed candidates over the relay
+            "head_edge_bytes": 0,  # head artifacts from the edge (also in downloaded_bytes)
+            "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
+            "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
         }
         self.guest = Guest()
         self._matmul, backend = fastest_matmul()
@@ -96,6 +106,7 @@ class BrowserPeer:
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
         self._restored = False
+        self._dropped: set[str] = set()
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -140,6 +151,7 @@ class BrowserPeer:
         socket = await self.bridge.connect(self.config.edge_url.replace("http", "ws", 1) + "/v1/relay")
         reader: asyncio.Task[None] | None = None
         heartbeat: asyncio.Task[None] | None = None
+        signals: asyncio.Task[None] | None = None
         try:
             challenge = json.loads(await socket.recv())
             proof = PeerProof("join", self.signer.public_key, self.peer_kind, challenge["nonce"], self.clock.now_ms())
@@ -161,6 +173,8 @@ class BrowserPeer:
             self._report(phase="joined", connected=True)
             reader = asyncio.ensure_future(self._read(socket))
             heartbeat = asyncio.ensure_future(self._heartbeat(socket))
+            if self.bridge.shares_heads:
+                signals = asyncio.ensure_future(self._relay_signals(socket))
             while self.running and (
                 self.config.max_windows is None or self.status["windows_done"] < self.config.max_windows
             ):
@@ -172,7 +186,7 @@ class BrowserPeer:
             if self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows:
                 self.running = False
         finally:
-            for task in (reader, heartbeat):
+            for task in (reader, heartbeat, signals):
                 if task is not None:
                     task.cancel()
             await socket.close()
@@ -203,10 +217,23 @@ class BrowserPeer:
             await asyncio.sleep(HEARTBEAT_S)
             await socket.send_text('{"type":"ping"}')
 
+    async def _relay_signals(self, socket: Socket) -> None:
+        """The page's signaling for its WebRTC connections, out through this session's socket."""
+        while True:
+            peer_id, data = await self.bridge.signal_out()
+            try:
+                await socket.send_text(json.dumps({"type": "signal", "to": peer_id, "data": data}))
+            except SocketClosed:
+                return  # the reader sees the socket close and ends the session
+
     async def _read(self, socket: Socket) -> None:
         while True:
             message = json.loads(await socket.recv())
-            if message.get("type") == "event" and message.get("topic") == "heads":
+            if message.get("type") == "signal":
+                self.bridge.signal_in(message["from"], message["data"])
+            elif message.get("type") == "error" and "to" in message:  # a signal the edge could not deliver
+                self.bridge.signal_in(message["to"], {"kind": "unreachable"})
+            elif message.get("type") == "event" and message.get("topic") == "heads":
                 self._head_changed.set()
                 self._report(head_window=message["data"]["window"])
             elif message.get("type") == "event" and message.get("topic") == "verdicts":
@@ -265,6 +292,50 @@ class BrowserPeer:
                 return None
             raise
 
+    async def _head_artifact(
+        self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, max_bytes: int
+    ) -> bytes:
+        """The head's artifact, verified by content id: from a peer that announced it where the host
+        reaches peers, else (none could, or one lied) from the edge. A held head is announced."""
+        artifact = None
+        if self.bridge.shares_heads:
+            holders = await self._holders(socket, reader, head.head_id)
+            sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
+            artifact = None if sent is None else self._checked(sent, head.head_id)
+        if artifact is None:
+            artifact = await self._fetch(f"/v1/artifacts/{head.head_id}")
+            verify_content(artifact, head.head_id)
+            self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
+        if self.bridge.shares_heads:
+            self.bridge.keep_head(head.head_id, artifact)
+            await socket.send_text(json.dumps({"type": "have", "experiment": self.key, "head_id": head.head_id}))
+        return artifact
+
+    async def _holders(self, socket: Socket, reader: asyncio.Task[None], head_id: HeadId) -> list[str]:
+        """Peers the edge says hold ``head_id`` (none dropped); while another peer is fetching it from
+        the edge (``fetching``), wait for it to announce the head a few times before giving up."""
+        for attempt in range(HOLDER_ASKS):
+            await socket.send_text(json.dumps({"type": "holders", "experiment": self.key, "head_id": head_id}))
+            answer = await self._reply(reader, "holders")
+            holders = [p for p in answer["peers"] if p not in self._dropped]
+            if holders or not answer.get("fetching") or attempt == HOLDER_ASKS - 1:
+                return holders
+            await asyncio.sleep(HOLDER_WAIT_S)
+        return []
+
+    def _checked(self, sent: PeerBytes, head_id: HeadId) -> bytes | None:
+        """``sent.data`` if it is ``head_id``'s artifact; else drop the peer that sent it and say so."""
+        try:
+            verify_content(sent.data, head_id)
+        except IntegrityError as exc:
+            self._dropped.add(sent.peer_id)
+            self.bridge.drop_peer(sent.peer_id, str(exc))
+            self._report(peers_dropped=sorted(self._dropped), phase=f"dropped peer {sent.peer_id}: {exc}")
+            return None
+        self.status["downloaded_bytes"] += len(sent.data)
+        self._report(head_peer_bytes=self.status["head_peer_bytes"] + len(sent.data))
+        return sent.data
+
     async def _window(self, socket: Socket, spec: ExperimentSpec, reader: asyncio.Task[None]) -> None:
         assert self._network is not None
         if self.guest.reason is not None:  # a paused tab asks for no lease
@@ -283,10 +354,9 @@ class BrowserPeer:
         lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
         self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")
-        artifact = await self._fetch(f"/v1/artifacts/{head.head_id}")
-        verify_content(artifact, head.head_id)
-        params, _ = decode_tensors(artifact)
         model = MODELS[spec.model]
+        artifact = await self._head_artifact(socket, reader, head, model.max_artifact_bytes)
+        params, _ = decode_tensors(artifact)
         model.check(params)
         base = {name: array.copy() for name, array in params.items()}  # training may update in place
         if self._manifest is None:

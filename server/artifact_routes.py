@@ -33,4 +33,8 @@ async def artifact(cid: str, state: State, request: Request) -> Response:
         open_window = current is not None and current.head_id == base
         if open_window and not reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms()):
             raise Forbidden("a candidate of an open window is read by validators only, until the window closes")
-    return immutable_file(request, state.blobs.path(content), content, private=window is not None)
+    path = state.blobs.path(content)
+    response = immutable_file(request, path, content, private=window is not None)
+    if window is None and request.method == "GET" and response.status_code == 200 and "range" not in request.headers:
+        state.metrics.head_bytes.inc(path.stat().st_size)  # a head (or its outer state), in full
+    return response

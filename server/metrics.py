@@ -16,6 +16,9 @@ class EdgeMetrics:
         )
         self.closes = Counter("dtn_ws_closes_total", "WebSocket closes by code", ["code"], registry=self.registry)
         self.shard_bytes = Counter("dtn_shard_bytes_total", "Shard bytes served (full files)", registry=self.registry)
+        self.head_bytes = Counter(
+            "dtn_head_bytes_total", "Head artifact bytes served over HTTP (full bodies)", registry=self.registry
+        )
         self.leases = Counter("dtn_leases_total", "Leases issued", registry=self.registry)
         self.candidates = Counter("dtn_candidates_total", "Candidates stored", ["via"], registry=self.registry)
         self.heads = Counter("dtn_heads_total", "Heads promoted", registry=self.registry)

@@ -15,6 +15,9 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease", "secret"}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
+                                                                          (to nobody here: an error with "to")
+    peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
+    peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers", "fetching"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
@@ -40,6 +43,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,7 +54,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import read_list, read_object, read_str
-from protocol.ids import ExperimentKey, PeerId
+from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import TRAINER_KINDS, PeerProof
 
@@ -64,6 +68,7 @@ from .errors import (
     close_code_for,
     status_for,
 )
+from .holders import Holders
 from .hub import TOPICS, Connection, ConnectionState
 from .intake import accept_candidate, check_peer_rate
 from .leasing import LeaseIssuer
@@ -329,7 +334,21 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         target = PeerId(data.get("to"))
         payload = read_object(data.get("data"), "signal data")
         if not await state.hub.send_to(target, {"type": "signal", "from": connection.peer_id, "data": payload}):
-            connection.offer(orjson.dumps({"type": "error", "status": 404, "detail": f"{target} not here"}).decode())
+            gone = {"type": "error", "status": 404, "detail": f"{target} not here", "to": target}
+            connection.offer(orjson.dumps(gone).decode())
+    elif kind in ("have", "holders"):
+        key = ExperimentKey.parse(data.get("experiment"))
+        state.experiment(key)
+        head_id = HeadId(data.get("head_id"))
+        current = state.store.current_head(key)
+        is_current = current is not None and current.head_id == head_id  # any other head: ignored
+        if kind == "have" and is_current:
+            state.holders.announce(key, head_id, connection.peer_id)
+        elif kind == "holders":
+            joined = state.hub.connections.__contains__
+            holders = state.holders.ask(key, head_id, connection.peer_id, joined) if is_current else Holders([])
+            answer = {"type": "holders", "experiment": key, "head_id": head_id, **asdict(holders)}
+            connection.offer(orjson.dumps(answer).decode())
     elif kind == "metrics":
         key = ExperimentKey.parse(data.get("experiment"))
         payload = read_object(data.get("data"), "metrics data")

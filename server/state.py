@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from datasets.layout import manifest_path, read_train_manifest
@@ -22,6 +22,7 @@ from .admission import Admission
 from .blobs import Blobs, BlobStore
 from .credit import CreditBook
 from .errors import NotFound
+from .holders import HeadHolders
 from .hub import Fanout, Hub
 from .metrics import EdgeMetrics
 from .ratelimit import KeyedRateLimiter, RateLimiter
@@ -51,6 +52,7 @@ class EdgeState:
     admission: Admission
     clock: Clock
     credit: CreditBook
+    holders: HeadHolders = field(default_factory=HeadHolders)  # who holds each current head
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
@@ -74,6 +76,7 @@ class EdgeState:
             address_limits=address_limits,
             clock=clock,
             credit=CreditBook(store),
+            holders=HeadHolders(clock),
         )
 
     async def start(self) -> None:

@@ -1,4 +1,6 @@
 // The page: "contribute compute" drives the worker; the viewer polls /portal/snapshot.
+import { HeadSharing } from "./head_sharing.js";
+
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const state = { worker: null, running: false, snapshot: null, status: {} };
@@ -23,7 +25,7 @@ function renderStatus(status) {
   }
   if (s.peer_id) setText("peer-id", s.peer_id);
   setText("downloaded", megabytes(s.downloaded_bytes));
-  setText("sent", megabytes(s.sent_bytes));
+  setText("sent", megabytes((s.sent_bytes ?? 0) + (state.heads?.served_bytes ?? 0))); // heads served to peers too
   if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
 }
 
@@ -120,7 +122,10 @@ const offlineReady = serviceWorkerInControl();
 function makeWorker() {
   // the worker starts loading the runtime as soon as it exists (static/worker.js)
   const worker = new Worker("/static/worker.js");
+  const sharing = new HeadSharing((message) => worker.postMessage(message)); // heads from and to other tabs
+  state.heads = sharing.stats;
   worker.onmessage = (event) => {
+    if (sharing.handle(event.data)) return;
     if (event.data.type === "status") renderStatus(event.data.status);
     else renderStatus({ phase: `error: ${event.data.message}` });
   };
@@ -150,6 +155,7 @@ async function toggle() {
       experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
       token: params.get("token"), // admission token, for networks that require one
       workers: Number($("cores").value),
+      heads: HeadSharing.supported, // heads from other tabs over WebRTC (static/head_sharing.js)
     });
     applyGuest();
     state.running = true;

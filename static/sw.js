@@ -9,7 +9,14 @@
 // Everything else (the API, shards, heads, the relay) goes to the network untouched.
 const CONTENT = "dtn-content-v1";
 const SHELL = "dtn-shell-v1";
-const SHELL_PATHS = new Set(["/", "/static/app.js", "/static/worker.js", "/static/style.css", "/v1/peer-runtime"]);
+const SHELL_PATHS = new Set([
+  "/",
+  "/static/app.js",
+  "/static/head_sharing.js",
+  "/static/worker.js",
+  "/static/style.css",
+  "/v1/peer-runtime",
+]);
 const ADDRESSED = /^\/(?:pyodide\/([0-9a-f]{32})\/([A-Za-z0-9._-]+)|bundle\/([0-9a-f]{32})\.zip)$/;
 
 self.addEventListener("install", (event) => {

@@ -1,11 +1,13 @@
 // The browser peer's Web Worker: loads Pyodide, NumPy and the peer's Python bundle (in parallel),
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
-// Messages in: {type: "start", edgeUrl, experiment, token?} | {type: "stop"} | {type: "pause", reason} |
-// {type: "resume"} | {type: "share", share} (the fraction of a core to use, browser_peer/guest.py) |
-// {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in a helper, below) |
-// {type: "benchmark", model, batchSize, steps} (answered with {type: "benchmark", model, samples_per_s}).
+// Messages in: {type: "start", edgeUrl, experiment, token?, heads?, workers?} | {type: "stop"} |
+// {type: "pause", reason} | {type: "resume"} | {type: "share", share} (the fraction of a core to use,
+// browser_peer/guest.py) | {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in
+// a helper, below) | {type: "benchmark", model, batchSize, steps} (answered with {type: "benchmark",
+// model, samples_per_s}).
 // Messages out: {type: "status", status} | {type: "error", message} | {type: "part-done", id, result} |
 // {type: "part-failed", id, message}.
+// Heads from peers (heads: the page has WebRTC), answered by static/head_sharing.js: the messages below.
 const runtime = (async () => {
   // /v1/peer-runtime names the runtime and the bundle by content; their URLs are cached for a year
   const response = await fetch("/v1/peer-runtime", { cache: "no-cache" });
@@ -79,6 +81,35 @@ async function identitySeed() {
   return stored("identity", "seed", fresh);
 }
 
+// Heads from peers: the page owns the WebRTC connections; browser_peer/js_bridge.py asks it through these.
+//   out: {type: "head.fetch", id, head_id, holders, max_bytes}  in: {type: "head.fetched", id, data?, peer_id?}
+//   out: {type: "head.keep", head_id, data} | {type: "peer.drop", peer_id, reason}
+//   out: {type: "signal", peer_id, data: JSON text} (from the relay)  in: {type: "signal", peer_id, data} (to it)
+const headRequests = new Map(); // request id -> resolve
+let lastHeadRequest = 0;
+self.dtnFetchHead = (headId, holders, maxBytes) =>
+  new Promise((resolve) => {
+    headRequests.set(++lastHeadRequest, resolve);
+    postMessage({ type: "head.fetch", id: lastHeadRequest, head_id: headId, holders: [...holders], max_bytes: maxBytes });
+  });
+self.dtnKeepHead = (headId, data) => postMessage({ type: "head.keep", head_id: headId, data });
+const signals = { queue: [], waiting: null }; // the page's signaling, until the peer's socket takes it
+self.dtnNextSignal = () =>
+  signals.queue.length ? Promise.resolve(signals.queue.shift()) : new Promise((resolve) => (signals.waiting = resolve));
+
+function headSharing(message) {
+  if (message.type === "head.fetched") {
+    headRequests.get(message.id)?.(message.data ? { data: message.data, peer_id: message.peer_id } : null);
+    headRequests.delete(message.id);
+  } else {
+    const text = JSON.stringify({ peer_id: message.peer_id, data: message.data });
+    const waiting = signals.waiting;
+    signals.waiting = null;
+    if (waiting) waiting(text);
+    else if (signals.queue.length < 64) signals.queue.push(text);
+  }
+}
+
 let peer = null;
 const guest = { paused: null, share: 1 }; // the page's latest word, also for a peer not started yet
 
@@ -149,7 +180,7 @@ onmessage = async (event) => {
       postMessage({ type: "status", status: { phase: "loading Python runtime" } });
       const [pyodide, seed] = await Promise.all([runtime, identitySeed()]);
       const bridge = pyodide.pyimport("browser_peer.js_bridge");
-      peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null);
+      peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null, Boolean(message.heads));
       useWorkers(message.workers ?? 1);
       applyGuest();
     } else if (message.type === "workers") {
@@ -164,6 +195,8 @@ onmessage = async (event) => {
       if (message.type === "share") guest.share = message.share;
       else guest.paused = message.type === "pause" ? message.reason : null;
       applyGuest();
+    } else if (message.type === "head.fetched" || message.type === "signal") {
+      headSharing(message);
     } else if (message.type === "stop" && peer !== null) {
       useWorkers(1);
       peer.stop();

@@ -1,16 +1,18 @@
 """A ``browser_peer.bridge.Bridge`` for CPython (httpx + websockets), so the browser peer's code
-runs in tests exactly as in Pyodide, minus the JS glue."""
+runs in tests exactly as in Pyodide, minus the JS glue: ``NativeBridge`` gets heads over HTTP only;
+``SwarmBridge`` also from the other peers of a ``Swarm``, in memory, as pages do over WebRTC."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from browser_peer.bridge import HttpError, SocketClosed
+from browser_peer.bridge import HttpError, PeerBytes, SocketClosed
 from browser_peer.parts import PartRunner
 
 
@@ -41,6 +43,8 @@ class NativeSocket:
 
 
 class NativeBridge:
+    shares_heads = False
+
     def __init__(self, storage: dict[str, bytes] | None = None, part_workers: int = 0) -> None:
         self.runners = [PartRunner() for _ in range(part_workers)]  # each in a thread of its own when used
         self.statuses: list[dict[str, Any]] = []
@@ -75,3 +79,53 @@ class NativeBridge:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def fetch_head(self, head_id: str, holders: list[str], max_bytes: int) -> PeerBytes | None:
+        return None
+
+    def keep_head(self, head_id: str, data: bytes) -> None:
+        return None
+
+    def drop_peer(self, peer_id: str, reason: str) -> None:
+        return None
+
+    def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:
+        return None
+
+    async def signal_out(self) -> tuple[str, dict[str, Any]]:
+        await asyncio.Event().wait()  # nothing to signal, ever
+        raise AssertionError("unreachable")
+
+
+@dataclass
+class Swarm:
+    """What each peer's page keeps to serve (peer id -> head id -> bytes); a liar's bytes arrive flipped."""
+
+    heads: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    liars: set[str] = field(default_factory=set)
+    asked: list[tuple[str, str]] = field(default_factory=list)  # (asker, holder) in order
+
+
+class SwarmBridge(NativeBridge):
+    shares_heads = True
+
+    def __init__(self, swarm: Swarm, peer_id: str, storage: dict[str, bytes] | None = None) -> None:
+        super().__init__(storage)
+        self.swarm, self.peer_id = swarm, peer_id
+        self.dropped: dict[str, str] = {}  # peer id -> reason, as the page hears it
+
+    async def fetch_head(self, head_id: str, holders: list[str], max_bytes: int) -> PeerBytes | None:
+        for holder in holders:
+            if holder in self.dropped:
+                continue
+            self.swarm.asked.append((self.peer_id, holder))
+            data = self.swarm.heads.get(holder, {}).get(head_id)
+            if data is not None and len(data) <= max_bytes:
+                return PeerBytes(bytes([data[0] ^ 1]) + data[1:] if holder in self.swarm.liars else data, holder)
+        return None
+
+    def keep_head(self, head_id: str, data: bytes) -> None:
+        self.swarm.heads.setdefault(self.peer_id, {})[head_id] = data
+
+    def drop_peer(self, peer_id: str, reason: str) -> None:
+        self.dropped[peer_id] = reason

@@ -1,6 +1,7 @@
 """The browser peer's Python (the code Pyodide runs) against a real edge and validator, under
 CPython through a native bridge: lease-scoped fetches, a signed candidate over the WebSocket,
-acceptance into a promoted head, and reconnection after the edge restarts."""
+acceptance into a promoted head, reconnection after the edge restarts, and heads taken from other
+peers (checked by content id; a peer that lies is dropped)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.stack import LocalNetwork, prepare_network, validating
+from protocol.signing import PureSigner, peer_id_from_public_key
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE
 
-from .native_bridge import NativeBridge
+from .native_bridge import NativeBridge, Swarm, SwarmBridge
 from .support import edge_settings, experiment_spec, head_envelope, write_network
 
 
@@ -224,3 +226,83 @@ def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stac
     # 4,000 leased examples = 62 batches of 64 a window, in parts of 20, 21 and 21 batches, every part
     # from the tab's Adam; the tab goes on with the parts' moments averaged and the most steps taken
     assert peer._optimizer is not None and peer._optimizer.count == 2 * 21
+
+
+def test_browser_peers_take_the_head_from_a_holder_and_drop_one_that_lies(tmp_path: Path, dataset_root: Path) -> None:
+    """B takes the head that A announced from A, checks it and asks the edge for none of it; C gets
+    wrong bytes from A, drops A for good and downloads the head from the edge, and still trains."""
+    write_network(tmp_path / "network.json", experiment_spec(BASELINE))
+    swarm = Swarm()
+    seeds = [bytes([seed]) * 32 for seed in (0x46, 0x47, 0x48)]
+    ids = [peer_id_from_public_key(PureSigner(seed).public_key) for seed in seeds]
+    bridges = [SwarmBridge(swarm, peer_id) for peer_id in ids]
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:  # no validator: the head stays
+        head, genesis = head_envelope(experiment=BASELINE)
+        httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/heads", content=genesis).raise_for_status()
+        a, b, c = (
+            BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, seed))
+            for bridge, seed in zip(bridges, seeds, strict=True)
+        )
+
+        async def one_window(peer: BrowserPeer) -> asyncio.Future[None]:
+            """Start ``peer``; return once it published a window (it stays joined until stopped)."""
+            task = asyncio.ensure_future(peer.run())
+            while peer.status["windows_done"] < 1:
+                await asyncio.sleep(0.05)
+            return task
+
+        async def scenario() -> None:
+            holder = await one_window(a)  # A holds the head (from the edge) and stays joined
+            b_task = await one_window(b)
+            b.stop()
+            await asyncio.wait_for(b_task, 10)
+            swarm.heads.pop(ids[1])  # B's tab is closed
+            swarm.liars.add(ids[0])
+            c_task = await asyncio.wait_for(one_window(c), 60)
+            for peer, task in ((a, holder), (c, c_task)):
+                peer.stop()
+                await asyncio.wait_for(task, 10)
+            for bridge in bridges:
+                await bridge.aclose()
+
+        asyncio.run(scenario())
+    size = len(swarm.heads[ids[0]][head.head_id])
+    artifact = f"/v1/artifacts/{head.head_id}"
+    assert a.status["head_edge_bytes"] == size and a.status["head_peer_bytes"] == 0
+    assert b.status["head_peer_bytes"] == size and b.status["head_edge_bytes"] == 0
+    assert not any(url.endswith(artifact) for url in bridges[1].fetched)
+    assert swarm.asked == [(ids[1], ids[0]), (ids[2], ids[0])]
+    assert c.status["peers_dropped"] == [ids[0]] and "content id mismatch" in bridges[2].dropped[ids[0]]
+    assert c.status["head_edge_bytes"] == size and c.status["head_peer_bytes"] == 0
+    assert any(url.endswith(artifact) for url in bridges[2].fetched)
+    assert b.status["windows_done"] == c.status["windows_done"] == 1
+
+
+def test_peers_that_wake_to_a_head_together_download_it_from_the_edge_once(tmp_path: Path, dataset_root: Path) -> None:
+    """The first to ask fetches the head from the edge; the other waits for its announcement."""
+    write_network(tmp_path / "network.json", experiment_spec(BASELINE))
+    swarm = Swarm()
+    seeds = [bytes([seed]) * 32 for seed in (0x49, 0x4A)]
+    bridges = [SwarmBridge(swarm, peer_id_from_public_key(PureSigner(seed).public_key)) for seed in seeds]
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
+        head, genesis = head_envelope(experiment=BASELINE)
+        httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/heads", content=genesis).raise_for_status()
+        peers = [
+            BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, seed))
+            for bridge, seed in zip(bridges, seeds, strict=True)
+        ]
+
+        async def together() -> None:
+            tasks = [asyncio.ensure_future(peer.run()) for peer in peers]
+            while any(peer.status["windows_done"] < 1 for peer in peers):
+                await asyncio.sleep(0.05)
+            for peer, task in zip(peers, tasks, strict=True):
+                peer.stop()
+                await asyncio.wait_for(task, 10)
+            for bridge in bridges:
+                await bridge.aclose()
+
+        asyncio.run(together())
+    size = len(next(iter(swarm.heads.values()))[head.head_id])
+    assert sorted(peer.status["head_edge_bytes"] for peer in peers) == [0, size]
+    assert sorted(peer.status["head_peer_bytes"] for peer in peers) == [0, size]

@@ -422,6 +422,61 @@ def test_signaling_relays_between_named_peers(edge: BackgroundEdge) -> None:
     assert message == {"type": "signal", "from": peer_id_from_public_key(alice.public_key), "data": offer}
 
 
+def test_a_signal_to_a_peer_that_is_not_here_is_answered_with_its_id(edge: BackgroundEdge) -> None:
+    ws = _join(edge.url, PureSigner(b"\x83" * 32), "browser")
+    absent = peer_id_from_public_key(PureSigner(b"\x84" * 32).public_key)
+    ws.send(json.dumps({"type": "signal", "to": absent, "data": {"kind": "offer", "sdp": "v=0..."}}))
+    answer = json.loads(ws.recv(timeout=5))
+    assert answer["type"] == "error" and answer["status"] == 404 and answer["to"] == absent
+
+
+def test_holders_of_the_current_head_are_named_to_other_joined_peers(
+    edge: BackgroundEdge, client: httpx.Client
+) -> None:
+    head_id = _genesis(client)
+    alice, bob, carol = (PureSigner(bytes([seed]) * 32) for seed in (0x85, 0x86, 0x87))
+    ws_a, ws_b, ws_c = (_join(edge.url, signer, "browser") for signer in (alice, bob, carol))
+
+    def holders(ws: ClientConnection, head: str = head_id) -> list[str]:
+        ws.send(json.dumps({"type": "holders", "experiment": EXPERIMENT, "head_id": head}))
+        answer = json.loads(ws.recv(timeout=5))
+        assert answer["type"] == "holders" and answer["head_id"] == head and answer["experiment"] == EXPERIMENT
+        return list(answer["peers"])
+
+    assert holders(ws_b) == []  # B asked first: it downloads the head from the edge
+    ws_c.send(json.dumps({"type": "holders", "experiment": EXPERIMENT, "head_id": head_id}))
+    assert json.loads(ws_c.recv(timeout=5))["fetching"] is True  # C waits for B to announce it
+    ws_a.send(json.dumps({"type": "have", "experiment": EXPERIMENT, "head_id": head_id}))
+    stale = content_id(b"not the current head")
+    ws_c.send(json.dumps({"type": "have", "experiment": EXPERIMENT, "head_id": stale}))  # ignored, unanswered
+    assert holders(ws_b) == [peer_id_from_public_key(alice.public_key)]
+    assert holders(ws_a) == []  # never the asker itself
+    assert holders(ws_b, stale) == []
+    ws_a.close()  # a holder that left is named no more
+    time.sleep(0.2)
+    assert holders(ws_b) == []
+    ws_c.send(json.dumps({"type": "have", "experiment": EXPERIMENT, "head_id": "../etc/passwd"}))
+    with pytest.raises(ConnectionClosed) as closed:
+        ws_c.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+
+
+def test_the_edge_counts_the_head_bytes_it_serves(client: httpx.Client) -> None:
+    head_id = _genesis(client)
+
+    def served() -> float:
+        line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith("dtn_head_bytes_total "))
+        return float(line.split()[1])
+
+    before = served()
+    size = len(client.get(f"/v1/artifacts/{head_id}").content)
+    assert served() == before + size
+    client.head(f"/v1/artifacts/{head_id}")
+    client.get(f"/v1/artifacts/{head_id}", headers={"if-none-match": f'"{head_id}"'})
+    client.get(f"/v1/artifacts/{head_id}", headers={"range": "bytes=0-99"})
+    assert served() == before + size  # HEAD, 304 and ranges: not a full head
+
+
 def test_slow_consumer_is_closed_without_stalling_others(edge: BackgroundEdge, client: httpx.Client) -> None:
     _genesis(client)
     asyncio.run(_slow_consumer_scenario(edge.url.replace("http", "ws") + "/v1/relay"))
