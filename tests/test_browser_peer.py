@@ -150,7 +150,7 @@ def _head(url: str) -> str:
 
 
 def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> None:
-    from browser_peer.guest import Guest
+    from browser_peer.guest import YIELD_EVERY, Guest
 
     rests: list[float] = []
 
@@ -164,7 +164,11 @@ def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> 
         await guest.after_batch(0.2)
         guest.set_share(0.0)  # clamped to MIN_SHARE
         await guest.after_batch(0.1)
-        assert rests == pytest.approx([0.0, 0.2, 0.9])
+        assert rests == pytest.approx([0.2, 0.9])  # at full share no rest, and no yield but every 8th batch
+        guest.set_share(1.0)
+        for _ in range(YIELD_EVERY - 3):  # batches 4 to 8
+            await guest.after_batch(0.1)
+        assert rests == pytest.approx([0.2, 0.9, 0.0])
         guest.pause("on battery")
         waiting = asyncio.ensure_future(guest.after_batch(0.0))
         admitted = asyncio.ensure_future(guest.admit())
