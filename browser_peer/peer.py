@@ -376,6 +376,7 @@ class BrowserPeer:
         x_all, y_all = np.concatenate(xs), np.concatenate(ys)
         if self._optimizer is None:
             self._optimizer = Adam(spec.learning_rate)
+        self._optimizer.learning_rate = spec.learning_rate_at(head.window)  # the experiment's schedule
         started = time.perf_counter()
         seeds = tuple(epoch_seed(lease, epoch) for epoch in range(spec.local_epochs))
         slices = split(x_all, y_all, 1 + self.bridge.part_workers(), spec.batch_size)

@@ -31,6 +31,7 @@ __all__ = [
     "JaxLearner",
     "TrainEngine",
     "adam",
+    "at_learning_rate",
     "network_learners",
     "softmax_cross_entropy",
     "spec_learner",
@@ -56,8 +57,19 @@ class JaxLearner:
 
 
 def adam(spec: ExperimentSpec) -> optax.GradientTransformation:
-    """Adam at the experiment's learning rate (the default optimizer)."""
-    return optax.adam(spec.learning_rate)
+    """Adam at the experiment's learning rate (the default optimizer); its learning rate lives in the
+    optimizer state, so ``at_learning_rate`` can follow the experiment's schedule window by window."""
+    return optax.inject_hyperparams(optax.adam)(learning_rate=spec.learning_rate)
+
+
+def at_learning_rate(opt_state: PyTree, learning_rate: float) -> PyTree:
+    """``opt_state`` with its learning rate set, where the optimizer keeps it in its state
+    (``optax.inject_hyperparams``, as ``adam`` does); any other optimizer's state as it is (a user's
+    own optax chain follows its own schedule)."""
+    hyperparams = getattr(opt_state, "hyperparams", None)
+    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
+        return opt_state
+    return opt_state._replace(hyperparams={**hyperparams, "learning_rate": jnp.asarray(learning_rate, jnp.float32)})
 
 
 def spec_learner(

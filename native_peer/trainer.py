@@ -57,7 +57,7 @@ from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, pa
 from .dataset_client import ShardCache
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
-from .learner import BatchLoader, JaxLearner, TrainEngine
+from .learner import BatchLoader, JaxLearner, TrainEngine, at_learning_rate
 from .storage import StorageConfig, write_atomic
 
 __all__ = ["Experiment", "NodeBuilder", "Trainer", "TrainerBuilder", "WindowOutcome", "WindowUnavailable"]
@@ -321,7 +321,9 @@ class Trainer:
         carried = self._speculation.pop(experiment.key, None)
         start = base if carried is None else self._reconciled(base, carried)
         params = self.project.learner.from_tensors(start)
-        opt_state = self._optimizer_state(experiment, params)
+        opt_state = at_learning_rate(
+            self._optimizer_state(experiment, params), experiment.spec.learning_rate_at(head.window)
+        )
         x, y = ShardCache.assemble(pending)
         engine = self._engine(experiment)
         loader = self._loader(experiment)

@@ -86,7 +86,7 @@ from protocol.updates import decode_update
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
-from .learner import Evaluator, JaxLearner, TrainEngine
+from .learner import Evaluator, JaxLearner, TrainEngine, at_learning_rate
 from .storage import StorageConfig, write_atomic
 
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
@@ -489,7 +489,8 @@ class Validator:
             self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
         engine = self._engines[spec.key]
         params = self.learner(spec).from_tensors(base)
-        params, _, _ = engine.train_epoch(params, engine.init_optimizer(params), x[index], y[index])
+        fresh = at_learning_rate(engine.init_optimizer(params), spec.learning_rate_at(head.window))
+        params, _, _ = engine.train_epoch(params, fresh, x[index], y[index])
         return self.learner(spec).to_tensors(params)
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:

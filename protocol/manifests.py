@@ -8,6 +8,7 @@ every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from .updates import CODECS
 
 __all__ = [
     "FEATURE_KINDS",
+    "LR_SCHEDULES",
     "PROTOCOL_VERSION",
     "ExperimentSpec",
     "FetchManifest",
@@ -32,6 +34,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 FEATURE_KINDS = ("pixels", "tokens")
 """What a shard's uint8 features are: ``pixels`` (k read as k / 256) or ``tokens`` (ids read as is)."""
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,30 @@ class ExperimentSpec:
     outer_optimizer: str = OuterOptimizer.kind  # how a window's merged update moves the head (``protocol.outer``)
     outer_learning_rate: float = OuterOptimizer.learning_rate
     outer_momentum: float = OuterOptimizer.momentum
+    # the inner learning rate by the window trained on: constant, or a cosine from ``learning_rate`` down
+    # to ``lr_min_factor`` × it over ``lr_decay_windows`` windows (then held there)
+    lr_schedule: str = "constant"
+    lr_decay_windows: int = 0
+    lr_min_factor: float = 0.1
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise InvalidMessage(f"unknown update codec {self.codec!r}; codecs: {CODECS}")
         _ = self.outer  # raises InvalidMessage for an unknown outer optimizer or settings out of range
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise InvalidMessage(f"unknown learning-rate schedule {self.lr_schedule!r}; schedules: {LR_SCHEDULES}")
+        if self.lr_schedule == "cosine" and self.lr_decay_windows < 1:
+            raise InvalidMessage("a cosine learning-rate schedule needs lr_decay_windows of 1 or more")
+        if not 0.0 <= self.lr_min_factor <= 1.0:
+            raise InvalidMessage(f"lr_min_factor {self.lr_min_factor} is not within [0, 1]")
+
+    def learning_rate_at(self, window: int) -> float:
+        """The inner learning rate of the window trained on the head of ``window`` (every peer alike)."""
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        progress = min(max(window, 0), self.lr_decay_windows) / self.lr_decay_windows
+        factor = self.lr_min_factor + (1.0 - self.lr_min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.learning_rate * factor
 
     @property
     def outer(self) -> OuterOptimizer:
@@ -181,6 +203,9 @@ class ExperimentSpec:
             if "outer_learning_rate" in d
             else OuterOptimizer.learning_rate,
             outer_momentum=read_float(d, "outer_momentum") if "outer_momentum" in d else OuterOptimizer.momentum,
+            lr_schedule=read_str(d, "lr_schedule", max_len=16) if "lr_schedule" in d else "constant",
+            lr_decay_windows=read_int(d, "lr_decay_windows", low=0, high=10**9) if "lr_decay_windows" in d else 0,
+            lr_min_factor=read_float(d, "lr_min_factor") if "lr_min_factor" in d else 0.1,
         )
 
 

@@ -1,0 +1,60 @@
+"""The inner learning-rate schedule: one pure function of the head's window (``ExperimentSpec``), which
+native trainers (optax state), validators' reference updates and browser peers (NumPy Adam) follow."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from native_peer.learner import TrainEngine, adam, at_learning_rate, spec_learner
+from protocol.errors import InvalidMessage
+from protocol.manifests import ExperimentSpec
+from protocol.model import MODELS
+
+from .support import experiment_spec
+
+
+def test_a_cosine_schedule_falls_from_the_rate_to_its_floor_and_stays_there() -> None:
+    spec = replace(experiment_spec(), learning_rate=1e-3, lr_schedule="cosine", lr_decay_windows=10, lr_min_factor=0.1)
+    rates = [spec.learning_rate_at(w) for w in range(14)]
+    assert rates[0] == pytest.approx(1e-3) and rates[5] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert rates[10] == rates[13] == pytest.approx(1e-4)
+    assert all(a > b for a, b in itertools.pairwise(rates[:11]))  # falling, window by window
+    assert rates[3] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.3))))
+    constant = experiment_spec()
+    assert {constant.learning_rate_at(w) for w in (0, 7, 1000)} == {constant.learning_rate}
+
+
+def test_schedules_travel_on_the_wire_and_bad_ones_are_refused() -> None:
+    spec = replace(experiment_spec(), lr_schedule="cosine", lr_decay_windows=40, lr_min_factor=0.05)
+    assert ExperimentSpec.from_wire(spec.to_wire()) == spec
+    old = {k: v for k, v in experiment_spec().to_wire().items() if not k.startswith("lr_")}
+    assert ExperimentSpec.from_wire(old).lr_schedule == "constant"  # a manifest from before schedules
+    for bad in ({"lr_schedule": "step"}, {"lr_schedule": "cosine", "lr_decay_windows": 0}, {"lr_min_factor": 1.5}):
+        with pytest.raises(InvalidMessage):
+            ExperimentSpec.from_wire({**spec.to_wire(), **bad})
+
+
+def test_the_default_native_optimizer_follows_the_schedule_and_is_adam_at_that_rate() -> None:
+    model = MODELS["mnist-mlp"]
+    spec = replace(experiment_spec(), learning_rate=1e-3)
+    learner = spec_learner(model)
+    params = learner.init(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    xb = rng.random((2, 16, 784), dtype=np.float32)
+    yb = rng.integers(0, 10, (2, 16)).astype(np.int32)
+    scheduled = TrainEngine(learner, adam(spec))
+    state = at_learning_rate(scheduled.init_optimizer(params), 2.5e-4)
+    ours, _, _ = scheduled.train_epoch(params, state, xb, yb)
+    plain = TrainEngine(learner, optax.adam(2.5e-4))
+    theirs, _, _ = plain.train_epoch(params, plain.init_optimizer(params), xb, yb)
+    for name in ours:
+        np.testing.assert_allclose(np.asarray(ours[name]), np.asarray(theirs[name]), rtol=1e-5, atol=1e-7)  # float32
+    custom = optax.sgd(0.1).init(params)  # a user's own optax chain keeps its own schedule
+    assert at_learning_rate(custom, 1.0) is custom
