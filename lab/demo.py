@@ -24,6 +24,7 @@ import numpy as np
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 from protocol.hashing import content_id
+from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
@@ -189,7 +190,7 @@ def _supervise(
                 and restart
                 and len(_outcomes(out / "late-joiner")) >= 2
                 and len(_outcomes(out / "trainer-2")) > restart["outcomes_before"] + 1
-                and (not browser or _browser_accepted(snapshot, edge))
+                and (not browser or browser_accepted(edge, BASELINE) > 0)
             )
             if done:
                 break
@@ -201,9 +202,18 @@ def _supervise(
         edge.close()
 
 
-def _browser_accepted(snapshot: dict[str, Any], edge: EdgeClient) -> bool:
+def browser_accepted(edge: EdgeClient, key: ExperimentKey) -> int:
+    """How many candidates of browser peers the validators accepted in ``key``."""
     browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
-    return any(v.accepted and v.peer_id in browsers for v in edge.verdicts(BASELINE))
+    return sum(v.accepted and v.peer_id in browsers for v in edge.verdicts(key))
+
+
+def show_progress(line: str) -> None:
+    """One line of live progress: rewritten in place on a terminal, appended to a log otherwise."""
+    if sys.stdout.isatty():
+        print("\r" + line[:200].ljust(200), end="", flush=True)
+    else:
+        print(line, flush=True)
 
 
 def _print_status(started: float, snapshot: dict[str, Any]) -> None:
@@ -216,11 +226,7 @@ def _print_status(started: float, snapshot: dict[str, Any]) -> None:
         parts.append(f"({experiment['verdicts']['accepted']} ok/{experiment['verdicts']['rejected']} rej)")
     kinds = snapshot["peers"]["active_by_kind"]
     parts.append("peers " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
-    line = " | ".join(parts)
-    if sys.stdout.isatty():
-        print("\r" + line[:200].ljust(200), end="", flush=True)
-    else:
-        print(line, flush=True)
+    show_progress(" | ".join(parts))
 
 
 def _summarize(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from protocol.model import MODELS, ModelSpec, forward
 from tools.networks import read_experiments
 
 from .charts import accuracy_svg
-from .demo import CHROMIUM, CHROMIUM_FLAGS, BrowserUnavailable, browser_problem
+from .demo import CHROMIUM, CHROMIUM_FLAGS, BrowserUnavailable, browser_accepted, browser_problem, show_progress
 from .stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 
 __all__ = ["WORKLOADS_NETWORK", "run_workloads", "sample_text"]
@@ -115,12 +114,8 @@ def _supervise(
                 f"{cnn['metrics'].get('test_accuracy', 0):.4f} | lm: window {lm['window']} val bits/char "
                 f"{lm['metrics'].get('val_bits_per_char', float('nan')):.3f}"
             )
-            print(
-                ("\r" + line.ljust(100)) if sys.stdout.isatty() else line,
-                end="" if sys.stdout.isatty() else "\n",
-                flush=True,
-            )
-            browsers_in = all(_browser_accepted(edge, key) for key in (CNN, LM)) or not browser
+            show_progress(line)
+            browsers_in = all(browser_accepted(edge, key) for key in (CNN, LM)) or not browser
             if (
                 cnn["metrics"].get("test_accuracy", 0) >= target_accuracy
                 and lm["window"] >= cnn["window"]
@@ -130,17 +125,12 @@ def _supervise(
             time.sleep(3.0)
         wall_s = time.monotonic() - started
         fleet.stop_all(keep=("edge",))
-        return _summarize(edge, url, fleet.out, wall_s, target_accuracy, browser)
+        return _summarize(edge, fleet.out, wall_s, target_accuracy, browser)
     finally:
         edge.close()
 
 
-def _browser_accepted(edge: EdgeClient, key: ExperimentKey) -> int:
-    browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
-    return sum(v.accepted and v.peer_id in browsers for v in edge.verdicts(key))
-
-
-def _summarize(edge: EdgeClient, url: str, out: Path, wall_s: float, target: float, browser: bool) -> dict[str, Any]:
+def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browser: bool) -> dict[str, Any]:
     network = edge.network()
     experiments: dict[str, Any] = {}
     lineage: dict[str, list[dict[str, Any]]] = {}
@@ -155,7 +145,7 @@ def _summarize(edge: EdgeClient, url: str, out: Path, wall_s: float, target: flo
             "final": heads[-1].metrics,
             "accepted": sum(v.accepted for v in verdicts),
             "rejected": sum(not v.accepted for v in verdicts),
-            "browser_accepted": _browser_accepted(edge, spec.key),
+            "browser_accepted": browser_accepted(edge, spec.key),
         }
     final = edge.heads(LM)[-1]
     params, _ = decode_tensors(edge.artifact(ContentId(final.head_id), out / "lm-head.safetensors"))

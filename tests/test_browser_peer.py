@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,16 +23,23 @@ from .native_bridge import NativeBridge, Swarm, SwarmBridge
 from .support import edge_settings, experiment_spec, head_envelope, write_network
 
 
+@contextmanager
+def _judged_edge(stack: LocalNetwork) -> Iterator[BackgroundEdge]:
+    """An edge (no Pyodide runtime: the peer runs under CPython) and a validator judging ``BASELINE``."""
+    with (
+        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
+        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
+    ):
+        yield edge
+
+
 @pytest.fixture
 def stack(tmp_path: Path, dataset_root: Path) -> Iterator[LocalNetwork]:
     yield prepare_network(tmp_path, datasets=dataset_root)
 
 
 def test_browser_peer_candidate_is_accepted(stack: LocalNetwork) -> None:
-    with (
-        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
-        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
-    ):
+    with _judged_edge(stack) as edge:
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x42" * 32, max_windows=2))
 
@@ -118,10 +126,7 @@ def test_browser_peer_stops_on_an_unknown_experiment(stack: LocalNetwork) -> Non
 
 
 def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu_share(stack: LocalNetwork) -> None:
-    with (
-        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
-        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
-    ):
+    with _judged_edge(stack) as edge:
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x43" * 32, max_windows=1))
         peer.pause("tab hidden")  # the page's word before the peer has even joined
@@ -186,10 +191,7 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
 
     spec = stack.network.experiment(BASELINE)
     storage: dict[str, bytes] = {}  # one browser profile's IndexedDB, across two page loads
-    with (
-        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
-        validating(stack, edge.url, [spec]),
-    ):
+    with _judged_edge(stack) as edge:
         peers = []
         for windows in (1, 2):  # the first load trains one window; the reloaded page goes on to two
             bridge = NativeBridge(storage)
@@ -213,10 +215,7 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
 
 
 def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stack: LocalNetwork) -> None:
-    with (
-        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
-        validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
-    ):
+    with _judged_edge(stack) as edge:
         bridge = NativeBridge(part_workers=2)  # three parts: this worker's and two others'
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x45" * 32, max_windows=2))
 
