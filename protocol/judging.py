@@ -226,10 +226,15 @@ def judge_window(
     metrics: dict[str, dict[str, float]] = {}
     trusted: list[Submission] = []
     for sub, screen in zip(valid, cohort_screens, strict=True):
+        if screen.reason is Reason.UNTRUSTED_DIRECTION and policy.holdout_overrides_direction:
+            metrics[sub.candidate_id] = evaluate(_params(sub))
+            screen = _measured_direction(screen, metrics[sub.candidate_id]["loss"], float(base_metrics["loss"]))
         screens[sub.candidate_id] = screen
         if screen.accepted:
-            metrics[sub.candidate_id] = evaluate(_params(sub))
+            metrics.setdefault(sub.candidate_id, evaluate(_params(sub)))
             trusted.append(sub)
+        else:
+            metrics.pop(sub.candidate_id, None)
     merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
     marginal: dict[str, float] = {}
     accepted = list(trusted)
@@ -279,6 +284,18 @@ def judge_window(
         reference_cosines=cosines,
         marginal_losses=marginal,
         outer_state=next_momentum,
+    )
+
+
+def _measured_direction(untrusted: Screen, loss_alone: float, base_loss: float) -> Screen:
+    """An update the anchor calls opposed passes (at the merge's trust floor) when, applied alone, it
+    lowers the validator's holdout loss: near convergence the reference's direction is noise, what the
+    holdout measures is not."""
+    if loss_alone < base_loss:
+        return ACCEPT
+    return Screen(
+        Reason.UNTRUSTED_DIRECTION,
+        f"{untrusted.detail}, and alone it does not lower the holdout loss ({loss_alone:.4f} >= {base_loss:.4f})",
     )
 
 

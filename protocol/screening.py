@@ -13,8 +13,12 @@ Per-candidate checks, in order: schema (names, shapes, float32), finiteness, the
   ≈ 0.96 test accuracy, with the trainers' updates as weakly aligned with one another), so a
   threshold at 0 rejected every honest trainer there and quarantined them all, stalling the network;
   such updates now pass at the merge's ``trust_floor``, and the holdout checks (leave-one-out,
-  promotion) judge what they add. Nothing here depends on the other candidates, so identities an
-  attacker controls cannot move the bounds, and a cohort of one or two is judged like any other.
+  promotion) judge what they add. Further on, the anchor's noise makes some honest updates look
+  opposed (cosines below −0.1 on the CNN near 0.98): with ``holdout_overrides_direction`` the judge
+  (``protocol.judging``) measures such an update alone on its holdout and lets it through at the
+  trust floor when it lowers the loss there; what was measured on data no trainer sees outranks a
+  noisy direction. Nothing here depends on the other candidates, so identities an attacker controls
+  cannot move the bounds, and a cohort of one or two is judged like any other.
 * cohort (``screen_cohort``, the fallback without a reference): the update norm relative to the
   cohort median norm and the cosine to the cohort's coordinate median (``outlier``). With fewer than
   ``min_cohort`` candidates the norm is bounded relative to the base parameters' norm instead, and
@@ -88,6 +92,7 @@ class ScreeningPolicy:
     max_reference_ratio: float = 3.0  # anchored: reject ‖Δ‖ > ratio × ‖Δ_ref‖
     min_reference_ratio: float = 0.1  # anchored: free rider when ‖Δ‖ ≤ ratio × ‖Δ_ref‖
     min_trust: float = -0.1  # anchored: reject when cos(Δ, Δ_ref) ≤ this: clearly opposed (FLTrust: 0)
+    holdout_overrides_direction: bool = True  # anchored: an opposed update that alone lowers the holdout loss passes
     trust_floor: float = 0.05  # anchored: the least merge trust of a candidate screening let through
     byzantine_fraction: float = 0.2  # f = ⌊fraction × n⌋ for Krum / Bulyan, the trim of the trimmed means
     clip_radius: float = 1.0  # centered clipping: τ = radius × ‖Δ_ref‖
@@ -139,6 +144,7 @@ PRESETS: dict[str, ScreeningPolicy] = {
         anchored_aggregator="fltrust",
         min_trust=0.0,
         trust_floor=0.0,
+        holdout_overrides_direction=False,
     ),
     # the classic robust rules, each alone (screening as ``balanced``).
     "multi_krum": ScreeningPolicy("multi_krum", "multi_krum", 3.0, 0.1, 0.2, 0.5, 1e-6),

@@ -7,11 +7,17 @@ updates; ½ for a regression or an untrusted direction, so that repeating them c
 bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a peer that
 alternates bad and good submissions still accumulates (with decay d, a strike every other window
 tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer whose
-strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen and its strikes no
-longer decay, until an operator clears it. The score, an exponential moving average of acceptance,
-is informational (shown to viewers).
+strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen. Quarantine is a
+term, not a ban: its strikes go on decaying in the windows it takes part in, and it is released on
+probation once they fall below ``release_strikes`` (from 3 to below 1.5 at d = 0.9: seven windows). A
+permanent ban bought little on an open network (an attacker
+comes back under a new key for free) and cost liveness: near convergence the trust anchor's noise
+once quarantined every honest trainer of an experiment for good, and the network stopped. Harm is
+prevented by the screens, which judge every candidate on its own; quarantine spares validators the
+work and bounds how often a repeat offender is looked at (back after two or three more rejections).
+The score, an exponential moving average of acceptance, is informational (shown to viewers).
 
-A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``cleared`` return the next book.
+A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``decayed`` return the next book.
 Peers are visited in sorted order, so every validator computes the same floats.
 """
 
@@ -35,6 +41,8 @@ class TrustBook:
     scores: Mapping[str, float] = field(default_factory=dict)
     strikes: Mapping[str, float] = field(default_factory=dict)
     strike_decay: float = 0.9  # strikes are multiplied by this once per judged window a peer takes part in
+    release_strikes: float = 1.5  # a quarantined peer is released once its strikes fall below this
+    held: frozenset[str] = frozenset()  # the peers in quarantine
 
     def recorded(self, peer_id: str, accepted: bool, reason: Reason) -> TrustBook:
         """The book after one decision about ``peer_id``'s candidate (no decay: see ``after_window``)."""
@@ -42,16 +50,22 @@ class TrustBook:
         strikes = self.strikes.get(peer_id, 0.0)
         if not accepted:
             strikes += reason.strike_weight
-        return replace(self, scores={**self.scores, peer_id: score}, strikes={**self.strikes, peer_id: strikes})
+        held = self.held | {peer_id} if strikes >= self.max_strikes else self.held
+        return replace(
+            self, scores={**self.scores, peer_id: score}, strikes={**self.strikes, peer_id: strikes}, held=held
+        )
 
     def decayed(self, peer_ids: Iterable[str]) -> TrustBook:
-        """The book one window later for ``peer_ids``: their strikes × ``strike_decay``, except a
-        quarantined peer's, which stay until ``cleared``."""
+        """The book one window later for ``peer_ids``: their strikes × ``strike_decay``; a quarantined
+        one among them whose strikes fell below ``release_strikes`` is released."""
         strikes = dict(self.strikes)
+        released = set()
         for peer in sorted(set(peer_ids)):
-            if peer in strikes and not self.quarantined(peer):
+            if peer in strikes:
                 strikes[peer] = strikes[peer] * self.strike_decay
-        return replace(self, strikes=strikes)
+                if peer in self.held and strikes[peer] < self.release_strikes:
+                    released.add(peer)
+        return replace(self, strikes=strikes, held=self.held - released)
 
     def after_window(self, decisions: Iterable[tuple[str, bool, Reason]]) -> TrustBook:
         """The book after one judged window: ``(peer_id, accepted, reason)`` per submission. Every
@@ -63,39 +77,48 @@ class TrustBook:
         return book
 
     def quarantined(self, peer_id: str) -> bool:
-        return self.strikes.get(peer_id, 0.0) >= self.max_strikes
-
-    def cleared(self, peer_id: str) -> TrustBook:
-        """The book with ``peer_id``'s strikes forgiven (an operator's decision)."""
-        return replace(self, strikes={p: n for p, n in self.strikes.items() if p != peer_id})
+        return peer_id in self.held
 
     @property
     def quarantine(self) -> set[str]:
-        return {peer for peer in self.strikes if self.quarantined(peer)}
+        return set(self.held)
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "max_strikes": self.max_strikes,
             "decay": self.decay,
             "strike_decay": self.strike_decay,
+            "release_strikes": self.release_strikes,
             "scores": dict(self.scores),
             "strikes": dict(self.strikes),
+            "quarantined": sorted(self.held),
         }
 
     @classmethod
     def from_wire(cls, value: object) -> TrustBook:
-        """Also reads books written before strikes decayed (integer strikes, no ``strike_decay``)."""
+        """Also reads older books: without ``strike_decay`` (integer strikes) or without a quarantine
+        list (then the peers at ``max_strikes`` or more are in quarantine)."""
         d = read_object(value, "trust book")
         scores, strikes = read_object(d.get("scores"), "scores"), read_object(d.get("strikes"), "strikes")
         strike_decay = read_float(d, "strike_decay") if "strike_decay" in d else cls.strike_decay
         if not 0.0 <= strike_decay <= 1.0:
             raise InvalidMessage("strike_decay must be in [0, 1]")
+        max_strikes = read_int(d, "max_strikes", low=1, high=1000)
+        release = read_float(d, "release_strikes") if "release_strikes" in d else cls.release_strikes
+        if not 0.0 < release <= max_strikes:
+            raise InvalidMessage("release_strikes must be in (0, max_strikes]")
+        counts = {peer: _strikes(strikes, peer) for peer in strikes}
+        held = d.get("quarantined", [peer for peer, n in counts.items() if n >= max_strikes])
+        if not isinstance(held, list) or not all(isinstance(peer, str) and peer in counts for peer in held):
+            raise InvalidMessage("quarantined must list peers of the book's strikes")
         return cls(
-            read_int(d, "max_strikes", low=1, high=1000),
+            max_strikes,
             read_float(d, "decay"),
             {peer: read_float(scores, peer) for peer in scores},
-            {peer: _strikes(strikes, peer) for peer in strikes},
+            counts,
             strike_decay,
+            release,
+            frozenset(held),
         )
 
 
