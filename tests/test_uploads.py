@@ -17,7 +17,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_accepted, browser_problem
+from lab.stack import Fleet, free_port, prepare_network
 from native_peer import StorageConfig, Validator
+from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.envelope import pack_envelope, unpack_envelope
@@ -35,6 +38,7 @@ from .support import (
     edge_settings,
     grant_lease,
     head_envelope,
+    missing,
     mnist_trainer,
     now_ms,
     validator_reads,
@@ -276,3 +280,35 @@ def test_native_trainers_and_validators_stage_candidates_heads_and_outer_states(
         assert not _staged_files(tmp_path)  # each stage deleted once published
         trainer.close()
         validator.close()
+
+
+def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame_limit(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """The ``pyfetch`` path (``browser_peer.js_bridge``): with a frame limit below the candidate, a tab's
+    candidate can reach the edge only staged over HTTP; the validator accepts it."""
+    if (problem := browser_problem()) is not None:
+        missing(problem)
+    local = prepare_network(tmp_path, datasets=dataset_root)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with Fleet(tmp_path) as fleet:
+        fleet.start("edge", local.edge_argv(port, "--max-frame-bytes", "65536", "--upload-chunk-bytes", "32768"))
+        fleet.wait_ready(f"{url}/healthz")
+        fleet.start("validator", local.validator_argv(url))
+        page = f"{url}/?contribute=1&experiment={BASELINE}"
+        fleet.start("browser", [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", page])
+        edge = EdgeClient(url)
+        deadline = time.monotonic() + 240
+        while browser_accepted(edge, BASELINE) < 1:
+            fleet.check_alive()
+            assert time.monotonic() < deadline, "no candidate of the tab accepted in 240 s"
+            time.sleep(2)
+        metrics = httpx.get(f"{url}/metrics").text
+        browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
+        accepted = next(v.candidate_id for v in edge.verdicts(BASELINE) if v.accepted and v.peer_id in browsers)
+        size = len(httpx.get(f"{url}/v1/artifacts/{accepted}").content)  # judged: public
+        edge.close()
+    assert size > 65536  # no frame could have carried it
+    assert 'dtn_candidates_total{via="ws"}' in metrics  # by its descriptor on the relay, its bytes staged
+    assert 'dtn_ws_closes_total{code="1009"}' not in metrics  # never a frame over the limit
