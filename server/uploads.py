@@ -3,7 +3,8 @@
 A model whose artifact is too large for one request (or one relay frame) reaches the edge as a
 staged upload, keyed by its content id within an experiment, then a publish (candidate, head, outer
 state) names it with an envelope that carries no bytes, and ``intake`` checks it exactly as if it had
-come inline. Until then it is not an artifact: nothing serves it, and it is deleted once stored.
+come inline. Until then it is not an artifact: nothing serves it, and it is deleted once stored (a
+refused publish leaves it to a corrected retry, or to expiry).
 
 Each chunk is taken whole (read into memory, at most ``upload_chunk_bytes``) and appended only if
 it starts where the stage ends, so a broken connection leaves the stage as it was before that chunk.
@@ -121,7 +122,7 @@ class Uploads:
             self.discard(*old)
         return self._stages.get((key, cid))
 
-    def _open(self, key: ExperimentKey, cid: ContentId, start: int, total: int, address: str, limit: int) -> _Stage:
+    def _open(self, key: ExperimentKey, cid: ContentId, start: int, total: int, address: str, limit: int) -> None:
         if start != 0:
             raise self._elsewhere(cid, None)
         if total > limit:
@@ -139,7 +140,6 @@ class Uploads:
         stage = _Stage(self.root / name, total, address, charge, self.clock.monotonic_s())
         stage.path.write_bytes(b"")
         self._stages[(key, cid)] = stage
-        return stage
 
     @staticmethod
     def _elsewhere(cid: ContentId, stage: _Stage | None) -> Conflict:
