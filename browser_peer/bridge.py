@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Bridge", "HttpError", "PeerBytes", "Socket", "SocketClosed"]
+__all__ = ["Bridge", "HttpAnswer", "HttpError", "PeerBytes", "Socket", "SocketClosed"]
 
 
 class HttpError(Exception):
@@ -39,6 +39,13 @@ class Socket(Protocol):
 
 
 @dataclass(frozen=True)
+class HttpAnswer:
+    status: int
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+
+
+@dataclass(frozen=True)
 class PeerBytes:
     """Bytes another peer sent for an artifact: unchecked until the caller verifies them."""
 
@@ -49,8 +56,9 @@ class PeerBytes:
 class Bridge(Protocol):
     shares_heads: bool  # whether the host reaches other peers for heads (below); False: HTTP only
 
-    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
-        """GET ``url`` with ``headers``; raises ``HttpError`` for a status of 400 or more."""
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
+        """``method`` ``url`` with ``headers`` (and ``body``); raises ``HttpError`` for a status of 400 or
+        more, ``OSError`` when the transfer fails."""
         ...
 
     async def connect(self, url: str) -> Socket: ...

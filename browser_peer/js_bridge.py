@@ -19,7 +19,7 @@ from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
 from protocol.model import MODELS
 
-from .bridge import HttpError, PeerBytes, SocketClosed
+from .bridge import HttpAnswer, HttpError, PeerBytes, SocketClosed
 from .numpy_trainer import fastest_matmul
 from .parts import PartRunner
 from .peer import BrowserPeer, PeerConfig
@@ -84,11 +84,13 @@ class JsBridge:
     def __init__(self, shares_heads: bool = False) -> None:
         self.shares_heads = shares_heads  # the page has WebRTC (static/app.js says so at start)
 
-    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
-        response = await pyfetch(url, headers=headers)
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
+        options = {} if body is None else {"body": to_js(body)}
+        response = await pyfetch(url, method=method, headers=headers, **options)  # OSError when it fails
         if response.status >= 400:
             raise HttpError(response.status, url)
-        return await response.bytes()  # type: ignore[no-any-return]
+        answer = await response.bytes()
+        return HttpAnswer(response.status, {name.lower(): value for name, value in response.headers.items()}, answer)
 
     async def connect(self, url: str) -> JsSocket:
         return await JsSocket(url).opened()

@@ -7,7 +7,11 @@ trained on yet), ask for a lease over the WebSocket (``check_lease``: edge-signe
 this peer and experiment), download the head artifact and only the leased shards (each verified
 against its content id / the fetch-manifest's sha256), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
-frame (``package_candidate``), then wait for the next head. If the socket drops (edge restart),
+frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
+frame limit is staged over HTTP in chunks first (``protocol.uploads``, going on from the edge's offset
+after a failed chunk) and its envelope sent without the artifact. A head larger than
+``PeerConfig.piece_bytes`` is downloaded piece by piece with ``Range``, so that a broken transfer
+costs one piece, asked again. If the socket drops (edge restart),
 reconnect with ``protocol.backoff`` and carry on. Timestamps come from an injectable
 ``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
 
@@ -31,8 +35,9 @@ import numpy as np
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors
+from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
-from protocol.hashing import verify_content
+from protocol.hashing import content_id, verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
@@ -40,9 +45,10 @@ from protocol.model import MODELS, ModelSpec, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
+from protocol.uploads import UPLOAD_CHUNK_BYTES, content_range, parse_content_range, upload_path
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
-from .bridge import Bridge, HttpError, PeerBytes, Socket, SocketClosed
+from .bridge import Bridge, HttpAnswer, HttpError, PeerBytes, Socket, SocketClosed
 from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
@@ -51,6 +57,7 @@ from .progress import Progress, storage_key
 __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
+HTTP_TRIES = 4  # a staged chunk or a head piece that fails this often in a row ends the session
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
 
@@ -63,6 +70,7 @@ class PeerConfig:
     max_windows: int | None = None
     reconnect_max_s: float = 15.0
     token: str | None = None  # admission token, for networks that require one
+    piece_bytes: int = UPLOAD_CHUNK_BYTES  # heads larger than this come in Range pieces of this size
 
 
 class BrowserPeer:
@@ -90,7 +98,7 @@ class BrowserPeer:
             "paused": None,
             "cpu_share": 1.0,
             "downloaded_bytes": 0,  # heads, shards and manifests over HTTP, and heads from peers
-            "sent_bytes": 0,  # signed candidates over the relay
+            "sent_bytes": 0,  # signed candidates over the relay, and staged over HTTP
             "head_edge_bytes": 0,  # head artifacts from the edge (also in downloaded_bytes)
             "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
             "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
@@ -102,6 +110,7 @@ class BrowserPeer:
         self._residual: Params | None = None  # what the experiment's lossy codec dropped last window
         self._manifest: FetchManifest | None = None
         self._network: NetworkManifest | None = None
+        self._max_frame_bytes = 0  # the relay's, from its welcome
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
@@ -161,6 +170,7 @@ class BrowserPeer:
             if welcome.get("type") != "welcome":
                 raise SocketClosed(4400, f"unexpected {welcome.get('type')}")
             self._network = NetworkManifest.from_wire(welcome["network"])
+            self._max_frame_bytes = int(welcome["max_frame_bytes"])
             if self.key not in {s.key for s in self._network.experiments}:
                 self.running = False
                 self._report(phase=f"error: this network runs no experiment {self.key}")
@@ -272,13 +282,71 @@ class BrowserPeer:
             reader.result()
 
     # -- one window ------------------------------------------------------------------------
-    async def _fetch(self, path: str, headers: dict[str, str] | None = None) -> bytes:
-        """GET ``path`` from the edge, with the admission token where the network needs one."""
+    async def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
+    ) -> HttpAnswer:
+        """``method`` ``path`` on the edge, with the admission token where the network needs one."""
         if self.config.token is not None:
             headers = {**(headers or {}), "authorization": f"Bearer {self.config.token}"}
-        data = await self.bridge.fetch_bytes(self.config.edge_url + path, headers or {})
-        self.status["downloaded_bytes"] += len(data)
+        answer = await self.bridge.request(method, self.config.edge_url + path, headers or {}, body)
+        self.status["downloaded_bytes"] += len(answer.body)
+        self.status["sent_bytes"] += len(body or b"")
+        return answer
+
+    async def _fetch(self, path: str, headers: dict[str, str] | None = None) -> bytes:
+        return (await self._request("GET", path, headers)).body
+
+    async def _again(self, failure: Exception, failures: int, backoff: Backoff) -> None:
+        """Wait before asking again after ``failure`` (the ``failures``-th in a row); re-raise it when it
+        is no transfer failure (a refusal other than 409 or 5xx) or when ``HTTP_TRIES`` failed in a row."""
+        refused = isinstance(failure, HttpError) and failure.status != 409 and failure.status < 500
+        if refused or failures >= HTTP_TRIES:
+            raise failure
+        self._report(phase=f"retrying after {failure}")
+        await asyncio.sleep(backoff.next_delay_s())
+
+    async def _download(self, path: str, max_bytes: int) -> bytes:
+        """The artifact at ``path`` (at most ``max_bytes``): one GET when that fits in one piece
+        (``PeerConfig.piece_bytes``), else piece by piece with ``Range``. A failed GET or piece is asked
+        again, the pieces before it kept."""
+        piece = self.config.piece_bytes
+        data, total, failures, backoff = b"", None, 0, Backoff(initial_s=0.5, max_s=4.0)
+        while total is None or len(data) < total:
+            headers = {"range": f"bytes={len(data)}-{len(data) + piece - 1}"} if max_bytes > piece else {}
+            try:
+                answer = await self._request("GET", path, headers)
+            except (HttpError, OSError) as exc:
+                failures += 1
+                await self._again(exc, failures, backoff)
+                continue
+            failures = 0
+            if answer.status != 206:
+                return answer.body  # whole
+            start, _, total = parse_content_range(answer.headers.get("content-range"))
+            if start != len(data):
+                raise ProtocolError(f"asked for {path} from byte {len(data)}, got bytes from {start}")
+            data += answer.body
         return data
+
+    async def _stage(self, artifact: bytes) -> None:
+        """Stage ``artifact`` on the edge in chunks of the size it takes (``protocol.uploads``); after a
+        failed chunk, go on from the offset the edge holds."""
+        path = upload_path(self.key, content_id(artifact))
+        failures, backoff = 0, Backoff(initial_s=0.5, max_s=4.0)
+        while True:
+            try:
+                staged = json.loads((await self._request("GET", path)).body)
+                offset, size = int(staged["offset"]), int(staged["chunk_bytes"])
+                while offset < len(artifact):
+                    end = min(offset + size, len(artifact))
+                    range_header = {"content-range": content_range(offset, end, len(artifact))}
+                    answer = await self._request("PUT", path, range_header, artifact[offset:end])
+                    offset = int(json.loads(answer.body)["offset"])
+                    failures = 0
+                return
+            except (HttpError, OSError) as exc:
+                failures += 1
+                await self._again(exc, failures, backoff)
 
     async def _fetch_json(self, path: str) -> Any:
         return json.loads(await self._fetch(path))
@@ -303,7 +371,7 @@ class BrowserPeer:
             sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
             artifact = None if sent is None else self._checked(sent, head.head_id)
         if artifact is None:
-            artifact = await self._fetch(f"/v1/artifacts/{head.head_id}")
+            artifact = await self._download(f"/v1/artifacts/{head.head_id}", max_bytes)
             verify_content(artifact, head.head_id)
             self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
         if self.bridge.shares_heads:
@@ -418,6 +486,10 @@ class BrowserPeer:
             metrics={"train_loss": float(train_loss), "samples_per_s": rate, "workers": float(len(trained))},
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=len(trained))
+        if len(envelope) > self._max_frame_bytes:  # the artifact goes over HTTP, the descriptor as today
+            _, artifact = unpack_envelope(envelope)
+            await self._stage(artifact)
+            envelope = pack_envelope(candidate.to_wire(), b"")
         await socket.send_bytes(envelope)
         self.status["sent_bytes"] += len(envelope)
         ack = await self._reply(reader, "candidate.ack")

@@ -2,7 +2,9 @@
 
 Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name; transport
 failures are retried with ``protocol.backoff.Backoff``. Downloads are verified against their content
-id and resumed with ``Range`` after a broken transfer. It is the only door to the edge's HTTP API:
+id and resumed with ``Range`` after a broken transfer. Candidates, heads and outer states whose
+artifact is larger than ``chunk_bytes`` are staged in chunks first (``protocol.uploads``, going on from
+the edge's offset after a broken connection) and published by an envelope without the artifact. It is the only door to the edge's HTTP API:
 peers, validators and the lab use its public methods, nothing else.
 """
 
@@ -16,6 +18,7 @@ import httpx
 
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
+from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.hashing import content_id, verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
@@ -32,6 +35,7 @@ from protocol.messages import (
     Verdict,
 )
 from protocol.signing import Signer
+from protocol.uploads import UPLOAD_CHUNK_BYTES, content_range, upload_path
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
 
@@ -52,6 +56,7 @@ class EdgeClient:
         timeout_s: float = 30.0,
         retries: int = 3,
         clock: Clock = SYSTEM_CLOCK,
+        chunk_bytes: int = UPLOAD_CHUNK_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
@@ -60,6 +65,7 @@ class EdgeClient:
         self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}
         self._reader = reader
+        self._chunk_bytes = chunk_bytes
 
     def _read_proof(self, path: str) -> dict[str, str]:
         """With a ``reader`` (a validator's key): the signed proof that lets it read an open window's
@@ -213,14 +219,48 @@ class EdgeClient:
         )
 
     def publish_candidate(self, key: ExperimentKey, envelope: bytes) -> None:
-        self._request("POST", f"{self._experiment_path(key)}/candidates", content=envelope)
+        self._publish(key, "candidates", envelope)
 
     def publish_head(self, key: ExperimentKey, envelope: bytes) -> None:
-        self._request("POST", f"{self._experiment_path(key)}/heads", content=envelope)
+        self._publish(key, "heads", envelope)
 
     def publish_outer_state(self, key: ExperimentKey, envelope: bytes) -> None:
         """The outer optimizer state a proposed head names: its envelope of (head, state), before the head."""
-        self._request("POST", f"{self._experiment_path(key)}/outer-states", content=envelope)
+        self._publish(key, "outer-states", envelope)
+
+    def _publish(self, key: ExperimentKey, collection: str, envelope: bytes) -> None:
+        """POST ``envelope`` to the experiment's ``collection``; an artifact over ``chunk_bytes`` is
+        staged first and the envelope sent without it."""
+        descriptor, artifact = unpack_envelope(envelope)
+        if len(artifact) > self._chunk_bytes:
+            self.stage(key, artifact)
+            envelope = pack_envelope(descriptor, b"")
+        self._request("POST", f"{self._experiment_path(key)}/{collection}", content=envelope)
+
+    def stage(self, key: ExperimentKey, artifact: bytes) -> ContentId:
+        """Stage ``artifact`` on the edge in chunks (``protocol.uploads``), from what the edge holds
+        already: a broken chunk is sent again (``_request``), and after a 409 (a chunk the edge took
+        although its answer was lost, a stage that expired) it goes on from the edge's offset."""
+        cid = content_id(artifact)
+        path = upload_path(key, cid)
+        offset, size = self._staged(path)
+        conflicts = 0
+        while offset < len(artifact):
+            end = min(offset + size, len(artifact))
+            headers = {"content-range": content_range(offset, end, len(artifact))}
+            try:
+                offset = int(self._request("PUT", path, content=artifact[offset:end], headers=headers).json()["offset"])
+            except EdgeRequestError as exc:
+                conflicts += 1
+                if exc.status != 409 or conflicts > self._retries:
+                    raise
+                offset, size = self._staged(path)
+        return cid
+
+    def _staged(self, path: str) -> tuple[int, int]:
+        """How many bytes of an upload the edge holds, and the chunk size to send the rest in."""
+        staged = self._request("GET", path).json()
+        return int(staged["offset"]), min(self._chunk_bytes, int(staged["chunk_bytes"]))
 
     def publish_attestation(self, attestation: Attestation) -> None:
         path = f"{self._experiment_path(attestation.experiment)}/attestations"

@@ -2,6 +2,9 @@
 
 Layout: ``b"DTN1"``, 4-byte big-endian length N, N bytes of JSON descriptor, then the artifact.
 Used as an HTTP request body and as a WebSocket binary frame, so both paths share one decoder.
+An envelope with no artifact bytes publishes the artifact staged on the edge in chunks under the
+content id its descriptor names (``protocol.uploads``): an artifact is never empty, so nothing is
+ambiguous.
 """
 
 from __future__ import annotations

@@ -9,7 +9,16 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from . import artifact_routes, dataset_routes, experiment_routes, operations, peer_runtime, portal, relay
+from . import (
+    artifact_routes,
+    dataset_routes,
+    experiment_routes,
+    operations,
+    peer_runtime,
+    portal,
+    relay,
+    upload_routes,
+)
 from .errors import install_handlers, replace_validation_docs
 from .headers import SecurityHeaders
 from .leasing import LeaseIssuer
@@ -44,7 +53,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(
         SecurityHeaders, docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
     )
-    for module in (dataset_routes, experiment_routes, artifact_routes, relay, portal, operations, peer_runtime):
+    for module in (
+        dataset_routes,
+        experiment_routes,
+        upload_routes,
+        artifact_routes,
+        relay,
+        portal,
+        operations,
+        peer_runtime,
+    ):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
     app.state.bundle = peer_runtime.PeerBundle()

@@ -28,6 +28,7 @@ Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4413 (s
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -67,7 +68,12 @@ CLOSE_SLOW_CONSUMER = 4413
 
 
 class EdgeError(Exception):
-    """A well-formed request that the edge refuses."""
+    """A well-formed request that the edge refuses; ``headers`` go with the HTTP answer (e.g. where a
+    staged upload goes on: ``protocol.uploads.OFFSET_HEADER``)."""
+
+    def __init__(self, detail: str = "", headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.headers = dict(headers or {})
 
 
 class NotFound(EdgeError):
@@ -175,7 +181,9 @@ def install_handlers(app: FastAPI) -> None:
         return JSON({"error": error, "detail": detail}, status_code=status)
 
     async def handle(request: Request, exc: Exception) -> JSON:
-        return answer(request, status_for(exc), type(exc).__name__, str(exc))
+        response = answer(request, status_for(exc), type(exc).__name__, str(exc))
+        response.headers.update(getattr(exc, "headers", {}))
+        return response
 
     async def handle_http(request: Request, exc: Exception) -> JSON:
         assert isinstance(exc, StarletteHTTPException)

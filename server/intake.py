@@ -11,6 +11,12 @@ size, names, shapes, dtypes of the experiment's update codec; heads are float32 
 fsynced; then the record is committed and only then acknowledged
 and announced. Whether a candidate is any good is the validators' call, not the edge's.
 
+An envelope without artifact bytes publishes the artifact staged under the id its descriptor names
+(``server.uploads``): the same checks run on the staged bytes, and the stage is deleted once they are
+stored. Publishing again what is stored already (a retry whose answer was lost) is answered as the
+first time was, without the bytes: the stage is gone by then (an envelope with the bytes is checked
+again, as it always was).
+
 A head that names an outer optimizer state (``protocol.outer``) is taken only once that state is
 stored: its proposer uploads it first, in an envelope with the signed head, checked like a head's
 parameters (the proposer's signature, parent is the current head, hash, the model's float32 layout).
@@ -78,6 +84,12 @@ async def _store_artifact(
         state.blobs.put(artifact, cid)
 
     await anyio.to_thread.run_sync(work)
+    state.uploads.discard(spec.key, cid)
+
+
+async def _artifact(state: EdgeState, inline: bytes, key: ExperimentKey, cid: ContentId) -> bytes:
+    """The artifact an envelope carries, or, when it carries none, the upload staged as ``cid``."""
+    return inline or await state.uploads.take(key, cid)
 
 
 def _open(state: EdgeState, body: bytes) -> tuple[object, bytes]:
@@ -103,7 +115,7 @@ async def accept_candidate(
     """Store a trainer's signed candidate, sent from client ``address`` with admission ``token`` (its
     role already checked by the caller); returns it and whether it was new."""
     try:
-        descriptor, artifact = _open(state, body)
+        descriptor, inline = _open(state, body)
         candidate = Candidate.from_wire(descriptor)
         _same_experiment(candidate.experiment, route)
         spec = state.experiment(candidate.experiment)
@@ -118,6 +130,9 @@ async def accept_candidate(
         delivered = state.store.lease_delivered(candidate.lease_id)
         if delivered is not None and delivered != candidate.candidate_id:
             raise Conflict(f"lease {candidate.lease_id} already delivered candidate {delivered}")
+        if delivered is not None and not inline:
+            return candidate, False  # a staged publish again: stored already, its stage gone
+        artifact = await _artifact(state, inline, candidate.experiment, candidate.candidate_id)
         used = state.store.window_bytes(candidate.experiment, candidate.base_head)
         if delivered is None and used + len(artifact) > state.settings.window_quota_bytes:
             raise QuotaExceeded(f"this window's candidate storage is full ({used} bytes stored)")
@@ -134,7 +149,7 @@ async def accept_candidate(
 
 
 def _proposed_head(state: EdgeState, body: bytes, route: ExperimentKey | None) -> tuple[HeadDescriptor, bytes]:
-    """The validator-signed head of an upload and the artifact that came with it."""
+    """The validator-signed head of an upload and the artifact bytes that came with it (none: staged)."""
     descriptor, artifact = _open(state, body)
     head = HeadDescriptor.from_wire(descriptor)
     _same_experiment(head.experiment, route)
@@ -147,12 +162,14 @@ async def accept_outer_state(state: EdgeState, body: bytes, *, route: Experiment
     the head itself: the envelope of that signed head and the state artifact, exactly the model's
     float32 tensors under the id the head names."""
     try:
-        head, artifact = _proposed_head(state, body, route)
+        head, inline = _proposed_head(state, body, route)
         spec = state.experiment(head.experiment)
         if head.outer_state is None:
             raise InvalidMessage("this head names no outer optimizer state")
         _on_current(state, head.experiment, head.parent, state.store.current_head(head.experiment))
-        await _store_artifact(state, artifact, head.outer_state, spec)
+        if inline or not state.blobs.exists(head.outer_state):  # a staged publish again: stored already
+            artifact = await _artifact(state, inline, head.experiment, head.outer_state)
+            await _store_artifact(state, artifact, head.outer_state, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
@@ -167,7 +184,7 @@ async def accept_head(
     validators vouch for it: with a quorum of 1, at once). The outer state it names must be stored
     first (``accept_outer_state``)."""
     try:
-        head, artifact = _proposed_head(state, body, route)
+        head, inline = _proposed_head(state, body, route)
         spec = state.experiment(head.experiment)
         current = state.store.current_head(head.experiment)
         if current is not None and current.head_id == head.head_id:
@@ -175,7 +192,9 @@ async def accept_head(
         _on_current(state, head.experiment, head.parent, current)
         if head.outer_state is not None and not state.blobs.exists(head.outer_state):
             raise Conflict(f"the outer state {head.outer_state} this head names is not stored; upload it first")
-        await _store_artifact(state, artifact, head.head_id, spec)
+        if inline or state.store.proposal(head.experiment, head.head_id) is None:  # staged again: stored
+            artifact = await _artifact(state, inline, head.experiment, head.head_id)
+            await _store_artifact(state, artifact, head.head_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise

@@ -30,6 +30,11 @@ class EdgeMetrics:
             "Validators disagreeing: rival heads on one parent, or an attestation of another merge",
             registry=self.registry,
         )
+        self.staged_bytes = Gauge(
+            "dtn_staged_upload_bytes",
+            "Bytes counted against the staging budget by partial or unpublished staged uploads",
+            registry=self.registry,
+        )
         self.rejected_uploads = Counter(
             "dtn_rejected_uploads_total", "Uploads refused", ["error"], registry=self.registry
         )

@@ -11,7 +11,7 @@ until it is closed (``ConnectionState.CLOSED``).
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
-    edge → {"type": "welcome", "peer_id", "network"}
+    edge → {"type": "welcome", "peer_id", "network", "max_frame_bytes"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease", "secret"}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
@@ -21,6 +21,7 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
+           (without artifact bytes when larger than ``max_frame_bytes``: staged over HTTP first, ``protocol.uploads``)
     edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
 
 ``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to
@@ -200,9 +201,13 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
     connection = state.hub.register(proof.peer_id, proof.peer_kind)
     connection.token = token if isinstance(token, str) else None
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
-    connection.offer(
-        orjson.dumps({"type": "welcome", "peer_id": proof.peer_id, "network": state.network.to_wire()}).decode()
-    )
+    welcome = {
+        "type": "welcome",
+        "peer_id": proof.peer_id,
+        "network": state.network.to_wire(),
+        "max_frame_bytes": state.settings.max_frame_bytes,
+    }
+    connection.offer(orjson.dumps(welcome).decode())
     state.hub.publish("_network", "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})
     return connection
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from protocol.uploads import UPLOAD_CHUNK_BYTES
+
 __all__ = ["Settings"]
 
 # What an honest trainer asks of the edge per window of each experiment it trains: one lease and one
@@ -56,6 +58,10 @@ _HELP = {
     "max_connections_per_address": "open connections from one client address (behind a proxy: set it high)",
     "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
+    "upload_chunk_bytes": "largest chunk of a staged upload (PUT /v1/experiments/<key>/uploads/<cid>, for artifacts too large for one request); larger chunks get 413",
+    "upload_address_bytes": "bytes of staged uploads one client address may hold on this edge at once (each counts its whole size, at least one chunk); past it 507",
+    "upload_stage_bytes": "bytes of staged uploads this edge holds at once, all clients together (each counts its whole size, at least one chunk); past it 507",
+    "upload_idle_s": "a staged upload (partial, or complete but not published) untouched this long is dropped",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
     "public_url": "the edge's public URL as browsers and remote trainers reach it (https://host[:port], no path; behind a proxy: the proxy's); its origin may open the WebSockets",
     "forwarded_allow_ips": "addresses (comma-separated; * for any) of proxies whose X-Forwarded-For and X-Forwarded-Proto name the real client: per-address limits then see the client, not the proxy; empty: trust none",
@@ -112,6 +118,10 @@ class Settings:
     max_connections: int = 4096
     max_connections_per_address: int = 256
     candidate_retention_windows: int = 2
+    upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
+    upload_address_bytes: int = 64 * 1024 * 1024
+    upload_stage_bytes: int = 1024 * 1024 * 1024
+    upload_idle_s: float = 600.0
     allowed_origins: str = ""
     public_url: str = ""
     forwarded_allow_ips: str = "127.0.0.1,::1"

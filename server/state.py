@@ -2,7 +2,8 @@
 
 Its engines come from the settings: the store (SQLite in ``data_dir``, or PostgreSQL at
 ``store_url``), the blobs (``blobs_dir``, or an S3-compatible bucket at ``blobs_url``), and with ``redis_url`` the hub's fan-out and the rate
-limits in Redis, shared with the other edges of a deployment (in this process otherwise)."""
+limits in Redis, shared with the other edges of a deployment (in this process otherwise). Staged
+uploads (``uploads``) are always this edge's own."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .ratelimit import KeyedRateLimiter, RateLimiter
 from .settings import Settings
 from .signatures import install_native_verifier
 from .store import EdgeStore, open_store
+from .uploads import Uploads
 
 __all__ = ["EdgeState", "load_datasets"]
 
@@ -52,6 +54,7 @@ class EdgeState:
     admission: Admission
     clock: Clock
     credit: CreditBook
+    uploads: Uploads  # artifacts staged in chunks, this edge's own
     holders: HeadHolders = field(default_factory=HeadHolders)  # who holds each current head
 
     @classmethod
@@ -62,6 +65,8 @@ class EdgeState:
         network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
         metrics = EdgeMetrics()
         fanout, peer_limits, address_limits = _shared(settings, clock)
+        uploads = Uploads(settings.data_dir / "uploads", settings, clock)
+        metrics.staged_bytes.set_function(uploads.staged_bytes)
         return cls(
             settings=settings,
             store=store,
@@ -76,6 +81,7 @@ class EdgeState:
             address_limits=address_limits,
             clock=clock,
             credit=CreditBook(store),
+            uploads=uploads,
             holders=HeadHolders(clock),
         )
 

@@ -12,7 +12,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from browser_peer.bridge import HttpError, PeerBytes, SocketClosed
+from browser_peer.bridge import HttpAnswer, HttpError, PeerBytes, SocketClosed
 from browser_peer.parts import PartRunner
 
 
@@ -52,12 +52,16 @@ class NativeBridge:
         self.storage = {} if storage is None else storage  # the tab's IndexedDB: pass one to share it
         self._http = httpx.AsyncClient(timeout=30)
 
-    async def fetch_bytes(self, url: str, headers: dict[str, str]) -> bytes:
-        self.fetched.append(url)
-        response = await self._http.get(url, headers=headers)
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
+        if method == "GET":
+            self.fetched.append(url)
+        try:
+            response = await self._http.request(method, url, headers=headers, content=body)
+        except httpx.TransportError as exc:
+            raise OSError(f"{method} {url}: {exc}") from exc  # as pyfetch fails
         if response.status_code >= 400:
             raise HttpError(response.status_code, url)
-        return response.content
+        return HttpAnswer(response.status_code, dict(response.headers), response.content)
 
     async def connect(self, url: str) -> NativeSocket:
         return NativeSocket(await connect(url, max_size=None))

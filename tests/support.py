@@ -139,7 +139,7 @@ def proof(signer: PureSigner, purpose: str, nonce: str = "-", kind: str = "nativ
     return PeerProof(purpose, signer.public_key, kind, nonce, now_ms()).signed(signer).to_wire()
 
 
-def validator_reads(path: str, signer: PureSigner = VALIDATOR) -> dict[str, str]:
+def validator_reads(path: str, signer: Signer = VALIDATOR) -> dict[str, str]:
     """Headers with a validator's signed proof that it reads ``path`` (open windows' candidates)."""
     return {READ_PROOF_HEADER: PeerProof.for_read(signer, "validator", path, now_ms())}
 

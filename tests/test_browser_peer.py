@@ -9,10 +9,12 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from browser_peer.bridge import HttpAnswer
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.stack import LocalNetwork, prepare_network, validating
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -24,10 +26,10 @@ from .support import edge_settings, experiment_spec, head_envelope, write_networ
 
 
 @contextmanager
-def _judged_edge(stack: LocalNetwork) -> Iterator[BackgroundEdge]:
+def _judged_edge(stack: LocalNetwork, **settings: Any) -> Iterator[BackgroundEdge]:
     """An edge (no Pyodide runtime: the peer runs under CPython) and a validator judging ``BASELINE``."""
     with (
-        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")) as edge,
+        BackgroundEdge(stack.edge_settings(pyodide_dir=stack.root / "no-pyodide", **settings)) as edge,
         validating(stack, edge.url, [stack.network.experiment(BASELINE)]),
     ):
         yield edge
@@ -212,6 +214,52 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     # another experiment's (or a damaged) state is never used
     assert Progress.decode(storage[storage_key(BASELINE)], "study/other/rev-1", MODELS[spec.model], 1e-3) is None
     assert Progress.decode(b"\x00" * 16, BASELINE, MODELS[spec.model], 1e-3) is None
+
+
+class _BadNetwork(NativeBridge):
+    """A tab on a bad network: its first staged chunk and the second piece of its first head fail as a
+    dropped connection does (pyfetch raises ``OSError``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, str]] = []  # (method, Content-Range or Range)
+        self.failed: list[tuple[str, str]] = []
+
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
+        sent = (method, headers.get("content-range") or headers.get("range") or "")
+        self.requests.append(sent)
+        first_chunk = method == "PUT" and not any(m == "PUT" for m, _ in self.failed)
+        second_piece = sent[1] == "bytes=100000-199999" and not any(m == "GET" for m, _ in self.failed)
+        if first_chunk or second_piece:
+            self.failed.append(sent)
+            raise OSError(f"{method} {url}: connection reset")
+        return await super().request(method, url, headers, body)
+
+
+def test_a_candidate_over_the_frame_limit_is_staged_and_heads_come_in_pieces_across_broken_transfers(
+    stack: LocalNetwork,
+) -> None:
+    limits = {"max_frame_bytes": 64 * 1024, "upload_chunk_bytes": 32 * 1024}  # under this model's artifacts
+    with _judged_edge(stack, **limits) as edge:
+        bridge = _BadNetwork()
+        config = PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=2, piece_bytes=100_000)
+        peer = BrowserPeer(bridge, config)
+
+        async def contribute() -> None:
+            await asyncio.wait_for(peer.run(), 120)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+        verdicts = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts", params={"peer_id": peer.peer_id}).json()
+        staged = httpx.get(f"{edge.url}/metrics").text
+    assert peer.status["windows_done"] == 2 and sum(v["accepted"] for v in verdicts) >= 1, verdicts
+    assert [m for m, _ in bridge.failed] == ["GET", "PUT"]
+    chunk_ranges = [r for m, r in bridge.requests if m == "PUT"]
+    assert chunk_ranges[0] == chunk_ranges[1] == "bytes 0-32767/" + chunk_ranges[0].rsplit("/", 1)[1]  # again
+    assert len(chunk_ranges) > 2 * 3  # two candidates of several chunks each
+    pieces = [r for m, r in bridge.requests if m == "GET" and r.startswith("bytes=")]
+    assert pieces[:3] == ["bytes=0-99999", "bytes=100000-199999", "bytes=100000-199999"]  # the broken piece again
+    assert "dtn_staged_upload_bytes 0.0" in staged  # each stage gone once published
 
 
 def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stack: LocalNetwork) -> None:
