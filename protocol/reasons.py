@@ -30,7 +30,7 @@ class Reason(StrEnum):
     OUTLIER = "outlier"  # direction far from the cohort's robust centre
     REGRESSION = "regression"  # the merge with this candidate is worse than without it, past the margin
     MERGE_BLOCKED = "merge_blocked"  # accepted alone, but the merged head raised validation loss
-    UNTRUSTED_DIRECTION = "untrusted_direction"  # opposed to the validator's reference update (cos <= min_trust), no holdout gain
+    UNTRUSTED_DIRECTION = "untrusted_direction"  # opposed to the reference (cos <= min_trust), no holdout gain
 
     @property
     def accepted(self) -> bool:

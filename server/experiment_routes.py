@@ -80,7 +80,7 @@ async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
     201 when it is canonical (``quorum`` validators vouch for it: with a quorum of 1, at once), 202
     while it waits for attestations; 409 when its parent is not the current head."""
     state.admission.check_header(request.headers.get("authorization"), "head")
-    body = await read_body(request, state.artifact_limit(key) + MAX_DESCRIPTOR_BYTES)
+    body = await read_body(request, state.inline_limit(key) + MAX_DESCRIPTOR_BYTES)
     head, canonical = await accept_head(state, body, route=key)
     return JSON(head.to_wire(), status_code=201 if canonical else 202)
 
@@ -96,7 +96,7 @@ async def publish_outer_state(key: Experiment, state: State, request: Request) -
     DTN1 envelope of the validator-signed HeadDescriptor and the state artifact. Served like any
     artifact at ``/v1/artifacts/{outer_state}``; 409 when the head's parent is not the current head."""
     state.admission.check_header(request.headers.get("authorization"), "head")
-    body = await read_body(request, state.artifact_limit(key) + MAX_DESCRIPTOR_BYTES)
+    body = await read_body(request, state.inline_limit(key) + MAX_DESCRIPTOR_BYTES)
     return JSON({"outer_state": await accept_outer_state(state, body, route=key)}, status_code=201)
 
 
@@ -141,7 +141,7 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
     201 when stored (durably, before this answer), 200 when it was already there; 409 when its lease
     already delivered another candidate, 507 when the window's storage quota is full."""
     token = state.admission.check_header(request.headers.get("authorization"), "candidate")
-    body = await read_body(request, state.artifact_limit(key) + MAX_DESCRIPTOR_BYTES)
+    body = await read_body(request, state.inline_limit(key) + MAX_DESCRIPTOR_BYTES)
     candidate, created = await accept_candidate(
         state, body, via="http", address=client_address(request), token=token, route=key
     )

@@ -93,8 +93,10 @@ async def _artifact(state: EdgeState, inline: bytes, key: ExperimentKey, cid: Co
 
 
 def _open(state: EdgeState, body: bytes) -> tuple[object, bytes]:
-    if len(body) > state.settings.max_artifact_bytes + MAX_DESCRIPTOR_BYTES:
-        raise TooLarge(f"upload of {len(body)} bytes exceeds {state.settings.max_artifact_bytes}")
+    if len(body) > state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES:
+        raise TooLarge(
+            f"upload of {len(body)} bytes exceeds {state.settings.max_inline_bytes}; stage larger artifacts in chunks"
+        )
     return unpack_envelope(body)
 
 

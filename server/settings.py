@@ -42,7 +42,8 @@ _HELP = {
     "network": "network manifest JSON (validator keys, experiments); the edge fills in its own key",
     "static_dir": "the web app",
     "pyodide_dir": "self-hosted Pyodide runtime prepared by `python -m tools pyodide-runtime`",
-    "max_artifact_bytes": "largest candidate or head artifact accepted",
+    "max_artifact_bytes": "largest candidate or head artifact accepted (staged in chunks when over max_inline_bytes); each experiment's model sets its own, lower limit",
+    "max_inline_bytes": "largest artifact carried in one request body; larger ones are staged in chunks (uploads)",
     "max_frame_bytes": "largest WebSocket frame; larger frames are closed with 1009",
     "lease_ttl_s": "how long a lease stays valid",
     "join_timeout_s": "time a WebSocket peer has to answer the join challenge",
@@ -102,7 +103,8 @@ class Settings:
     network: Path = Path("var/network.json")
     static_dir: Path = Path(__file__).resolve().parent.parent / "static"
     pyodide_dir: Path = Path("var/pyodide")
-    max_artifact_bytes: int = 8 * 1024 * 1024
+    max_artifact_bytes: int = 1024 * 1024 * 1024
+    max_inline_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 9 * 1024 * 1024
     lease_ttl_s: float = 300.0
     join_timeout_s: float = 10.0

@@ -103,6 +103,11 @@ class EdgeState:
         is the ceiling for every experiment), so a small model's uploads are refused early."""
         return min(self.settings.max_artifact_bytes, MODELS[self.experiment(key).model].max_artifact_bytes)
 
+    def inline_limit(self, key: ExperimentKey | str) -> int:
+        """The largest artifact of ``key`` one request body may carry (``max_inline_bytes``); a larger
+        one is staged in chunks first (``server.uploads``)."""
+        return min(self.settings.max_inline_bytes, self.artifact_limit(key))
+
     def dataset(self, dataset_id: str) -> FetchManifest:
         try:
             return self.datasets[DatasetId(dataset_id)]
