@@ -15,6 +15,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.model import MODELS, ModelSpec, forward
+from protocol.screening import PRESETS
 from tools.networks import read_experiments
 
 from .charts import accuracy_svg
@@ -145,6 +147,12 @@ def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browse
             "final": heads[-1].metrics,
             "accepted": sum(v.accepted for v in verdicts),
             "rejected": sum(not v.accepted for v in verdicts),
+            "rejected_by_reason": dict(Counter(str(v.reason) for v in verdicts if not v.accepted).most_common()),
+            # passed by the holdout although opposed to the reference (protocol.screening)
+            "accepted_against_reference": sum(
+                v.accepted and v.metrics.get("reference_cosine", 0.0) <= PRESETS[spec.screening].min_trust
+                for v in verdicts
+            ),
             "browser_accepted": browser_accepted(edge, spec.key),
         }
     final = edge.heads(LM)[-1]
@@ -177,8 +185,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "",
         f"Wall time {summary['wall_time_s']:.0f} s. Browser trainers: {'included' if summary['browser'] else 'SKIPPED'}.",
         "",
-        "| experiment | model (parameters) | windows | final | accepted / rejected | from browsers |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| experiment | model (parameters) | windows | final | accepted / rejected | rejections | from browsers |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, e in summary["experiments"].items():
         m = e["final"]
@@ -187,8 +195,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             if "val_bits_per_char" not in m
             else f"val {m['val_bits_per_char']:.3f} / test {m.get('test_bits_per_char', float('nan')):.3f} bits per char"
         )
+        reasons = ", ".join(f"{n} {reason}" for reason, n in e["rejected_by_reason"].items()) or "none"
         lines.append(
-            f"| {key} | {e['model']} ({e['params']:,}) | {e['windows']} | {final} | {e['accepted']} / {e['rejected']} | {e['browser_accepted']} |"
+            f"| {key} | {e['model']} ({e['params']:,}) | {e['windows']} | {final} | {e['accepted']} / {e['rejected']} "
+            f"({e['accepted_against_reference']} accepted against the reference) | {reasons} | {e['browser_accepted']} |"
         )
     lines += ["", "| check | result |", "| --- | --- |"]
     lines += [f"| {name} | {'PASS' if ok else 'FAIL'} |" for name, ok in summary["checks"].items()]

@@ -4,8 +4,9 @@ Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error 
 failures are retried with ``protocol.backoff.Backoff``. Downloads are verified against their content
 id and resumed with ``Range`` after a broken transfer. Candidates, heads and outer states whose
 artifact is larger than ``chunk_bytes`` are staged in chunks first (``protocol.uploads``, going on from
-the edge's offset after a broken connection) and published by an envelope without the artifact. It is the only door to the edge's HTTP API:
-peers, validators and the lab use its public methods, nothing else.
+the edge's offset after a broken connection) and published by an envelope without the artifact. It
+is the only door to the edge's HTTP API: peers, validators and the lab use its public methods,
+nothing else.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
                 "final": {"test_accuracy": 0.9912},
                 "accepted": 40,
                 "rejected": 1,
+                "rejected_by_reason": {"stale_base": 1},
+                "accepted_against_reference": 3,
                 "browser_accepted": 9,
             },
             str(LM): {
@@ -49,6 +51,8 @@ def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
                 "final": {"val_bits_per_char": 2.71, "test_bits_per_char": 2.75},
                 "accepted": 30,
                 "rejected": 2,
+                "rejected_by_reason": {"untrusted_direction": 2},
+                "accepted_against_reference": 0,
                 "browser_accepted": 5,
             },
         },
@@ -58,4 +62,5 @@ def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
     text = summary_markdown(summary)
     assert "CHECKS FAILED" in text and "| lm_bits_per_char_fell | FAIL |" in text
     assert "test accuracy 0.9912" in text and "val 2.710 / test 2.750 bits per char" in text
+    assert "40 / 1 (3 accepted against the reference) | 1 stale_base |" in text and "| 2 untrusted_direction |" in text
     assert "def f(x):" in text
