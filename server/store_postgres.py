@@ -43,9 +43,12 @@ def _statement(sql: str) -> str:
 
 
 def _ddl(schema: str) -> list[str]:
-    """The shared schema's statements in PostgreSQL's types, each table with its ``rowid``."""
+    """The shared schema's statements in PostgreSQL's types, each table with its ``rowid``, indexed (reads
+    that follow arrival order, ``rowid > ?``, are range scans as in SQLite, where it is the table's key)."""
     schema = re.sub(r"\bINTEGER\b", "BIGINT", schema).replace(" BLOB ", " BYTEA ")
-    schema = re.sub(r"(CREATE TABLE IF NOT EXISTS \w+ \()", r"\1rowid BIGINT GENERATED ALWAYS AS IDENTITY, ", schema)
+    schema = re.sub(
+        r"(CREATE TABLE IF NOT EXISTS \w+ \()", r"\1rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, ", schema
+    )
     return [statement.strip() for statement in schema.split(";") if statement.strip()]
 
 

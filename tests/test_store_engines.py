@@ -355,3 +355,20 @@ def test_credit_is_tallied_from_signed_verdicts_as_they_arrive_alike_on_every_ed
         ]
         assert book.leaderboard(EXPERIMENT, 1)[0].peer_id == bob
         assert book.standing(EXPERIMENT, alice).rejected == 1
+
+
+def test_reads_in_arrival_order_use_an_index_on_postgresql(private_postgres: Any) -> None:
+    """``rowid > ?`` (candidates followed by cursor, the credit tally's new verdicts) is a range scan on
+    PostgreSQL as it is in SQLite, where the rowid is the table's key: every table's rowid is indexed."""
+    import psycopg
+
+    url = private_postgres.create_database("arrival_order")
+    PostgresStore(url).close()
+    with psycopg.connect(url) as connection:
+        tables = {row[0] for row in connection.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        indexed = {
+            row[0]
+            for row in connection.execute("SELECT tablename, indexdef FROM pg_indexes WHERE schemaname = 'public'")
+            if row[1].endswith("(rowid)")
+        }
+    assert {"candidates", "verdicts", "leases"} <= tables and indexed == tables
