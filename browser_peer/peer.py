@@ -9,10 +9,11 @@ against its content id / the fetch-manifest's sha256), train one window with Ada
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
 frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
 frame limit is staged over HTTP in chunks first (``protocol.uploads``, going on from the edge's offset
-after a failed chunk) and its envelope sent without the artifact. A head larger than
-``PeerConfig.piece_bytes`` is downloaded piece by piece with ``Range``, so that a broken transfer
-costs one piece, asked again. If the socket drops (edge restart),
-reconnect with ``protocol.backoff`` and carry on. Timestamps come from an injectable
+after a failed chunk) and published over HTTP too, by its envelope without the artifact: the edge
+that took the chunks (the one a balancer sends the stage's requests to) need not be the relay's. A
+head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with ``Range``, so that a
+broken transfer costs one piece, asked again. If the socket drops (edge restart), reconnect with
+``protocol.backoff`` and carry on. Timestamps come from an injectable
 ``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
 
 Heads from peers, where the host reaches them (``bridge.shares_heads``: a page with WebRTC): the peer
@@ -40,12 +41,19 @@ from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import content_id, verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
+from protocol.messages import LEASE_SECRET_HEADER, Candidate, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import MODELS, ModelSpec, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
-from protocol.uploads import UPLOAD_CHUNK_BYTES, content_range, parse_content_range, upload_path
+from protocol.uploads import (
+    STAGE_MISSING,
+    UPLOAD_CHUNK_BYTES,
+    UPLOAD_HEADER,
+    content_range,
+    parse_content_range,
+    upload_path,
+)
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
 
 from .bridge import Bridge, HttpAnswer, HttpError, PeerBytes, Socket, SocketClosed
@@ -98,7 +106,7 @@ class BrowserPeer:
             "paused": None,
             "cpu_share": 1.0,
             "downloaded_bytes": 0,  # heads, shards and manifests over HTTP, and heads from peers
-            "sent_bytes": 0,  # signed candidates over the relay, and staged over HTTP
+            "sent_bytes": 0,  # signed candidates over the relay, or staged and published over HTTP
             "head_edge_bytes": 0,  # head artifacts from the edge (also in downloaded_bytes)
             "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
             "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
@@ -296,10 +304,13 @@ class BrowserPeer:
     async def _fetch(self, path: str, headers: dict[str, str] | None = None) -> bytes:
         return (await self._request("GET", path, headers)).body
 
-    async def _again(self, failure: Exception, failures: int, backoff: Backoff) -> None:
+    async def _again(
+        self, failure: Exception, failures: int, backoff: Backoff, passing: tuple[int, ...] = (409,)
+    ) -> None:
         """Wait before asking again after ``failure`` (the ``failures``-th in a row); re-raise it when it
-        is no transfer failure (a refusal other than 409 or 5xx) or when ``HTTP_TRIES`` failed in a row."""
-        refused = isinstance(failure, HttpError) and failure.status != 409 and failure.status < 500
+        is no transfer failure (a refusal other than ``passing`` or 5xx) or when ``HTTP_TRIES`` failed in
+        a row."""
+        refused = isinstance(failure, HttpError) and failure.status not in passing and failure.status < 500
         if refused or failures >= HTTP_TRIES:
             raise failure
         self._report(phase=f"retrying after {failure}")
@@ -328,25 +339,44 @@ class BrowserPeer:
             data += answer.body
         return data
 
-    async def _stage(self, artifact: bytes) -> None:
+    async def _stage(self, artifact: bytes) -> str:
         """Stage ``artifact`` on the edge in chunks of the size it takes (``protocol.uploads``); after a
-        failed chunk, go on from the offset the edge holds."""
-        path = upload_path(self.key, content_id(artifact))
+        failed chunk, go on from the offset the edge holds. Returns its content id."""
+        cid = content_id(artifact)
+        path, named = upload_path(self.key, cid), {UPLOAD_HEADER: cid}
         failures, backoff = 0, Backoff(initial_s=0.5, max_s=4.0)
         while True:
             try:
-                staged = json.loads((await self._request("GET", path)).body)
+                staged = json.loads((await self._request("GET", path, named)).body)
                 offset, size = int(staged["offset"]), int(staged["chunk_bytes"])
                 while offset < len(artifact):
                     end = min(offset + size, len(artifact))
-                    range_header = {"content-range": content_range(offset, end, len(artifact))}
-                    answer = await self._request("PUT", path, range_header, artifact[offset:end])
+                    headers = {"content-range": content_range(offset, end, len(artifact))} | named
+                    answer = await self._request("PUT", path, headers, artifact[offset:end])
                     offset = int(json.loads(answer.body)["offset"])
                     failures = 0
-                return
+                return cid
             except (HttpError, OSError) as exc:
                 failures += 1
                 await self._again(exc, failures, backoff)
+
+    async def _publish_staged(self, candidate: Candidate, artifact: bytes) -> str:
+        """Stage the candidate's ``artifact`` and publish it by ``POST …/candidates`` (as native trainers
+        do), not on the relay: the POST names the stage (``UPLOAD_HEADER``), so a balancer in front of
+        several edges sends it where the chunks went, which need not be the relay's edge. Publishing it
+        again is answered as the first time, so a failed POST is sent again; one that reaches an edge
+        without the stage (``STAGE_MISSING``: its edge went away) stages it there first. Returns the
+        candidate id the edge stored, which the relay's ``candidate.ack`` names otherwise."""
+        path, envelope = f"/v1/experiments/{self.key}/candidates", pack_envelope(candidate.to_wire(), b"")
+        failures, backoff = 0, Backoff(initial_s=0.5, max_s=4.0)
+        while True:
+            cid = await self._stage(artifact)  # nothing to send when the edge holds all of it
+            try:
+                answer = await self._request("POST", path, {UPLOAD_HEADER: cid}, envelope)
+                return str(json.loads(answer.body)["candidate_id"])
+            except (HttpError, OSError) as exc:
+                failures += 1
+                await self._again(exc, failures, backoff, STAGE_MISSING)
 
     async def _fetch_json(self, path: str) -> Any:
         return json.loads(await self._fetch(path))
@@ -486,14 +516,13 @@ class BrowserPeer:
             metrics={"train_loss": float(train_loss), "samples_per_s": rate, "workers": float(len(trained))},
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=len(trained))
-        if len(envelope) > self._max_frame_bytes:  # the artifact goes over HTTP, the descriptor as today
-            _, artifact = unpack_envelope(envelope)
-            await self._stage(artifact)
-            envelope = pack_envelope(candidate.to_wire(), b"")
-        await socket.send_bytes(envelope)
-        self.status["sent_bytes"] += len(envelope)
-        ack = await self._reply(reader, "candidate.ack")
-        if ack["candidate_id"] != candidate.candidate_id:
+        if len(envelope) > self._max_frame_bytes:  # too large for a frame: staged and published over HTTP
+            acknowledged = await self._publish_staged(candidate, unpack_envelope(envelope)[1])
+        else:
+            await socket.send_bytes(envelope)
+            self.status["sent_bytes"] += len(envelope)
+            acknowledged = (await self._reply(reader, "candidate.ack"))["candidate_id"]
+        if acknowledged != candidate.candidate_id:
             raise ProtocolError("edge acknowledged another candidate")
         self._last_base = head.head_id
         self._report(

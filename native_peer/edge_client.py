@@ -4,9 +4,9 @@ Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error 
 failures are retried with ``protocol.backoff.Backoff``. Downloads are verified against their content
 id and resumed with ``Range`` after a broken transfer. Candidates, heads and outer states whose
 artifact is larger than ``chunk_bytes`` are staged in chunks first (``protocol.uploads``, going on from
-the edge's offset after a broken connection) and published by an envelope without the artifact. It
-is the only door to the edge's HTTP API: peers, validators and the lab use its public methods,
-nothing else.
+the edge's offset after a broken connection) and published by an envelope without the artifact,
+every request naming the stage so that a balancer keeps them on one edge. It is the only door to the
+edge's HTTP API: peers, validators and the lab use its public methods, nothing else.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from protocol.messages import (
     Verdict,
 )
 from protocol.signing import Signer
-from protocol.uploads import UPLOAD_CHUNK_BYTES, content_range, upload_path
+from protocol.uploads import STAGE_MISSING, UPLOAD_CHUNK_BYTES, UPLOAD_HEADER, content_range, upload_path
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
 
@@ -231,36 +231,48 @@ class EdgeClient:
 
     def _publish(self, key: ExperimentKey, collection: str, envelope: bytes) -> None:
         """POST ``envelope`` to the experiment's ``collection``; an artifact over ``chunk_bytes`` is
-        staged first and the envelope sent without it."""
+        staged first and the envelope sent without it. Should the publish reach an edge that holds no
+        complete stage of it (``STAGE_MISSING``: the edge that took the chunks went away), the artifact
+        is staged again, on the edge that answers now, and published again (``retries`` times at most)."""
+        path = f"{self._experiment_path(key)}/{collection}"
         descriptor, artifact = unpack_envelope(envelope)
-        if len(artifact) > self._chunk_bytes:
-            self.stage(key, artifact)
-            envelope = pack_envelope(descriptor, b"")
-        self._request("POST", f"{self._experiment_path(key)}/{collection}", content=envelope)
+        if len(artifact) <= self._chunk_bytes:
+            self._request("POST", path, content=envelope)
+            return
+        bare = pack_envelope(descriptor, b"")
+        for attempt in range(self._retries + 1):
+            cid = self.stage(key, artifact)  # nothing to send when the edge holds all of it
+            try:
+                self._request("POST", path, content=bare, headers={UPLOAD_HEADER: cid})
+                return
+            except EdgeRequestError as exc:
+                if exc.status not in STAGE_MISSING or attempt == self._retries:
+                    raise
 
     def stage(self, key: ExperimentKey, artifact: bytes) -> ContentId:
         """Stage ``artifact`` on the edge in chunks (``protocol.uploads``), from what the edge holds
         already: a broken chunk is sent again (``_request``), and after a 409 (a chunk the edge took
-        although its answer was lost, a stage that expired) it goes on from the edge's offset."""
+        although its answer was lost, a stage that expired or went away with its edge) it goes on from
+        the edge's offset."""
         cid = content_id(artifact)
-        path = upload_path(key, cid)
-        offset, size = self._staged(path)
+        path, named = upload_path(key, cid), {UPLOAD_HEADER: cid}
+        offset, size = self._staged(path, named)
         conflicts = 0
         while offset < len(artifact):
             end = min(offset + size, len(artifact))
-            headers = {"content-range": content_range(offset, end, len(artifact))}
+            headers = {"content-range": content_range(offset, end, len(artifact))} | named
             try:
                 offset = int(self._request("PUT", path, content=artifact[offset:end], headers=headers).json()["offset"])
             except EdgeRequestError as exc:
                 conflicts += 1
                 if exc.status != 409 or conflicts > self._retries:
                     raise
-                offset, size = self._staged(path)
+                offset, size = self._staged(path, named)
         return cid
 
-    def _staged(self, path: str) -> tuple[int, int]:
+    def _staged(self, path: str, headers: dict[str, str]) -> tuple[int, int]:
         """How many bytes of an upload the edge holds, and the chunk size to send the rest in."""
-        staged = self._request("GET", path).json()
+        staged = self._request("GET", path, headers=headers).json()
         return int(staged["offset"]), min(self._chunk_bytes, int(staged["chunk_bytes"]))
 
     def publish_attestation(self, attestation: Attestation) -> None:

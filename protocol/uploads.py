@@ -8,6 +8,13 @@ Chunks go in order: the edge holds the first ``offset`` bytes and answers a chun
 anywhere else with 409 (its ``Upload-Offset`` header says where to go on). A chunk is taken whole or
 not at all, so a client whose connection broke asks for the offset and sends again from there. The
 same ``Content-Range`` form (RFC 9110 §14.4) answers ranged downloads, which resume with ``Range``.
+
+A stage is one edge's own. Clients name it in ``UPLOAD_HEADER`` on every request of a staged upload,
+its offset queries, chunks and publish, so that a balancer in front of several edges sends them all
+to one edge (``deploy/nginx/dtn.conf`` hashes on it); the edge itself never reads it. A publish that
+reaches an edge without the complete stage (the one that held it went away) is answered
+``STAGE_MISSING``: the client stages the artifact again there, from the offset it asks, and
+publishes once more.
 """
 
 from __future__ import annotations
@@ -17,10 +24,20 @@ import re
 from .errors import InvalidMessage
 from .ids import ContentId, ExperimentKey
 
-__all__ = ["OFFSET_HEADER", "UPLOAD_CHUNK_BYTES", "content_range", "parse_content_range", "upload_path"]
+__all__ = [
+    "OFFSET_HEADER",
+    "STAGE_MISSING",
+    "UPLOAD_CHUNK_BYTES",
+    "UPLOAD_HEADER",
+    "content_range",
+    "parse_content_range",
+    "upload_path",
+]
 
 UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024  # the edge's largest chunk by default, and what clients send
 OFFSET_HEADER = "upload-offset"
+UPLOAD_HEADER = "dtn-upload"  # the content id of the staged artifact a request belongs to: a routing key
+STAGE_MISSING = (404, 409)  # a publish's answer when this edge holds no stage of it, or only part of one
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,15})-([0-9]{1,15})/([0-9]{1,15})")
 
 

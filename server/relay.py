@@ -21,7 +21,8 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
-           (without artifact bytes when larger than ``max_frame_bytes``: staged over HTTP first, ``protocol.uploads``)
+           (without artifact bytes: one staged on this edge, ``protocol.uploads``; browser peers
+           publish those over HTTP instead, where a balancer finds the stage's edge)
     edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
 
 ``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to

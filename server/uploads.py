@@ -16,8 +16,9 @@ stages cannot be opened by the thousand) from its first chunk on against its cli
 budget (``upload_address_bytes``) and the edge's (``upload_stage_bytes``), past which 507; a stage
 untouched for ``upload_idle_s`` is dropped. Stages are this edge's own, in memory and in files under
 ``data_dir/uploads`` (those an edge left behind are deleted at start-up once as old as that): behind
-several edges a client must stage and publish on the same one, and an edge restart loses its partial
-uploads (clients start again at offset 0).
+several edges a client must stage and publish on the same one (its requests name the stage,
+``protocol.uploads.UPLOAD_HEADER``, for the balancer to keep them there), and an edge restart loses
+its partial uploads (clients start again at offset 0).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from browser_peer.bridge import HttpAnswer
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.stack import LocalNetwork, prepare_network, validating
 from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.uploads import UPLOAD_HEADER
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE
 
@@ -216,14 +217,19 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     assert Progress.decode(b"\x00" * 16, BASELINE, MODELS[spec.model], 1e-3) is None
 
 
+STAGE_IDLE_S = 1.0
+
+
 class _BadNetwork(NativeBridge):
     """A tab on a bad network: its first staged chunk and the second piece of its first head fail as a
-    dropped connection does (pyfetch raises ``OSError``)."""
+    dropped connection does (pyfetch raises ``OSError``); its first publish arrives only once the edge
+    has dropped the stage, as one that reaches another edge than the chunks did (theirs went away)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[tuple[str, str]] = []  # (method, Content-Range or Range)
         self.failed: list[tuple[str, str]] = []
+        self.published: list[str | None] = []  # each publish's UPLOAD_HEADER
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
         sent = (method, headers.get("content-range") or headers.get("range") or "")
@@ -233,13 +239,21 @@ class _BadNetwork(NativeBridge):
         if first_chunk or second_piece:
             self.failed.append(sent)
             raise OSError(f"{method} {url}: connection reset")
+        if method == "POST":
+            self.published.append(headers.get(UPLOAD_HEADER))
+            if len(self.published) == 1:
+                await asyncio.sleep(2 * STAGE_IDLE_S)  # the edge drops the stage meanwhile
         return await super().request(method, url, headers, body)
 
 
-def test_a_candidate_over_the_frame_limit_is_staged_and_heads_come_in_pieces_across_broken_transfers(
+def test_a_candidate_over_the_frame_limit_is_staged_and_published_over_http_across_broken_transfers(
     stack: LocalNetwork,
 ) -> None:
+    """Heads come in pieces; a candidate over the frame limit is staged, then published by ``POST
+    …/candidates`` naming its stage (where a balancer finds the stage's edge), not on the relay; a
+    publish that finds no stage stages the candidate again from 0."""
     limits = {"max_frame_bytes": 64 * 1024, "upload_chunk_bytes": 32 * 1024}  # under this model's artifacts
+    limits |= {"upload_idle_s": STAGE_IDLE_S}
     with _judged_edge(stack, **limits) as edge:
         bridge = _BadNetwork()
         config = PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=2, piece_bytes=100_000)
@@ -260,6 +274,14 @@ def test_a_candidate_over_the_frame_limit_is_staged_and_heads_come_in_pieces_acr
     pieces = [r for m, r in bridge.requests if m == "GET" and r.startswith("bytes=")]
     assert pieces[:3] == ["bytes=0-99999", "bytes=100000-199999", "bytes=100000-199999"]  # the broken piece again
     assert "dtn_staged_upload_bytes 0.0" in staged  # each stage gone once published
+    # both candidates published over HTTP, each naming its stage; the first twice: the edge held no stage
+    # of it the first time (404), so it was staged again from 0 and published again
+    first, again, second = bridge.published
+    assert first == again != second and all(str(cid).startswith("sha256:") for cid in (first, second))
+    assert 'dtn_candidates_total{via="http"} 2.0' in staged and 'via="ws"' not in staged
+    assert 'dtn_rejected_uploads_total{error="NotFound"} 1.0' in staged
+    after = [r for m, r in bridge.requests[[m for m, _ in bridge.requests].index("POST") :] if m == "PUT"]
+    assert after[0].startswith("bytes 0-32767/")
 
 
 def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stack: LocalNetwork) -> None:

@@ -3,7 +3,9 @@ naming both), on one private PostgreSQL, one redis-server and one blob directory
 Chromium contributes on nginx's public URL (TLS, self-signed): its relay WebSocket lands on one edge,
 its home; the validator judges on the other edge directly; a native trainer trains through nginx too.
 The browser's home is killed (SIGKILL) mid-run: the browser reconnects through nginx to the other
-edge and is merged again, the native trainer goes on, and nothing acknowledged is lost.
+edge and is merged again, the native trainer goes on, and nothing acknowledged is lost. Staged
+uploads through nginx meet one edge each (nginx hashes them by stage), and start again on the other
+edge when theirs dies mid-stage.
 
 Needs nginx, openssl, PostgreSQL, redis-server, Chromium and the Pyodide runtime (``make setup``);
 under CI a missing one fails the test, elsewhere it is skipped with the reason."""
@@ -71,6 +73,28 @@ def _nginx_site(root: Path, upstreams: list[str], datasets: Path) -> tuple[Path,
     return conf, f"https://127.0.0.1:{https}"
 
 
+def _nginx() -> str:
+    """nginx's path, where it and openssl are installed."""
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+    if nginx is None or shutil.which("openssl") is None:
+        missing("nginx and openssl are needed (make setup: apt-get install nginx openssl)")
+    return nginx
+
+
+def _behind_nginx(
+    fleet: Fleet, root: Path, dataset_root: Path, monkeypatch: pytest.MonkeyPatch, **shared: object
+) -> tuple[dict[str, str], str]:
+    """Edges ``a`` and ``b`` on the ``shared`` settings behind a started nginx whose certificate this
+    process's httpx trusts (``SSL_CERT_FILE``); the edges' URLs and nginx's public URL."""
+    nginx = _nginx()
+    urls = {name: start_edge(fleet, name, root, dataset_root, **shared) for name in ("a", "b")}
+    conf, public_url = _nginx_site(root, [url.removeprefix("http://") for url in urls.values()], dataset_root)
+    fleet.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent)])
+    monkeypatch.setenv("SSL_CERT_FILE", str(root / "tls" / "cert.pem"))
+    fleet.wait_ready(f"{public_url}/livez", 20)  # through nginx (SSL_CERT_FILE: its certificate)
+    return urls, public_url
+
+
 def _metric(http: httpx.Client, series: str) -> float:
     for line in http.get("/metrics").text.splitlines():
         if line.startswith(series + " ") or line.startswith(series + "{"):
@@ -94,9 +118,7 @@ def _until(condition: Callable[[], bool], timeout_s: float, what: str, fleet: Fl
 def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_browsers_edge_dies(
     tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
-    if nginx is None or shutil.which("openssl") is None:
-        missing("nginx and openssl are needed (make setup: apt-get install nginx openssl)")
+    _nginx()
     if (problem := browser_problem()) is not None:
         missing(problem)
     local = prepare_network(tmp_path, datasets=dataset_root)
@@ -109,13 +131,9 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
         "pyodide-dir": PYODIDE_DIR,
     }
     with Fleet(tmp_path) as fleet:
-        urls = {name: start_edge(fleet, name, tmp_path, dataset_root, **shared) for name in ("a", "b")}
-        conf, public_url = _nginx_site(tmp_path, [url.removeprefix("http://") for url in urls.values()], dataset_root)
-        fleet.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent)])
-        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "tls" / "cert.pem"))  # the trainer's httpx trusts it
+        urls, public_url = _behind_nginx(fleet, tmp_path, dataset_root, monkeypatch, **shared)
         tls = ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
         edges = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
-        fleet.wait_ready(f"{public_url}/livez", 20)  # through nginx (SSL_CERT_FILE: its certificate)
 
         # the browser contributes on the public URL; its relay WebSocket lands on one edge (its home)
         fleet.start(
@@ -225,3 +243,82 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
         assert leases[head["head_id"]].status_code == 200, leases[head["head_id"]].text
         shards = [shard for lease in leases[head["head_id"]].json() for shard in lease["shard_ids"]]
         assert len(shards) == len(set(shards)), f"a shard was leased twice in window {head['window']}"
+
+
+CHUNK = 32 * 1024  # below this model's artifacts (heads about 400 kB, int8 candidates 100 kB): all are staged
+
+
+class _KillsTheStagesEdge(httpx.HTTPTransport):
+    """Below a client of nginx: just before the third chunk it sends, SIGKILLs the edge that holds the
+    stage (the one nginx chose for it), so the rest of the upload lands on the other edge."""
+
+    def __init__(self, fleet: Fleet, edges: dict[str, httpx.Client], **options: Any) -> None:
+        super().__init__(**options)
+        self.fleet, self.edges, self.chunks = fleet, edges, 0
+        self.killed: str | None = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.chunks += 1
+            if self.chunks == 3:
+                self.killed = next(n for n, http in self.edges.items() if _metric(http, "dtn_staged_upload_bytes"))
+                self.fleet.processes[self.killed].kill()
+                assert self.fleet.processes[self.killed].wait(10) < 0
+        return super().handle_request(request)
+
+
+def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other_when_it_dies(
+    tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native trainer and validator through nginx over two edges, in chunks of 32 KiB: genesis, every
+    candidate, head and outer state is staged and published on one edge (round robin would send its
+    chunks to both, which the edges refuse with 409s). The edge holding a candidate's stage dies after
+    two chunks: the trainer finds no stage on the other edge, stages it there from 0 and publishes it."""
+    _nginx()
+    local = prepare_network(tmp_path, datasets=dataset_root)
+    spec = local.network.experiment(BASELINE)
+    shared = {
+        "store-url": private_postgres.create_database("staged_behind_nginx"),
+        "redis-url": private_redis.url,
+        "blobs-dir": tmp_path / "blobs",
+    }
+    with Fleet(tmp_path) as fleet:
+        urls, public_url = _behind_nginx(fleet, tmp_path, dataset_root, monkeypatch, **shared)
+        edges = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
+        validator = local.validator(public_url)
+        trainer = mnist_trainer(local.network, tmp_path / "trainer", public_url)
+        for client in (validator.edge, trainer.edge):
+            client._chunk_bytes = CHUNK  # every artifact of this model is over it: all are staged
+        experiment = trainer.experiment(*BASELINE.parts)
+
+        validator.ensure_genesis(spec)
+        for _ in range(2):
+            outcome = trainer.train_window_once(experiment)
+            report = validator.poll(spec)
+            assert report is not None and report.head.merged == (outcome.candidate_id,), report
+            assert report.head.outer_state is not None
+        # every chunk met its stage, every publish found it: no upload refused on either edge
+        for http in edges.values():
+            assert _metric(http, "dtn_rejected_uploads_total") == 0 and _metric(http, "dtn_staged_upload_bytes") == 0
+        assert sum(_metric(http, 'dtn_candidates_total{via="http"}') for http in edges.values()) == 2
+
+        killer = _KillsTheStagesEdge(
+            fleet, edges, verify=ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
+        )
+        trainer.edge._http.close()
+        trainer.edge._http = httpx.Client(base_url=public_url, transport=killer, timeout=30)
+        outcome = trainer.train_window_once(experiment)
+        assert killer.killed is not None
+        fleet.stop(killer.killed)
+        survivor = edges[next(name for name in edges if name != killer.killed)]
+        report = validator.poll(spec)
+        assert report is not None and report.head.merged == (outcome.candidate_id,), report
+        # the survivor refused the third chunk (its stage was on the dead edge) and took the whole artifact
+        assert _metric(survivor, 'dtn_rejected_uploads_total{error="Conflict"}') == 1
+        assert _metric(survivor, "dtn_staged_upload_bytes") == 0
+        heads = [h["head_id"] for h in survivor.get(f"{BASE}/heads").json()]
+        trainer.close()
+        validator.close()
+        for http in edges.values():
+            http.close()
+    assert len(heads) == 4 and heads[-1] == report.head.head_id

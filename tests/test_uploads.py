@@ -28,7 +28,7 @@ from protocol.hashing import content_id
 from protocol.ids import ContentId, HeadId
 from protocol.messages import Candidate
 from protocol.signing import PureSigner
-from protocol.uploads import OFFSET_HEADER, content_range, upload_path
+from protocol.uploads import OFFSET_HEADER, UPLOAD_HEADER, content_range, upload_path
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, mnist_network
 
@@ -244,6 +244,44 @@ class _Network(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
+class _LatePublish(httpx.HTTPTransport):
+    """Records each request's method and ``UPLOAD_HEADER``; holds the first publish back until the edge
+    has dropped its stage, as when a publish reaches another edge than its chunks (theirs went away)."""
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__()
+        self.idle_s, self.sent = idle_s, list[tuple[str, str | None]]()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.method, request.headers.get(UPLOAD_HEADER)))
+        if request.method == "POST" and [m for m, _ in self.sent].count("POST") == 1:
+            time.sleep(2 * self.idle_s)
+        return super().handle_request(request)
+
+
+def test_every_request_of_a_stage_names_it_and_a_publish_that_finds_no_stage_stages_again(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    with _edge(tmp_path, dataset_root, upload_idle_s=1.0) as (edge, http):
+        lease = grant_lease(http, TRAINER).lease
+        artifact = _artifact(seed=12)
+        candidate = Candidate.for_lease(lease, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
+                                        created_at_ms=now_ms())  # fmt: skip
+        late = _LatePublish(idle_s=1.0)
+        client = EdgeClient(edge.url, chunk_bytes=CHUNK)
+        client._http.close()
+        client._http = httpx.Client(base_url=edge.url, transport=late)  # below the client
+        client.publish_candidate(EXPERIMENT, pack_envelope(candidate.to_wire(), artifact))
+        client.close()
+        path = f"/v1/artifacts/{candidate.candidate_id}"
+        assert http.get(path, headers=validator_reads(path)).content == artifact
+        assert _metric(http, 'dtn_rejected_uploads_total{error="NotFound"}') == 1  # the first publish
+    chunks = -(-len(artifact) // CHUNK)
+    assert late.sent.count(("PUT", candidate.candidate_id)) == 2 * chunks  # staged again from 0
+    assert [method for method, _ in late.sent].count("POST") == 2
+    assert {named for _, named in late.sent} == {candidate.candidate_id}  # every request names the stage
+
+
 def test_native_trainers_and_validators_stage_candidates_heads_and_outer_states(
     tmp_path: Path, dataset_root: Path
 ) -> None:
@@ -310,5 +348,5 @@ def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame
         size = len(httpx.get(f"{url}/v1/artifacts/{accepted}").content)  # judged: public
         edge.close()
     assert size > 65536  # no frame could have carried it
-    assert 'dtn_candidates_total{via="ws"}' in metrics  # by its descriptor on the relay, its bytes staged
+    assert 'dtn_candidates_total{via="http"}' in metrics  # staged, then published over HTTP, not the relay
     assert 'dtn_ws_closes_total{code="1009"}' not in metrics  # never a frame over the limit
