@@ -360,7 +360,7 @@ class Trainer:
             model=experiment.spec.model,
             codec=codec,
             examples=examples,
-            steps=steps,
+            steps=steps + (0 if carried is None else carried.steps),  # every optimizer step in the update
             created_at_ms=self.clock.now_ms(),
             metrics=metrics,
         )

@@ -613,8 +613,15 @@ class Validator:
                 tensors = decode_update(self.learner(spec).model, base, encoded, spec.codec)
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
+        window_steps = max(1, leased // spec.batch_size)  # what a window's lease takes, and the reference
         submission = Submission(
-            candidate.candidate_id, candidate.peer_id, candidate.peer_kind, float(candidate.examples), tensors, screen
+            candidate.candidate_id,
+            candidate.peer_id,
+            candidate.peer_kind,
+            float(candidate.examples),
+            tensors,
+            screen,
+            candidate.steps / window_steps,
         )
         return submission, None if lease is None else lease.principal
 

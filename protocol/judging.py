@@ -98,6 +98,7 @@ class Submission:
     examples: float
     params: Mapping[str, np.ndarray] | None
     precheck: Screen
+    windows: float = 1.0  # the windows' worth of optimizer steps it declares (``screen_reference``)
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,9 @@ def judge_window(
         checked = screen_schema(spec, reference)
         if not checked.accepted:
             raise ValueError(f"the reference update is not usable: {checked}")
-        cohort_screens, cosine_list = screen_reference(spec, base, cohort, reference, policy)
+        cohort_screens, cosine_list = screen_reference(
+            spec, base, cohort, reference, policy, [s.windows for s in valid]
+        )
         cosines = {s.candidate_id: c for s, c in zip(valid, cosine_list, strict=True)}
     else:
         cohort_screens = screen_cohort(spec, base, cohort, policy)

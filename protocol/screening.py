@@ -91,6 +91,7 @@ class ScreeningPolicy:
     anchored_aggregator: str | None = None  # the merge rule when a reference is given (None: ``aggregator``)
     max_reference_ratio: float = 3.0  # anchored: reject ‖Δ‖ > ratio × ‖Δ_ref‖
     min_reference_ratio: float = 0.1  # anchored: free rider when ‖Δ‖ ≤ ratio × ‖Δ_ref‖
+    max_declared_windows: float = 3.0  # anchored: the most windows of steps a candidate's norm bound counts
     min_trust: float = -0.1  # anchored: reject when cos(Δ, Δ_ref) ≤ this: clearly opposed (FLTrust: 0)
     holdout_overrides_direction: bool = True  # anchored: an opposed update that alone lowers the holdout loss passes
     trust_floor: float = 0.05  # anchored: the least merge trust of a candidate screening let through
@@ -202,21 +203,33 @@ def screen_reference(
     cohort: Sequence[Mapping[str, np.ndarray]],
     reference: Mapping[str, np.ndarray],
     policy: ScreeningPolicy,
+    windows: Sequence[float] | None = None,
 ) -> tuple[list[Screen], list[float]]:
     """Screen each schema-valid candidate against the validator's reference update alone: norm
-    within [``min_reference_ratio``, ``max_reference_ratio``] × ‖Δ_ref‖, cos(Δ, Δ_ref) above
-    ``min_trust``. Returns the screens and each candidate's cosine to the reference."""
+    within [``min_reference_ratio``, ``max_reference_ratio`` × w] × ‖Δ_ref‖, cos(Δ, Δ_ref) above
+    ``min_trust``. Returns the screens and each candidate's cosine to the reference.
+
+    ``windows`` holds how many windows' worth of optimizer steps each candidate declares (the
+    reference takes one window's): a continuous trainer's update carries its speculative epoch, or a
+    window a newer head overtook, and late in a decayed schedule those steps point the same way, so its
+    norm grows with them (measured: 3.1–3.4 × the reference's on the CNN, every such update refused).
+    w is that count, at least 1 and at most ``max_declared_windows``: steps are declared, not
+    checked, so a liar gains at most that factor on the upper bound, and the merge rescales every
+    update to ‖Δ_ref‖ anyway."""
     base_vector = flatten(spec, base)
     ref = flatten(spec, reference) - base_vector
     ref_norm = float(np.linalg.norm(ref))
     if not np.isfinite(ref_norm) or ref_norm == 0.0:
         raise ValueError("the reference update must be finite and non-zero")
     screens, cosines = [], []
-    for params in cohort:
+    for params, declared in zip(cohort, windows or [1.0] * len(cohort), strict=True):
         delta = flatten(spec, params) - base_vector
         norm = float(np.linalg.norm(delta))
         cosine = float(delta @ ref) / (norm * ref_norm) if norm > 0 else 0.0
-        screen = _norm_screen(norm, ref_norm, policy.max_reference_ratio, policy.min_reference_ratio, "reference")
+        counted = min(max(declared, 1.0), policy.max_declared_windows)
+        screen = _norm_screen(
+            norm, ref_norm, policy.max_reference_ratio * counted, policy.min_reference_ratio, "reference"
+        )
         if screen.accepted and cosine <= policy.min_trust:
             screen = Screen(
                 Reason.UNTRUSTED_DIRECTION,

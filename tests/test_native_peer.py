@@ -78,6 +78,8 @@ def test_a_continuous_trainer_keeps_training_while_its_window_is_judged(
     assert second.base_head_id == report.head.head_id
     assert second.metrics["carried_steps"] == 2 * first.steps  # two speculative epochs over its lease
     assert second.examples == first.examples  # a candidate claims only its own lease's examples
+    declared = next(c for c in validator.edge.candidates(BASELINE) if c.candidate_id == second.candidate_id)
+    assert declared.steps == 3 * first.steps  # its optimizer steps, carried ones too: the norm bound counts them
     report = validator.poll(spec)
     assert report is not None and report.head.merged == (second.candidate_id,), [str(v.reason) for v in report.verdicts]
     record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]

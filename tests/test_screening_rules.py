@@ -260,6 +260,22 @@ def test_an_opposed_update_that_lowers_the_holdout_loss_passes_at_the_trust_floo
     assert as_published.screens[_id(2)].reason is Reason.UNTRUSTED_DIRECTION  # FLTrust as published: no override
 
 
+def test_the_norm_bound_counts_the_windows_of_steps_a_candidate_declares() -> None:
+    """A continuous trainer's update carries a speculative epoch (or an overtaken window) on top of the
+    window's steps; its norm bound grows with the declared windows, up to ``max_declared_windows``."""
+    policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
+    four = 0.04 * UNIT  # 4 x ‖Δ_ref‖, the reference's direction
+
+    def judged(update: np.ndarray, windows: float) -> Reason:
+        sub = replace(_sub(1, update), windows=windows)
+        return _judge([sub], policy, reference=REFERENCE).screens[_id(1)].reason
+
+    assert judged(four, 1.0) is Reason.NORM_TOO_LARGE  # one window's steps: at most 3 x
+    assert judged(four, 2.0) is Reason.ACCEPTED  # two windows' steps: at most 6 x
+    assert judged(0.1 * UNIT, 50.0) is Reason.NORM_TOO_LARGE  # claims are capped at 3 windows: 9 x
+    assert judged(0.0009 * UNIT, 0.5) is Reason.FREE_RIDER  # the lower bound is one window's, whatever is claimed
+
+
 def test_a_sybil_majority_cannot_move_the_anchored_bounds() -> None:
     """One honest peer and two identities sending scaled-down copies of their own update: the
     cohort median norm falls and the fallback rejects the honest update as too large; the
