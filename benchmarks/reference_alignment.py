@@ -1,0 +1,91 @@
+"""How well the validator's reference update still points the way honest trainers go, head by head of a
+finished run (``python -m lab workloads``, or any run directory with an edge store and datasets).
+
+At each chosen head of the experiment: ``--honest`` honest-like updates (``--examples`` fresh training
+examples each, the experiment's batch size, one window of Adam steps at the head's scheduled rate), the
+validator's reference exactly as it computes it (its ``reference`` split, ``protocol.judging.reference_batches``,
+``REFERENCE_BATCH_FACTOR`` × the batch), and, as the baseline of the same run, the same procedure on
+fresh training examples the head never saw. Prints the mean cosine of the honest updates to one another
+and to each reference. A reference that falls towards or below zero while the baseline stays with the
+honest updates no longer measures direction: its examples have been fitted by the heads (the reference
+takes part in every anchored merge).
+
+    python -m benchmarks.reference_alignment [--run var/workloads] [--experiment study/mnist-cnn/rev-1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datasets.layout import load_split, load_train
+from native_peer.learner import TrainEngine, at_learning_rate, network_learners
+from native_peer.validator import REFERENCE_BATCH_FACTOR
+from protocol.aggregation import flatten
+from protocol.codec import decode_tensors
+from protocol.ids import ContentId, ExperimentKey
+from protocol.judging import reference_batches
+from protocol.manifests import NetworkManifest
+from server.blobs import BlobStore
+from server.store import Store
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _update(engine: TrainEngine, tensors: dict[str, np.ndarray], rate: float, x: Any, y: Any) -> np.ndarray:
+    """θ − base after one window of Adam steps from a fresh state on batches ``x``, ``y``."""
+    learner = engine.learner
+    start = learner.from_tensors(tensors)
+    params, _, _ = engine.train_epoch(start, at_learning_rate(engine.init_optimizer(start), rate), x, y)
+    return flatten(learner.model, learner.to_tensors(params)) - flatten(learner.model, tensors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, default=Path("var/workloads"))
+    parser.add_argument("--experiment", default="study/mnist-cnn/rev-1")
+    parser.add_argument("--heads", type=int, default=4, help="heads to look at, spread over the run")
+    parser.add_argument("--honest", type=int, default=3)
+    parser.add_argument("--examples", type=int, default=4000, help="training examples per honest update")
+    args = parser.parse_args()
+
+    network = NetworkManifest.from_wire(json.loads((args.run / "network.json").read_bytes()))
+    spec = network.experiment(ExperimentKey.parse(args.experiment))
+    learner = network_learners(network)[spec.model]
+    engine = TrainEngine(learner, learner.make_optimizer(spec))
+    dataset = args.run / "datasets" / spec.dataset_id
+    train_x, train_y = load_train(dataset)
+    ref_x, ref_y = load_split(dataset, "reference")
+    store, blobs = Store(args.run / "edge" / "edge.sqlite3"), BlobStore(args.run / "edge" / "blobs")
+    heads = store.heads(spec.key)
+    steps = args.examples // spec.batch_size
+    rng = np.random.default_rng(0)
+    print(f"{spec.key}: {len(heads)} heads; {steps} Adam steps per update, batch {spec.batch_size}")
+    print("window  rate     honest-honest  validator's reference  baseline (fresh examples)")
+    for head in [heads[i] for i in np.linspace(1, len(heads) - 1, args.heads).astype(int)]:
+        tensors, _ = decode_tensors(blobs.path(ContentId(head.head_id)).read_bytes())
+        rate = spec.learning_rate_at(head.window)
+        honest = []
+        for _ in range(args.honest):
+            index = rng.choice(len(train_x), (steps, spec.batch_size), replace=False)
+            honest.append(_update(engine, tensors, rate, train_x[index], train_y[index]))
+        index = reference_batches(head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
+        reference = _update(engine, tensors, rate, ref_x[index], ref_y[index])
+        index = rng.choice(len(train_x), (steps, REFERENCE_BATCH_FACTOR * spec.batch_size), replace=False)
+        baseline = _update(engine, tensors, rate, train_x[index], train_y[index])
+        among = np.mean([_cosine(a, b) for a, b in itertools.combinations(honest, 2)])
+        to_ref = np.mean([_cosine(u, reference) for u in honest])
+        to_base = np.mean([_cosine(u, baseline) for u in honest])
+        print(f"{head.window:6d}  {rate:.1e}  {among:+13.3f}  {to_ref:+21.3f}  {to_base:+25.3f}", flush=True)
+    store.close()
+
+
+if __name__ == "__main__":
+    main()
