@@ -54,6 +54,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.datastructures import Headers
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
@@ -206,7 +207,8 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         "type": "welcome",
         "peer_id": proof.peer_id,
         "network": state.network.to_wire(),
-        "max_frame_bytes": state.settings.max_frame_bytes,
+        # the largest candidate frame it takes: a frame, and an envelope with its artifact inline
+        "max_frame_bytes": min(state.settings.max_frame_bytes, state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES),
     }
     connection.offer(orjson.dumps(welcome).decode())
     state.hub.publish("_network", "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})

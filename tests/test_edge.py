@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect as async_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from protocol.envelope import pack_envelope
+from protocol.envelope import MAX_DESCRIPTOR_BYTES, pack_envelope
 from protocol.hashing import content_id
 from protocol.messages import LEASE_SECRET_HEADER, NEXT_SINCE_HEADER, Lease
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
@@ -378,6 +378,20 @@ def test_oversize_frame_is_closed_with_1009(edge: BackgroundEdge) -> None:
     with pytest.raises(ConnectionClosed) as closed:
         ws.recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+@pytest.mark.parametrize(("inline", "frame"), [(300_000, 2_000_000), (300_000, 200_000)])
+def test_the_welcome_names_the_largest_candidate_frame_the_edge_takes(
+    settings: Settings, inline: int, frame: int
+) -> None:
+    """A browser stages a candidate over HTTP when its envelope is larger than this: the frame limit, or
+    an envelope with its artifact inline (``max_inline_bytes``), whichever is less."""
+    with BackgroundEdge(replace(settings, max_inline_bytes=inline, max_frame_bytes=frame)) as running:
+        ws = _connect(running.url)
+        challenge = json.loads(ws.recv(timeout=5))
+        ws.send(json.dumps({"type": "join", "proof": proof(PureSigner(b"\x31" * 32), "join", challenge["nonce"])}))
+        welcome = json.loads(ws.recv(timeout=5))
+    assert welcome["max_frame_bytes"] == min(frame, inline + MAX_DESCRIPTOR_BYTES)
 
 
 def test_bad_message_closes_with_4400_and_reason(edge: BackgroundEdge) -> None:
