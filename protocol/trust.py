@@ -4,18 +4,18 @@ Time is counted in judged windows, never on a clock: ``after_window`` first mult
 of every peer that took part in the window by ``strike_decay``, then adds each rejection's
 ``Reason.strike_weight`` (1 for misbehaviour: forged, replayed, broken, outlying or free-riding
 updates; ½ for a regression or an untrusted direction, so that repeating them counts; 0 for stale
-bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a peer that
-alternates bad and good submissions still accumulates (with decay d, a strike every other window
-tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer whose
-strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen. Quarantine is a
-term, not a ban: its strikes go on decaying in the windows it takes part in, and it is released on
-probation once they fall below ``release_strikes`` (from 3 to below 1.5 at d = 0.9: seven windows). A
-permanent ban bought little on an open network (an attacker
-comes back under a new key for free) and cost liveness: near convergence the trust anchor's noise
-once quarantined every honest trainer of an experiment for good, and the network stopped. Harm is
-prevented by the screens, which judge every candidate on its own; quarantine spares validators the
-work and bounds how often a repeat offender is looked at (back after two or three more rejections).
-The score, an exponential moving average of acceptance, is informational (shown to viewers).
+bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a
+peer that alternates bad and good submissions still accumulates (with decay d, a strike every other
+window tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer
+whose strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen. Quarantine is
+a term, not a ban: its strikes go on decaying in the windows it takes part in, and it is released on
+probation once they fall below ``release_strikes`` (from 3 to below 1.5 at d = 0.9: seven windows).
+A permanent ban bought little on an open network (an attacker comes back under a new key for free)
+and cost liveness: near convergence the trust anchor's noise once quarantined every honest trainer
+of an experiment for good, and the network stopped. Harm is prevented by the screens, which judge
+every candidate on its own; quarantine spares validators the work and bounds how often a repeat
+offender is looked at (back after two or three more rejections). The score, an exponential moving
+average of acceptance, is informational (shown to viewers).
 
 A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``decayed`` return the next book.
 Peers are visited in sorted order, so every validator computes the same floats.
