@@ -229,15 +229,14 @@ def judge_window(
     metrics: dict[str, dict[str, float]] = {}
     trusted: list[Submission] = []
     for sub, screen in zip(valid, cohort_screens, strict=True):
+        alone = None
         if screen.reason is Reason.UNTRUSTED_DIRECTION and policy.holdout_overrides_direction:
-            metrics[sub.candidate_id] = evaluate(_params(sub))
-            screen = _measured_direction(screen, metrics[sub.candidate_id]["loss"], float(base_metrics["loss"]))
+            alone = evaluate(_params(sub))
+            screen = _measured_direction(screen, alone["loss"], float(base_metrics["loss"]))
         screens[sub.candidate_id] = screen
         if screen.accepted:
-            metrics.setdefault(sub.candidate_id, evaluate(_params(sub)))
+            metrics[sub.candidate_id] = alone if alone is not None else evaluate(_params(sub))
             trusted.append(sub)
-        else:
-            metrics.pop(sub.candidate_id, None)
     merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
     marginal: dict[str, float] = {}
     accepted = list(trusted)
