@@ -10,6 +10,10 @@ and to each reference. A reference that falls towards or below zero while the ba
 honest updates no longer measures direction: its examples have been fitted by the heads (the reference
 takes part in every anchored merge).
 
+First, from the run's own signed verdicts, per ten windows: the mean (min, max) cosine of the
+candidates to the reference the validator used, and how much each screened-in candidate alone moved
+the validator's holdout accuracy from its base head's.
+
     python -m benchmarks.reference_alignment [--run var/workloads] [--experiment study/mnist-cnn/rev-1]
 """
 
@@ -31,6 +35,7 @@ from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey
 from protocol.judging import reference_batches
 from protocol.manifests import NetworkManifest
+from protocol.messages import HeadDescriptor
 from server.blobs import BlobStore
 from server.store import Store
 
@@ -45,6 +50,29 @@ def _update(engine: TrainEngine, tensors: dict[str, np.ndarray], rate: float, x:
     start = learner.from_tensors(tensors)
     params, _, _ = engine.train_epoch(start, at_learning_rate(engine.init_optimizer(start), rate), x, y)
     return flatten(learner.model, learner.to_tensors(params)) - flatten(learner.model, tensors)
+
+
+def _verdicts_by_decade(store: Store, key: ExperimentKey, heads: dict[str, HeadDescriptor]) -> None:
+    """The run's verdicts per ten windows of their base head: cosines to the validator's reference and
+    the holdout accuracy of each measured candidate alone minus its base head's."""
+    cosines: dict[int, list[float]] = {}
+    gains: dict[int, list[float]] = {}
+    for _, verdict in store.verdicts_after(key, 0, limit=10**6):
+        base = heads.get(verdict.base_head)
+        if base is None:
+            continue
+        decade = base.window // 10 * 10
+        if "reference_cosine" in verdict.metrics:
+            cosines.setdefault(decade, []).append(verdict.metrics["reference_cosine"])
+        if "val_accuracy" in verdict.metrics:
+            gains.setdefault(decade, []).append(verdict.metrics["val_accuracy"] - base.metrics["val_accuracy"])
+    print("windows  cos to reference: mean (min, max)  candidate alone - base, holdout accuracy: mean (min, max)")
+    for decade in sorted(cosines):
+        c, g = np.array(cosines[decade]), np.array(gains.get(decade, [np.nan]))
+        print(
+            f"{decade:3d}-{decade + 9:<3d}  {c.mean():+.3f} ({c.min():+.3f}, {c.max():+.3f})"
+            f"{'':13s}{g.mean():+.4f} ({g.min():+.4f}, {g.max():+.4f})"
+        )
 
 
 def main() -> None:
@@ -65,6 +93,7 @@ def main() -> None:
     ref_x, ref_y = load_split(dataset, "reference")
     store, blobs = Store(args.run / "edge" / "edge.sqlite3"), BlobStore(args.run / "edge" / "blobs")
     heads = store.heads(spec.key)
+    _verdicts_by_decade(store, spec.key, {h.head_id: h for h in heads})
     steps = args.examples // spec.batch_size
     rng = np.random.default_rng(0)
     print(f"{spec.key}: {len(heads)} heads; {steps} Adam steps per update, batch {spec.batch_size}")

@@ -212,7 +212,7 @@ def screen_reference(
     ``windows`` holds how many windows' worth of optimizer steps each candidate declares (the
     reference takes one window's): a continuous trainer's update carries its speculative epoch, or a
     window a newer head overtook, and late in a decayed schedule those steps point the same way, so its
-    norm grows with them (measured: 3.1–3.4 × the reference's on the CNN, every such update refused).
+    norm grows with them (measured: 3.0–3.4 × the reference's on the CNN, every such update refused).
     w is that count, at least 1 and at most ``max_declared_windows``: steps are declared, not
     checked, so a liar gains at most that factor on the upper bound, and the merge rescales every
     update to ‖Δ_ref‖ anyway."""
