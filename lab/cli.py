@@ -29,11 +29,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_workloads(args: argparse.Namespace) -> None:
     from .demo import BrowserUnavailable
-    from .workloads import run_workloads
+    from .workloads import WORKLOADS, run_workloads
 
     try:
         summary = run_workloads(
-            args.out, max_minutes=args.max_minutes, target_accuracy=args.target_accuracy, browser=not args.no_browser
+            args.out,
+            max_minutes=args.max_minutes,
+            target_accuracy=args.target_accuracy,
+            browser=not args.no_browser,
+            keys=tuple(WORKLOADS[name] for name in dict.fromkeys(args.workloads)),
         )
     except BrowserUnavailable as exc:
         sys.exit(f"error: {exc}")
@@ -79,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     workloads.add_argument("--max-minutes", type=float, default=30.0)
     workloads.add_argument("--target-accuracy", type=float, default=0.99, help="the CNN's test accuracy")
     workloads.add_argument("--no-browser", action="store_true", help="run without the headless-browser trainers")
+    workloads.add_argument(
+        "--workloads", nargs="+", choices=("cnn", "lm"), default=["cnn", "lm"], help="which to run (default: both)"
+    )
     workloads.set_defaults(run=cmd_workloads)
 
     suite = sub.add_parser("attack-suite", help="score the screening presets against attacks on real MNIST updates")

@@ -4,7 +4,9 @@ The network of ``networks/workloads.toml``: a LeNet-style CNN on MNIST (``mnist-
 transformer language model (``char-lm``) on the Python standard library's source (``datasets.pystdlib``,
 context 64). One edge, one validator judging both, for each experiment a native JAX trainer and a
 headless Chromium trainer (Pyodide + NumPy, the same layers), until the CNN reaches its target test
-accuracy and the language model has trained as many windows, or the time is up. The summary gives each
+accuracy and the language model has trained as many windows, or the time is up. ``--workloads cnn``
+(or ``lm``) runs one of the two alone: the network then holds that experiment only, and the validator's
+time is not shared with the other (on 2 cores it is what paces the windows). The summary gives each
 experiment's windows and metrics (test accuracy; validation bits per character), the browser's accepted
 candidates, and a sample the final language model writes. Live progress on stdout.
 """
@@ -34,24 +36,24 @@ from .charts import accuracy_svg
 from .demo import CHROMIUM, CHROMIUM_FLAGS, BrowserUnavailable, browser_accepted, browser_problem, show_progress
 from .stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 
-__all__ = ["WORKLOADS_NETWORK", "run_workloads", "sample_text"]
+__all__ = ["WORKLOADS", "WORKLOADS_NETWORK", "run_workloads", "sample_text"]
 
 WORKLOADS_NETWORK = REPO / "networks" / "workloads.toml"
 CNN = ExperimentKey.parse("study/mnist-cnn/rev-1")
 LM = ExperimentKey.parse("study/pystdlib-lm/rev-1")
+WORKLOADS = {"cnn": CNN, "lm": LM}
 CORPUS_BYTES = 2_000_000  # the corpus's first bytes: ~30k sequences, enough for a run of minutes
 SPLITS = {"holdout": 0.05, "reference": 0.05, "validation": 0.05, "test": 0.05}
 
 
-def prepare_workloads(root: Path, datasets: Path | None = None) -> LocalNetwork:
-    """MNIST and the standard-library corpus under ``datasets``, a validator and the workloads network."""
-    local = prepare_network(
-        root,
-        datasets=datasets,
-        network=lambda key: NetworkManifest("workloads", (key,), read_experiments(WORKLOADS_NETWORK)),
-    )
-    context = MODELS["char-lm"].input_shape[0]
-    pystdlib.prepare(local.datasets, context=context, max_bytes=CORPUS_BYTES, fractions=SPLITS)
+def prepare_workloads(root: Path, keys: tuple[ExperimentKey, ...] = (CNN, LM)) -> LocalNetwork:
+    """MNIST (and the standard-library corpus when the language model runs), a validator and the
+    workloads network with the experiments ``keys``."""
+    experiments = tuple(spec for spec in read_experiments(WORKLOADS_NETWORK) if spec.key in keys)
+    local = prepare_network(root, network=lambda key: NetworkManifest("workloads", (key,), experiments))
+    if LM in keys:
+        context = MODELS["char-lm"].input_shape[0]
+        pystdlib.prepare(local.datasets, context=context, max_bytes=CORPUS_BYTES, fractions=SPLITS)
     return local
 
 
@@ -70,12 +72,14 @@ def sample_text(model: ModelSpec, params: dict[str, np.ndarray], prompt: bytes, 
     return bytes(tokens).decode("utf-8", errors="replace")
 
 
-def run_workloads(out: Path, *, max_minutes: float, target_accuracy: float, browser: bool) -> dict[str, Any]:
+def run_workloads(
+    out: Path, *, max_minutes: float, target_accuracy: float, browser: bool, keys: tuple[ExperimentKey, ...] = (CNN, LM)
+) -> dict[str, Any]:
     if browser and (problem := browser_problem()) is not None:
         raise BrowserUnavailable(f"the browser trainers cannot start: {problem}; pass --no-browser to skip them")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    local = prepare_workloads(out)
+    local = prepare_workloads(out, keys)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     profiles = Path(tempfile.mkdtemp(prefix="dtn-chromium-"))
@@ -85,7 +89,7 @@ def run_workloads(out: Path, *, max_minutes: float, target_accuracy: float, brow
             fleet.start("edge", local.edge_argv(port))
             fleet.wait_ready(f"{url}/healthz")
             fleet.start("validator", local.validator_argv(url))
-            for key in (CNN, LM):
+            for key in keys:
                 name = key.parts[1]
                 fleet.start(f"native-{name}", [*local.trainer_argv(url, out / f"native-{name}"), "--experiment", key])
                 if browser:
@@ -93,7 +97,7 @@ def run_workloads(out: Path, *, max_minutes: float, target_accuracy: float, brow
                     fleet.start(
                         f"browser-{name}", [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profiles / name}", page]
                     )
-            summary = _supervise(url, fleet, started, max_minutes, target_accuracy, browser)
+            summary = _supervise(url, fleet, started, max_minutes, target_accuracy, browser, keys)
     finally:
         shutil.rmtree(profiles, ignore_errors=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -103,24 +107,35 @@ def run_workloads(out: Path, *, max_minutes: float, target_accuracy: float, brow
 
 
 def _supervise(
-    url: str, fleet: Fleet, started: float, max_minutes: float, target_accuracy: float, browser: bool
+    url: str,
+    fleet: Fleet,
+    started: float,
+    max_minutes: float,
+    target_accuracy: float,
+    browser: bool,
+    keys: tuple[ExperimentKey, ...],
 ) -> dict[str, Any]:
+    """Live progress until every running workload is done (the CNN at its target accuracy; the language
+    model, next to the CNN, as many windows; alone, until the time is up) or the time is up."""
     edge = EdgeClient(url)
     try:
         while time.monotonic() < started + max_minutes * 60:
             fleet.check_alive()
             heads = {e["key"]: e["head"] or {"window": 0, "metrics": {}} for e in edge.portal_snapshot()["experiments"]}
-            cnn, lm = heads[CNN], heads[LM]
-            line = (
-                f"{time.monotonic() - started:6.0f}s | cnn: window {cnn['window']} test acc "
-                f"{cnn['metrics'].get('test_accuracy', 0):.4f} | lm: window {lm['window']} val bits/char "
-                f"{lm['metrics'].get('val_bits_per_char', float('nan')):.3f}"
-            )
-            show_progress(line)
-            browsers_in = all(browser_accepted(edge, key) for key in (CNN, LM)) or not browser
+            line = [f"{time.monotonic() - started:6.0f}s"]
+            if CNN in keys:
+                cnn = heads[CNN]
+                line.append(f"cnn: window {cnn['window']} test acc {cnn['metrics'].get('test_accuracy', 0):.4f}")
+            if LM in keys:
+                lm = heads[LM]
+                bits = lm["metrics"].get("val_bits_per_char", float("nan"))
+                line.append(f"lm: window {lm['window']} val bits/char {bits:.3f}")
+            show_progress(" | ".join(line))
+            browsers_in = all(browser_accepted(edge, key) for key in keys) or not browser
             if (
-                cnn["metrics"].get("test_accuracy", 0) >= target_accuracy
-                and lm["window"] >= cnn["window"]
+                CNN in keys
+                and heads[CNN]["metrics"].get("test_accuracy", 0) >= target_accuracy
+                and (LM not in keys or heads[LM]["window"] >= heads[CNN]["window"])
                 and browsers_in
             ):
                 break
@@ -155,18 +170,20 @@ def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browse
             ),
             "browser_accepted": browser_accepted(edge, spec.key),
         }
-    final = edge.heads(LM)[-1]
-    params, _ = decode_tensors(edge.artifact(ContentId(final.head_id), out / "lm-head.safetensors"))
-    sample = sample_text(MODELS["char-lm"], params, b"def ", 240)
-    cnn = experiments[str(CNN)]["final"]
-    checks = {
-        "cnn_reached_target": cnn.get("test_accuracy", 0) >= target,
-        "lm_bits_per_char_fell": lineage[str(LM)][-1].get("val_bits_per_char", 99)
-        < lineage[str(LM)][0].get("val_bits_per_char", 0),
-        "browser_candidates_accepted_in_both": (not browser)
-        or all(e["browser_accepted"] > 0 for e in experiments.values()),
-    }
-    (out / "cnn-accuracy.svg").write_text(accuracy_svg({str(CNN): lineage[str(CNN)]}, target))
+    checks: dict[str, bool] = {}
+    sample = None
+    if str(CNN) in experiments:
+        checks["cnn_reached_target"] = experiments[str(CNN)]["final"].get("test_accuracy", 0) >= target
+        (out / "cnn-accuracy.svg").write_text(accuracy_svg({str(CNN): lineage[str(CNN)]}, target))
+    if str(LM) in experiments:
+        bits = [head.get("val_bits_per_char", np.nan) for head in lineage[str(LM)]]
+        checks["lm_bits_per_char_fell"] = bool(bits[-1] < bits[0])
+        final = edge.heads(LM)[-1]
+        params, _ = decode_tensors(edge.artifact(ContentId(final.head_id), out / "lm-head.safetensors"))
+        sample = sample_text(MODELS["char-lm"], params, b"def ", 240)
+    checks["browser_candidates_accepted_in_each"] = (not browser) or all(
+        e["browser_accepted"] > 0 for e in experiments.values()
+    )
     return {
         "wall_time_s": wall_s,
         "target_accuracy": target,
@@ -202,13 +219,13 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         )
     lines += ["", "| check | result |", "| --- | --- |"]
     lines += [f"| {name} | {'PASS' if ok else 'FAIL'} |" for name, ok in summary["checks"].items()]
-    lines += [
-        "",
-        "The final language model, prompted with `def ` (temperature 0.8):",
-        "",
-        "```",
-        summary["lm_sample"],
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+    if summary["lm_sample"] is not None:
+        lines += [
+            "",
+            "The final language model, prompted with `def ` (temperature 0.8):",
+            "",
+            "```",
+            summary["lm_sample"],
+            "```",
+        ]
+    return "\n".join([*lines, ""])

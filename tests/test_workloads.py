@@ -64,3 +64,8 @@ def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
     assert "test accuracy 0.9912" in text and "val 2.710 / test 2.750 bits per char" in text
     assert "40 / 1 (3 accepted against the reference) | 1 stale_base |" in text and "| 2 untrusted_direction |" in text
     assert "def f(x):" in text
+    # the CNN alone (``--workloads cnn``): no language model, no sample
+    del summary["experiments"][str(LM)]
+    summary.update(lm_sample=None, checks={"cnn_reached_target": True}, all_checks_passed=True)
+    text = summary_markdown(summary)
+    assert "all checks passed" in text and "char-lm" not in text and "language model" not in text
