@@ -1,14 +1,16 @@
-"""How well the validator's reference update still points the way honest trainers go, head by head of a
+"""How well the validator's trust anchor still points the way honest trainers go, head by head of a
 finished run (``python -m lab workloads``, or any run directory with an edge store and datasets).
 
 At each chosen head of the experiment: ``--honest`` honest-like updates (``--examples`` fresh training
 examples each, the experiment's batch size, one window of Adam steps at the head's scheduled rate), the
-validator's reference exactly as it computes it (its ``reference`` split, ``protocol.judging.reference_batches``,
-``REFERENCE_BATCH_FACTOR`` × the batch), and, as the baseline of the same run, the same procedure on
-fresh training examples the head never saw. Prints the mean cosine of the honest updates to one another
-and to each reference. A reference that falls towards or below zero while the baseline stays with the
-honest updates no longer measures direction: its examples have been fitted by the heads (the reference
-takes part in every anchored merge).
+validator's anchor exactly as it computes it (the first half of its ``reference`` split,
+``protocol.judging.reference_batches``, ``REFERENCE_BATCH_FACTOR`` × the batch), and, as the baseline of
+the same run, the same procedure on fresh training examples the head never saw. Prints the mean cosine
+of the honest updates to one another and to each, and their norms (the anchored screen bounds an
+update's norm by a multiple of the anchor's). An anchor that falls towards or below zero while the
+baseline stays with the honest updates no longer measures direction, and one whose norm falls below
+theirs no longer measures size: its examples have been fitted by the heads (as when the anchor itself took part in every anchored merge, before the validator's
+participant update moved to the split's other half).
 
 First, from the run's own signed verdicts, per ten windows: the mean (min, max) cosine of the
 candidates to the reference the validator used, and how much each screened-in candidate alone moved
@@ -97,7 +99,7 @@ def main() -> None:
     steps = args.examples // spec.batch_size
     rng = np.random.default_rng(0)
     print(f"{spec.key}: {len(heads)} heads; {steps} Adam steps per update, batch {spec.batch_size}")
-    print("window  rate     honest-honest  validator's reference  baseline (fresh examples)")
+    print("window  rate     cosines: honest-honest  to the anchor  to the baseline   norms: honest  anchor  baseline")
     for head in [heads[i] for i in np.linspace(1, len(heads) - 1, args.heads).astype(int)]:
         tensors, _ = decode_tensors(blobs.path(ContentId(head.head_id)).read_bytes())
         rate = spec.learning_rate_at(head.window)
@@ -105,14 +107,21 @@ def main() -> None:
         for _ in range(args.honest):
             index = rng.choice(len(train_x), (steps, spec.batch_size), replace=False)
             honest.append(_update(engine, tensors, rate, train_x[index], train_y[index]))
-        index = reference_batches(head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
+        index = reference_batches(
+            head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part="anchor"
+        )
         reference = _update(engine, tensors, rate, ref_x[index], ref_y[index])
         index = rng.choice(len(train_x), (steps, REFERENCE_BATCH_FACTOR * spec.batch_size), replace=False)
         baseline = _update(engine, tensors, rate, train_x[index], train_y[index])
         among = np.mean([_cosine(a, b) for a, b in itertools.combinations(honest, 2)])
         to_ref = np.mean([_cosine(u, reference) for u in honest])
         to_base = np.mean([_cosine(u, baseline) for u in honest])
-        print(f"{head.window:6d}  {rate:.1e}  {among:+13.3f}  {to_ref:+21.3f}  {to_base:+25.3f}", flush=True)
+        norm = float(np.mean([np.linalg.norm(u) for u in honest]))
+        print(
+            f"{head.window:6d}  {rate:.1e}  {among:+22.3f}  {to_ref:+13.3f}  {to_base:+15.3f}"
+            f"  {norm:13.3f}  {np.linalg.norm(reference):6.3f}  {np.linalg.norm(baseline):8.3f}",
+            flush=True,
+        )
     store.close()
 
 

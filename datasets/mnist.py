@@ -75,7 +75,7 @@ def prepare(
     *,
     shard_size: int = 1000,
     holdout_size: int = 5000,
-    reference_size: int = 4000,
+    reference_size: int = 8000,
     source: Path | None = None,
 ) -> FetchManifest:
     """Write shards and manifests under ``out/mnist``; a no-op when a verified copy is there."""

@@ -38,6 +38,7 @@ def cmd_workloads(args: argparse.Namespace) -> None:
             target_accuracy=args.target_accuracy,
             browser=not args.no_browser,
             keys=tuple(WORKLOADS[name] for name in dict.fromkeys(args.workloads)),
+            keep_going=args.keep_going,
         )
     except BrowserUnavailable as exc:
         sys.exit(f"error: {exc}")
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     workloads.add_argument("--max-minutes", type=float, default=30.0)
     workloads.add_argument("--target-accuracy", type=float, default=0.99, help="the CNN's test accuracy")
     workloads.add_argument("--no-browser", action="store_true", help="run without the headless-browser trainers")
+    workloads.add_argument("--keep-going", action="store_true", help="train until the time is up, past the target")
     workloads.add_argument(
         "--workloads", nargs="+", choices=("cnn", "lm"), default=["cnn", "lm"], help="which to run (default: both)"
     )

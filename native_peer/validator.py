@@ -93,7 +93,7 @@ __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "Window
 
 log = logging.getLogger(__name__)
 
-REFERENCE_BATCH_FACTOR = 2  # the reference update's batches: this × the trainers', same step count
+REFERENCE_BATCH_FACTOR = 2  # the validator's own updates' batches: this × the trainers', same step count
 
 
 @dataclass(frozen=True)
@@ -435,6 +435,7 @@ class Validator:
         val_x, val_y = self._split(spec, "holdout")
         base = self._head_params(head)
         learner = self.learner(spec)
+        anchor, participant = self._references(spec, head, base) if policy.anchored else (None, None)
         decision = judge_window(
             learner.model,
             base,
@@ -443,7 +444,8 @@ class Validator:
             policy,
             lambda params: self._evaluators[spec.model](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
-            reference=self._reference(spec, head, base) if policy.anchored else None,
+            reference=anchor,
+            participant=participant,
             # robust rules break ties by a salt no submitter knows before the window's set is closed
             salt=hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest(),
             outer=spec.outer,
@@ -473,25 +475,31 @@ class Validator:
         data = self.edge.artifact(head.outer_state, self.storage.head_path(head.outer_state))
         return decode_state(self.learner(self.network.experiment(head.experiment)).model, data)
 
-    def _reference(
+    def _references(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        """The trust anchor: this validator's own update from ``base`` on its ``reference`` split (data
-        no trainer gets), as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """This validator's own two updates from ``base`` on its ``reference`` split (data no trainer
+        gets), as trained parameters: the trust anchor on the split's first half and the participant
+        that joins the merge on the second, so the heads are never fitted to the anchor's examples.
+        Each takes as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
         × the experiment's drawn by ``protocol.judging.reference_batches`` from the head id, a fresh
         optimizer: the same bytes at every validator holding the same prepared dataset."""
         x, y = self._split(spec, "reference")
         manifest = self.edge.fetch_manifest(spec.dataset_id)
         per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
         steps = max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
-        index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
         if spec.key not in self._engines:
             self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
-        engine = self._engines[spec.key]
-        params = self.learner(spec).from_tensors(base)
-        fresh = at_learning_rate(engine.init_optimizer(params), spec.learning_rate_at(head.window))
-        params, _, _ = engine.train_epoch(params, fresh, x[index], y[index])
-        return self.learner(spec).to_tensors(params)
+        engine, learner = self._engines[spec.key], self.learner(spec)
+
+        def update(part: str) -> dict[str, np.ndarray]:
+            index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part=part)
+            params = learner.from_tensors(base)
+            fresh = at_learning_rate(engine.init_optimizer(params), spec.learning_rate_at(head.window))
+            params, _, _ = engine.train_epoch(params, fresh, x[index], y[index])
+            return learner.to_tensors(params)
+
+        return update("anchor"), update("participant")
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)

@@ -75,12 +75,14 @@ class AggregationContext:
     row order). ``reference``: the validator's own update Δ_ref (``None`` when it has none).
     ``byzantine_fraction``: the share of rows a rule must tolerate (f = ⌊β n⌋ for Krum and Bulyan,
     the trim of the trimmed means). ``clip_radius``: centered clipping's τ in units of ‖Δ_ref‖;
-    ``clip_tau``: its τ in parameter units when there is no reference. ``reference_weight``: the
-    reference's weight in ``fltrust_trimmed_mean``, in units of the median candidate weight;
+    ``clip_tau``: its τ in parameter units when there is no reference. ``participant``: the
+    validator's update that joins ``fltrust_trimmed_mean`` as one more participant (``None``: Δ_ref
+    itself); ``reference_weight``: its weight there, in units of the median candidate weight;
     ``trust_floor``: the least trust it gives a row screening let through (0: FLTrust's ReLU)."""
 
     tie_keys: tuple[bytes, ...] = ()
     reference: Vector | None = None
+    participant: Vector | None = None
     byzantine_fraction: float = 0.2
     clip_radius: float = 1.0
     clip_tau: float = 1.0
@@ -303,6 +305,7 @@ def fltrust_trimmed_mean(
     reference_weight: float = 1.0,
     ranks: npt.NDArray[np.int64] | None = None,
     trust_floor: float = 0.0,
+    participant: Vector | None = None,
 ) -> Vector:
     """The default preset's rule when the validator has a reference update Δ_ref:
 
@@ -313,8 +316,11 @@ def fltrust_trimmed_mean(
     2. each trusted Δᵢ is rescaled to ‖Δ_ref‖ (a boosted update gains nothing);
     3. weight tᵢ · wᵢ, shared among near-copies (cos ≥ ``DUPLICATE_COSINE``): identities that send
        one direction many times get one vote;
-    4. Δ_ref joins as one more participant, trust 1, weight ``reference_weight`` × the median
-       candidate weight (so a cohort of one or two still has a majority that is not the attacker);
+    4. the validator's ``participant`` update (default Δ_ref; validators pass their update on
+       reference examples the anchor never uses, so that no merge fits the heads to the anchor's
+       examples) joins as one more participant, rescaled to ‖Δ_ref‖, trust 1, weight
+       ``reference_weight`` × the median candidate weight (so a cohort of one or two still has a
+       majority that is not the attacker);
     5. per coordinate, the k smallest and k largest values of the m participants are dropped,
        k = max(1, ⌊``trim_fraction`` · m⌋) once m ≥ 3, and the rest averaged with their weights.
 
@@ -327,7 +333,8 @@ def fltrust_trimmed_mean(
     rows = rescaled(deltas[keep], reference)
     w = trust[keep] * np.asarray(weights, np.float64)[keep] / duplicate_groups(rows)
     ref_w = reference_weight * float(np.median(np.asarray(weights, np.float64)[keep]))
-    values = np.concatenate([rows, np.asarray(reference, np.float64)[None, :]])
+    own = np.asarray(reference if participant is None else participant, np.float64)[None, :]
+    values = np.concatenate([rows, rescaled(own, reference)])
     all_w = np.concatenate([w, [ref_w]])
     row_ranks = np.arange(len(deltas), dtype=np.int64) if ranks is None else ranks
     all_ranks = np.concatenate([row_ranks[keep], [len(deltas)]]).astype(np.int64)
@@ -391,6 +398,7 @@ def _fltrust_trimmed_mean(d: Vector, w: Vector, c: AggregationContext) -> Vector
         reference_weight=c.reference_weight,
         ranks=_ranks(c.tie_keys, len(d)),
         trust_floor=c.trust_floor,
+        participant=c.participant,
     )
 
 

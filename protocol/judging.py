@@ -119,16 +119,29 @@ class WindowDecision:
         return self.merged is not None
 
 
-def reference_batches(base_head: str, examples: int, steps: int, batch_size: int) -> npt.NDArray[np.int64]:
-    """Indices ``[steps, batch_size]`` into the validator's reference split for the reference update
-    of the window on ``base_head``: shuffled epochs of ``range(examples)`` seeded by the head id, so
-    every validator of a quorum that holds the same split draws the same batches."""
-    if examples < 1 or steps < 1 or batch_size < 1:
-        raise ValueError("reference batches need examples, steps and a batch size")
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"dtn-reference/{base_head}".encode()).digest()[:8]))
+REFERENCE_PARTS = ("anchor", "participant")
+
+
+def reference_batches(
+    base_head: str, examples: int, steps: int, batch_size: int, *, part: str
+) -> npt.NDArray[np.int64]:
+    """Indices ``[steps, batch_size]`` into the validator's reference split of ``examples`` for one of
+    its two updates in the window on ``base_head``: ``anchor`` (screening, trust and rescaling) draws
+    from the split's first half, ``participant`` (the update that joins the merge) from the second,
+    so no merge ever trains the heads on the anchor's examples. Shuffled epochs of the half, seeded by
+    the part and the head id: every validator of a quorum that holds the same split draws the same
+    batches."""
+    if part not in REFERENCE_PARTS:
+        raise ValueError(f"reference part must be one of {REFERENCE_PARTS}, not {part!r}")
+    half = examples // 2
+    if half < 1 or steps < 1 or batch_size < 1:
+        raise ValueError("reference batches need two or more examples, steps and a batch size")
+    seed = hashlib.sha256(f"dtn-reference/{part}/{base_head}".encode()).digest()[:8]
+    rng = np.random.default_rng(int.from_bytes(seed))
     needed = steps * batch_size
-    order = np.concatenate([rng.permutation(examples) for _ in range(-(-needed // examples))])
-    return np.asarray(order[:needed].reshape(steps, batch_size), np.int64)
+    order = np.concatenate([rng.permutation(half) for _ in range(-(-needed // half))])
+    offset = 0 if part == "anchor" else half
+    return np.asarray(order[:needed].reshape(steps, batch_size) + offset, np.int64)
 
 
 def judge_window(
@@ -141,6 +154,7 @@ def judge_window(
     trust: TrustBook = FRESH_TRUST,
     *,
     reference: Mapping[str, np.ndarray] | None = None,
+    participant: Mapping[str, np.ndarray] | None = None,
     salt: bytes = b"",
     outer: OuterOptimizer = FEDAVG,
     momentum: Vector | None = None,
@@ -155,16 +169,23 @@ def judge_window(
     a trainer computes a window: start from ``base`` (the current head) with the experiment's
     optimizer (fresh state, or state kept across windows as a trainer keeps it; the attack suite
     uses a fresh one), take the same number of optimizer steps as one trainer window (leased
-    examples × ``local_epochs`` / ``batch_size``), on the prepared dataset's ``reference`` split
-    (validators only, never served, disjoint from the ``holdout`` that ``evaluate`` uses), in batches
-    drawn with ``reference_batches(base head id, ...)``. A batch 2× the trainers' gives a steadier
-    direction at the same step count (validators and the attack suite: 4000 reference examples, batch
-    128; at 4× the reference drifts away from honest updates whose optimizers carry state over many
-    windows, at 1× label-skewed updates are rejected more often); with a reference split so small
-    that batches would cycle through it many times (1000 examples), use the trainers' batch size: a
-    reference overfit to few examples rescales every update to the wrong size. Every validator of a quorum must pass the same bytes (the same
-    prepared copy, ``reference_batches`` and deterministic training, or the proposer's published
-    reference).
+    examples × ``local_epochs`` / ``batch_size``), on the first half of the prepared dataset's
+    ``reference`` split (validators only, never served, disjoint from the ``holdout`` that
+    ``evaluate`` uses), in batches drawn with ``reference_batches(base head id, ..., part="anchor")``.
+    A batch 2× the trainers' gives a steadier direction at the same step count (validators: 4000
+    examples per half on MNIST, the attack suite 2000; batch 128; at 4× the reference drifts away
+    from honest updates whose optimizers carry state over many windows, at 1× label-skewed updates
+    are rejected more often); with a half so small that batches would cycle through it many times
+    (500 examples), use the trainers' batch size: a reference overfit to few examples rescales every
+    update to the wrong size. ``participant`` is the validator's update that joins the anchored merge
+    (rescaled to ‖Δ_ref‖; ``None``: the anchor itself): the same procedure on the split's other half
+    (``part="participant"``). Kept apart, no merge ever fits the heads to the anchor's examples. When
+    the anchor itself joined every merge, a CNN run fitted the heads to it window after window: honest
+    updates fell from cos +0.25 to −0.18 to it while they agreed with the same procedure on unseen
+    examples, and its norm fell to a sixth of theirs, so the norm bound rejected and quarantined every
+    honest trainer (``benchmarks/reference_alignment.py``). Every validator of a quorum must pass the
+    same bytes (the same prepared copy, ``reference_batches`` and deterministic training, or the
+    proposer's published updates).
 
     With a reference and an ``anchored`` preset, candidates are screened against it (norm bounds
     relative to ‖Δ_ref‖, FLTrust trust ReLU(cos(Δ, Δ_ref)): trust 0 is ``untrusted_direction``),
@@ -178,7 +199,7 @@ def judge_window(
 
     Each screened-in candidate is then checked leave-one-out: it is rejected (``regression``) when
     the linear merge of the screened-in updates (``_Merge.probe``: the example-weighted mean, of the
-    updates rescaled to ‖Δ_ref‖ and the reference when anchored) has a validation loss higher with it
+    updates rescaled to ‖Δ_ref‖ and the participant when anchored) has a validation loss higher with it
     than without it by more than ``policy.candidate_margin`` (a single candidate is compared with not
     merging). A label-skewed honest update is judged by what it adds to the merge, not by how it
     does alone; the linear merge keeps the comparison free of the robust rule's own jumps (a
@@ -217,9 +238,10 @@ def judge_window(
     cosines: dict[str, float] = {}
     if anchored:
         assert reference is not None
-        checked = screen_schema(spec, reference)
-        if not checked.accepted:
-            raise ValueError(f"the reference update is not usable: {checked}")
+        for own in (reference, participant) if participant is not None else (reference,):
+            checked = screen_schema(spec, own)
+            if not checked.accepted:
+                raise ValueError(f"the validator's own update is not usable: {checked}")
         cohort_screens, cosine_list = screen_reference(
             spec, base, cohort, reference, policy, [s.windows for s in valid]
         )
@@ -237,7 +259,7 @@ def judge_window(
         if screen.accepted:
             metrics[sub.candidate_id] = alone if alone is not None else evaluate(_params(sub))
             trusted.append(sub)
-    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
+    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None, participant)
     marginal: dict[str, float] = {}
     accepted = list(trusted)
     merged: Params | None = None
@@ -319,6 +341,7 @@ class _Merge:
         rule: str,
         salt: bytes,
         reference: Mapping[str, np.ndarray] | None,
+        participant: Mapping[str, np.ndarray] | None,
     ) -> None:
         self.spec, self.policy, self.rule = spec, policy, AGGREGATORS[rule]
         self.base = flatten(spec, base)
@@ -331,17 +354,22 @@ class _Merge:
         self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
         self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
         self.reference = None if reference is None else flatten(spec, reference) - self.base
+        self.participant = None
+        if self.reference is not None:  # what joins the merge, at the anchor's norm
+            own = self.reference if participant is None else flatten(spec, participant) - self.base
+            self.participant = rescaled(own[None, :], self.reference)[0]
 
     def probe(self, rows: Sequence[int] | range) -> Params:
         """The linear merge of ``rows`` the leave-one-out check compares: the example-weighted mean
-        of the updates, each rescaled to ‖Δ_ref‖ and with Δ_ref as one more participant (weight
-        ``reference_weight`` × the median weight of all screened-in candidates) when anchored."""
+        of the updates, each rescaled to ‖Δ_ref‖ and with the validator's participant update as one
+        more (weight ``reference_weight`` × the median weight of all screened-in candidates) when
+        anchored."""
         index = list(rows)
         deltas, weights = self.deltas[index], self.weights[index]
-        if self.reference is None:
+        if self.reference is None or self.participant is None:
             return unflatten(self.spec, self.base + weighted_mean(deltas, weights))
         ref_weight = self.policy.reference_weight * float(np.median(self.weights))
-        rows_and_ref = np.concatenate([rescaled(deltas, self.reference), self.reference[None, :]])
+        rows_and_ref = np.concatenate([rescaled(deltas, self.reference), self.participant[None, :]])
         return unflatten(self.spec, self.base + weighted_mean(rows_and_ref, np.append(weights, ref_weight)))
 
     def update(self, rows: Sequence[int] | range) -> Vector:
@@ -350,6 +378,7 @@ class _Merge:
         context = AggregationContext(
             tie_keys=tuple(self.keys[i] for i in index),
             reference=self.reference,
+            participant=self.participant,
             byzantine_fraction=self.policy.byzantine_fraction,
             clip_radius=self.policy.clip_radius,
             clip_tau=self.policy.clip_tau,

@@ -16,8 +16,8 @@ from protocol.shards import decode_shard, verify_shard
 
 
 def test_prepared_mnist_has_all_examples(dataset_root: Path, train_manifest: FetchManifest) -> None:
-    assert len(train_manifest.shards) == 41
-    assert sum(s.examples for s in train_manifest.shards) == 41_000  # 50k minus the validators' 9k
+    assert len(train_manifest.shards) == 37
+    assert sum(s.examples for s in train_manifest.shards) == 37_000  # 50k minus the validators' 13k
     x, y = decode_shard((dataset_root / "mnist/train" / train_manifest.shards[0].locator).read_bytes())
     assert x.shape == (1000, 784) and x.dtype == np.float32 and x.min() >= 0.0 and x.max() < 1.0
     assert set(np.unique(y)) == set(range(10))
@@ -41,7 +41,7 @@ def test_the_validators_holdout_is_drawn_from_the_training_pool_and_never_sharde
         *(rows(decode_shard((dataset_root / "mnist/train" / s.locator).read_bytes())[0]) for s in train_manifest.shards)
     )
     holdout, reference = (load_split(dataset_root / "mnist", split)[0] for split in ("holdout", "reference"))
-    assert len(holdout) == 5000 and len(reference) == 4000
+    assert len(holdout) == 5000 and len(reference) == 8000
     assert not rows(holdout) & shards and not rows(reference) & shards and not rows(holdout) & rows(reference)
     mnist.prepare(tmp_path)
     again = load_split(tmp_path / "mnist", "holdout")[0]

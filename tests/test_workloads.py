@@ -66,6 +66,8 @@ def test_the_summary_reports_accuracy_and_bits_per_character() -> None:
     assert "def f(x):" in text
     # the CNN alone (``--workloads cnn``): no language model, no sample
     del summary["experiments"][str(LM)]
-    summary.update(lm_sample=None, checks={"cnn_reached_target": True}, all_checks_passed=True)
+    summary.update(lm_sample=None, checks={"cnn_reached_target": True}, all_checks_passed=True, target_accuracy=0.99)
+    summary["experiments"][str(CNN)].update(best_test_accuracy=0.9921, first_window_at_target=17)
     text = summary_markdown(summary)
     assert "all checks passed" in text and "char-lm" not in text and "language model" not in text
+    assert "test accuracy 0.9912 (best 0.9921; 0.99 from window 17)" in text
