@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from datasets.layout import load_split, load_train
-from native_peer.learner import TrainEngine, at_learning_rate, network_learners
+from native_peer.learner import TrainEngine, network_learners
 from native_peer.validator import REFERENCE_BATCH_FACTOR
 from protocol.aggregation import flatten
 from protocol.codec import decode_tensors
@@ -47,11 +47,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _update(engine: TrainEngine, tensors: dict[str, np.ndarray], rate: float, x: Any, y: Any) -> np.ndarray:
-    """θ − base after one window of Adam steps from a fresh state on batches ``x``, ``y``."""
-    learner = engine.learner
-    start = learner.from_tensors(tensors)
-    params, _, _ = engine.train_epoch(start, at_learning_rate(engine.init_optimizer(start), rate), x, y)
-    return flatten(learner.model, learner.to_tensors(params)) - flatten(learner.model, tensors)
+    """θ − base after one window of Adam steps from a fresh state on batches ``x``, ``y``, as the
+    validator trains its own (``TrainEngine.fresh_window``)."""
+    model = engine.learner.model
+    return flatten(model, engine.fresh_window(tensors, x, y, rate)) - flatten(model, tensors)
 
 
 def _verdicts_by_decade(store: Store, key: ExperimentKey, heads: dict[str, HeadDescriptor]) -> None:

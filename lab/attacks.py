@@ -363,9 +363,7 @@ class Suite:
         by ``protocol.judging.reference_batches``."""
         x, y = self.data.reference
         index = reference_batches(head_id, len(x), STEPS, REFERENCE_BATCH, part=part)
-        params = self.learner.from_tensors(base)
-        params, _, _ = self.engine.train_epoch(params, self.engine.init_optimizer(params), x[index], y[index])
-        return self.learner.to_tensors(params)
+        return self.engine.fresh_window(base, x[index], y[index])
 
     def run(
         self, attack: str, fraction: float, preset: str, setting: str = "iid", *, use_reference: bool = True

@@ -137,6 +137,18 @@ class TrainEngine:
         params, opt_state, loss = self._epoch(params, opt_state, jnp.asarray(xb), jnp.asarray(yb))
         return params, opt_state, float(loss)
 
+    def fresh_window(
+        self, tensors: Mapping[str, np.ndarray], xb: np.ndarray, yb: np.ndarray, learning_rate: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """``tensors`` trained on batches ``xb``, ``yb`` from a fresh optimizer state (at ``learning_rate``
+        when given, else the optimizer's own): a validator's own update of one window."""
+        params = self.learner.from_tensors(tensors)
+        opt_state = self.init_optimizer(params)
+        if learning_rate is not None:
+            opt_state = at_learning_rate(opt_state, learning_rate)
+        params, _, _ = self.train_epoch(params, opt_state, xb, yb)
+        return self.learner.to_tensors(params)
+
 
 class Evaluator:
     """Compiled ``protocol.model.evaluation_metrics`` of a learner's model over (x, y), in chunks of

@@ -86,7 +86,7 @@ from protocol.updates import decode_update
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
-from .learner import Evaluator, JaxLearner, TrainEngine, at_learning_rate
+from .learner import Evaluator, JaxLearner, TrainEngine
 from .storage import StorageConfig, write_atomic
 
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
@@ -490,14 +490,11 @@ class Validator:
         steps = max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
         if spec.key not in self._engines:
             self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
-        engine, learner = self._engines[spec.key], self.learner(spec)
+        engine = self._engines[spec.key]
 
         def update(part: str) -> dict[str, np.ndarray]:
             index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part=part)
-            params = learner.from_tensors(base)
-            fresh = at_learning_rate(engine.init_optimizer(params), spec.learning_rate_at(head.window))
-            params, _, _ = engine.train_epoch(params, fresh, x[index], y[index])
-            return learner.to_tensors(params)
+            return engine.fresh_window(base, x[index], y[index], spec.learning_rate_at(head.window))
 
         return update("anchor"), update("participant")
 

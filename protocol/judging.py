@@ -181,8 +181,8 @@ def judge_window(
     (rescaled to ‖Δ_ref‖; ``None``: the anchor itself): the same procedure on the split's other half
     (``part="participant"``). Kept apart, no merge ever fits the heads to the anchor's examples. When
     the anchor itself joined every merge, a CNN run fitted the heads to it window after window: honest
-    updates fell from cos +0.25 to −0.18 to it while they agreed with the same procedure on unseen
-    examples, and its norm fell to a sixth of theirs, so the norm bound rejected and quarantined every
+    updates fell from cos +0.24 to −0.07 to it while they agreed with the same procedure on unseen
+    examples, and its norm fell to a quarter of theirs, so the norm bound rejected and quarantined every
     honest trainer (``benchmarks/reference_alignment.py``). Every validator of a quorum must pass the
     same bytes (the same prepared copy, ``reference_batches`` and deterministic training, or the
     proposer's published updates).
