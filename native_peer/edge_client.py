@@ -42,9 +42,11 @@ __all__ = ["EdgeClient", "EdgeRequestError"]
 
 
 class EdgeRequestError(Exception):
-    def __init__(self, status: int, error: str, detail: str) -> None:
+    """A refusal by the edge; ``retry_after_s`` is its ``Retry-After`` (seconds) when it sent one."""
+
+    def __init__(self, status: int, error: str, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {error}: {detail}")
-        self.status, self.error, self.detail = status, error, detail
+        self.status, self.error, self.detail, self.retry_after_s = status, error, detail, retry_after_s
 
 
 class EdgeClient:
@@ -89,11 +91,14 @@ class EdgeClient:
                 time.sleep(backoff.next_delay_s())
                 continue
             if response.status_code >= 400:
+                retry = response.headers.get("retry-after", "")
+                retry_after_s = float(retry) if retry.isdigit() else None
                 try:
                     body = response.json()
-                    raise EdgeRequestError(response.status_code, body.get("error", ""), body.get("detail", ""))
+                    error, detail = body.get("error", ""), body.get("detail", "")
                 except ValueError:
-                    raise EdgeRequestError(response.status_code, "", response.text[:200]) from None
+                    error, detail = "", response.text[:200]
+                raise EdgeRequestError(response.status_code, error, detail, retry_after_s)
             return response
         raise AssertionError("unreachable")
 

@@ -214,7 +214,8 @@ class Trainer:
         self.shards = ShardCache(self.edge, storage, self._pool, local_datasets)
         self._engines: dict[str, TrainEngine] = {}
         self._opt_states: dict[str, Any] = {}
-        self._full_windows: dict[str, HeadId] = {}  # experiment -> a head whose shards were all leased
+        # experiment -> (a head whose shards were all leased, when to ask again: its leases lapse then)
+        self._full_windows: dict[str, tuple[HeadId, float]] = {}
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         self._speculation: dict[str, _Speculation] = {}
         self._spawned_at = time.perf_counter()
@@ -280,7 +281,11 @@ class Trainer:
 
     # -- one window -------------------------------------------------------------------------
     def _head_to_train(self, experiment: Experiment, wait_s: float) -> HeadDescriptor:
-        done = {self.state(experiment.key)["last_base_head"], self._full_windows.get(experiment.key)}
+        done = {self.state(experiment.key)["last_base_head"]}
+        full, retry_at = self._full_windows.get(experiment.key, (None, 0.0))
+        if full is not None and time.monotonic() < retry_at:
+            done.add(full)
+            wait_s = min(wait_s, retry_at - time.monotonic())
         head = self.edge.current_head(experiment.key)
         if head is not None and head.head_id in done and wait_s > 0:
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
@@ -312,7 +317,9 @@ class Trainer:
         except EdgeRequestError as exc:
             if exc.status != 409:
                 raise
-            self._full_windows[experiment.key] = head.head_id  # every shard is leased: wait for the next head
+            # every shard is leased: ask again at the next head, or when the edge says leases lapse
+            retry_s = exc.retry_after_s if exc.retry_after_s is not None else float("inf")
+            self._full_windows[experiment.key] = (head.head_id, time.monotonic() + retry_s)
             raise WindowUnavailable(exc.detail) from None
         lease = grant.lease
         check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)

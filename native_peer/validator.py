@@ -3,8 +3,8 @@
 For each experiment a validator creates the genesis head, then loops over windows. A window is
 the set of candidates trained on the current head. It closes when every live lease of the window
 has delivered a candidate, or when the deadline passes (``deadline_factor`` × the median of recent
-window durations, clamped to [``min_deadline_s``, the experiment's ``window_timeout_s``];
-``protocol.deadline``).
+window durations, clamped to [``min_deadline_s``, the experiment's ``window_timeout_s``]), then
+with whatever it holds, none included, once anyone leased in it (``protocol.deadline.window_closes``).
 
 Every candidate is judged on what the validator measures itself, never on reported metrics:
 
@@ -69,7 +69,7 @@ from protocol.aggregation import Vector
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
-from protocol.deadline import DeadlinePolicy, window_deadline_s
+from protocol.deadline import DeadlinePolicy, WindowProgress, window_closes, window_deadline_s
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
 from protocol.fields import read_bool, read_float, read_list, read_object, read_str
@@ -389,20 +389,21 @@ class Validator:
             self._attest_proposals(spec, head, window)
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
             return None  # this validator already proposed or attested a head for this window
-        if len(window) < spec.min_candidates:
-            return None
-        now_ms = self.clock.now_ms()
-        live = [lease for lease in self.edge.leases(spec.key, head.head_id) if lease.expires_at_ms > now_ms]
-        delivered = {c.peer_id for c in window}
-        everyone_in = all(lease.peer_id in delivered for lease in live)
         elapsed_s = self.clock.monotonic_s() - opened
         deadline_s = window_deadline_s(
             self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
         )
-        turn_s = self._turn(head) * deadline_s  # later proposers step in only when earlier ones did not
-        if not (everyone_in and elapsed_s >= turn_s) and elapsed_s < deadline_s + turn_s:
+        turn = self._turn(head)  # later proposers step in only when earlier ones did not
+        if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
+            return None  # nothing can close it yet: spare the edge the lease query
+        now_ms = self.clock.now_ms()
+        leases = self.edge.leases(spec.key, head.head_id)
+        delivered = {c.peer_id for c in window}
+        outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.peer_id not in delivered)
+        progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)
+        if not window_closes(progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, turn=turn):
             return None
-        if everyone_in and turn_s == 0:
+        if outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
         return self._close_window(spec, head, window)
 

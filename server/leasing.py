@@ -2,7 +2,10 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``), and no lease at all (409) when every shard is held.
+holds (``protocol.leases.assign_shards``), and no lease at all when every shard is held: 409 with
+``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head, which
+comes at the window's deadline at the latest: ``protocol.deadline``). A lease lives as long as its
+window may (the experiment's ``window_timeout_s``, at most the edge's ``lease_ttl_s``).
 Leases are signed by the edge and stored durably. The choice is made inside the store's write
 transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
 twice in a window.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 import secrets
 
 from protocol.ids import ExperimentKey, LeaseId, PeerId
@@ -64,7 +68,11 @@ class LeaseIssuer:
             taken = {shard for lease in live for shard in lease.shard_ids}
             shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
             if not shards:
-                raise Conflict(f"every shard of window {head.window} is leased; wait for the next head")
+                lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))
+                raise Conflict(
+                    f"every shard of window {head.window} is leased; ask again at the next head or in {lapse_s} s",
+                    headers={"Retry-After": str(lapse_s)},
+                )
             return Lease(
                 lease_id=LeaseId(f"lease-{secrets.token_hex(16)}"),
                 experiment=experiment,
@@ -74,7 +82,7 @@ class LeaseIssuer:
                 dataset_id=spec.dataset_id,
                 shard_ids=shards,
                 issued_at_ms=now_ms,
-                expires_at_ms=now_ms + int(self.state.settings.lease_ttl_s * 1000),
+                expires_at_ms=now_ms + int(min(self.state.settings.lease_ttl_s, spec.window_timeout_s) * 1000),
                 principal=principal,
             ).signed(self.state.signer)
 

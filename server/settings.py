@@ -45,7 +45,7 @@ _HELP = {
     "max_artifact_bytes": "largest candidate or head artifact accepted (staged in chunks when over max_inline_bytes); each experiment's model sets its own, lower limit",
     "max_inline_bytes": "largest artifact carried in one request body; larger ones are staged in chunks (uploads)",
     "max_frame_bytes": "largest WebSocket frame; larger frames are closed with 1009",
-    "lease_ttl_s": "how long a lease stays valid",
+    "lease_ttl_s": "how long a lease stays valid at most (a lease lives no longer than its window: window_timeout_s)",
     "join_timeout_s": "time a WebSocket peer has to answer the join challenge",
     "idle_timeout_s": "a joined peer silent this long (no message, no ping) is closed with 4408",
     "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",

@@ -13,6 +13,7 @@ import pytest
 
 from datasets.layout import read_train_manifest
 from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
+from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
@@ -299,6 +300,62 @@ def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     assert late.train_window_once(experiment).base_head_id == report.head.head_id
     for node in (*squatters, late, validator):
         node.close()
+
+
+def test_a_window_squatted_whole_ends_at_its_deadline_and_the_experiment_goes_on(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    """Identities that lease every shard and never deliver: the window closes empty at its deadline,
+    the next head keeps the parameters under a new id, and the refused trainer trains on it."""
+    edge, fixture_validator, root = network_env
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
+    squatters = [
+        NodeIdentity.load_or_create(root / f"squat-{i}.key") for i in range(-(-shards // spec.shards_per_lease))
+    ]
+    for squatter in squatters:
+        lease = validator.edge.request_lease(BASELINE, squatter, "native").lease
+        assert lease.expires_at_ms - lease.issued_at_ms <= spec.window_timeout_s * 1000  # it lives one window
+    honest = _trainer(edge, root, "honest")
+    experiment = honest.experiment(*BASELINE.parts)
+    with pytest.raises(EdgeRequestError) as refused:
+        honest.edge.request_lease(BASELINE, honest.identity, "native")
+    retry_after_s = refused.value.retry_after_s
+    assert refused.value.status == 409 and retry_after_s is not None and 0 < retry_after_s <= spec.window_timeout_s
+    with pytest.raises(WindowUnavailable):
+        honest.train_window_once(experiment)
+    assert validator.poll(spec) is None
+    clock.advance(spec.window_timeout_s - 1)
+    assert validator.poll(spec) is None  # before its deadline, the squatters' leases hold it open
+    clock.advance(1)
+    report = validator.poll(spec)
+    assert report is not None and not report.merged and report.verdicts == ()
+    assert (report.head.parent, report.head.window, report.head.merged) == (genesis.head_id, 1, ())
+    assert report.head.metrics["val_loss"] == genesis.metrics["val_loss"]
+    outcome = honest.train_window_once(experiment)
+    assert outcome.base_head_id == report.head.head_id
+    following = validator.poll(spec)
+    assert following is not None and following.head.merged == (outcome.candidate_id,)
+    for node in (honest, validator):
+        node.close()
+
+
+def test_a_window_nobody_leased_waits_for_its_first_trainer(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    edge, fixture_validator, _ = network_env
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    validator.poll(spec)
+    clock.advance(10 * spec.window_timeout_s)
+    assert validator.poll(spec) is None  # no trainer anywhere: no empty heads minted
+    assert edge_head(validator, spec).head_id == genesis.head_id
+    validator.close()
 
 
 def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from protocol.aggregation import bulyan, flatten, fltrust_trimmed_mean
-from protocol.deadline import DeadlinePolicy, window_deadline_s
+from protocol.deadline import DeadlinePolicy, WindowProgress, window_closes, window_deadline_s
 from protocol.errors import InvalidMessage
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
@@ -414,3 +414,31 @@ def test_quarantined_peers_are_rejected_unseen() -> None:
 )
 def test_window_deadline_follows_recent_windows(recent_s: list[float], expected_s: float) -> None:
     assert window_deadline_s(recent_s, 30.0, DeadlinePolicy(factor=3.0, min_s=5.0, history=10)) == expected_s
+
+
+@pytest.mark.parametrize(
+    ("progress", "turn", "closes"),
+    [
+        (WindowProgress(candidates=2, leased=2, outstanding=0, elapsed_s=1.0), 0, True),  # everyone delivered
+        (WindowProgress(candidates=1, leased=2, outstanding=1, elapsed_s=1.0), 0, False),  # a lease still out
+        (WindowProgress(candidates=1, leased=2, outstanding=1, elapsed_s=10.0), 0, True),  # its deadline
+        (WindowProgress(candidates=0, leased=9, outstanding=9, elapsed_s=9.9), 0, False),  # squatted, before
+        (WindowProgress(candidates=0, leased=9, outstanding=9, elapsed_s=10.0), 0, True),  # squatted: it ends
+        (WindowProgress(candidates=0, leased=3, outstanding=0, elapsed_s=10.0), 0, True),  # leases lapsed, empty
+        (WindowProgress(candidates=0, leased=0, outstanding=0, elapsed_s=1e6), 0, False),  # nobody came: no churn
+        (WindowProgress(candidates=2, leased=2, outstanding=0, elapsed_s=1.0), 1, False),  # the second proposer
+        (WindowProgress(candidates=2, leased=2, outstanding=0, elapsed_s=10.0), 1, True),  # ... one deadline later
+        (WindowProgress(candidates=0, leased=4, outstanding=4, elapsed_s=15.0), 1, False),
+        (WindowProgress(candidates=0, leased=4, outstanding=4, elapsed_s=20.0), 1, True),
+    ],
+)
+def test_a_window_closes_when_everyone_delivered_and_always_at_its_deadline(
+    progress: WindowProgress, turn: int, closes: bool
+) -> None:
+    assert window_closes(progress, min_candidates=1, deadline_s=10.0, turn=turn) is closes
+
+
+def test_a_window_short_of_min_candidates_waits_for_its_deadline() -> None:
+    early = WindowProgress(candidates=1, leased=1, outstanding=0, elapsed_s=1.0)
+    assert not window_closes(early, min_candidates=2, deadline_s=10.0)
+    assert window_closes(replace(early, elapsed_s=10.0), min_candidates=2, deadline_s=10.0)
