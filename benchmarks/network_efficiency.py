@@ -10,7 +10,7 @@ the network against a centralized loop, in one run.
 Configurations: ``fedavg-idle-fp32`` (what the network did before: FedAvg, trainers wait while a
 window is judged, fp32 candidates) and ``diloco-continuous-int8`` (the outer Nesterov step, continuous
 trainers, int8 candidates); ``--configs`` picks others (outer ∈ fedavg|diloco, trainers ∈
-idle|continuous|continuousN with N speculative epochs, codec ∈ fp32|fp16|int8).
+idle|continuous, codec ∈ fp32|fp16|int8).
 
 Reported per configuration: samples the trainers trained on until the target head (their windows'
 examples plus speculative epochs) and its ratio to the centralized loop's samples; the trainers'
@@ -56,17 +56,15 @@ LEARNING_RATE = 2e-3  # the demo baseline's
 class Config:
     name: str
     outer: str  # fedavg | nesterov
-    speculative_epochs: int
+    continuous: bool
     codec: str
 
     @classmethod
     def parse(cls, name: str) -> Config:
         outer, trainers, codec = name.split("-")
-        epochs = trainers.removeprefix("continuous")
-        if outer not in ("fedavg", "diloco") or not (trainers == "idle" or epochs == "" or epochs.isdigit()):
-            raise SystemExit(f"unknown configuration {name!r}: <fedavg|diloco>-<idle|continuous[N]>-<codec>")
-        speculative = 0 if trainers == "idle" else int(epochs or 1)
-        return cls(name, "nesterov" if outer == "diloco" else "fedavg", speculative, codec)
+        if outer not in ("fedavg", "diloco") or trainers not in ("idle", "continuous"):
+            raise SystemExit(f"unknown configuration {name!r}: <fedavg|diloco>-<idle|continuous>-<codec>")
+        return cls(name, "nesterov" if outer == "diloco" else "fedavg", trainers == "continuous", codec)
 
 
 def centralized_samples(datasets: Path, target: float, spec: Any) -> int | None:
@@ -116,7 +114,10 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             fleet.wait_ready(f"{url}/healthz")
             fleet.start("validator", local.validator_argv(url))
             for name in names:
-                argv = [*local.trainer_argv(url, root / name), "--speculative-epochs", str(config.speculative_epochs)]
+                argv = [
+                    *local.trainer_argv(url, root / name),
+                    *([] if config.continuous else ["--idle-between-windows"]),
+                ]
                 fleet.start(name, argv)
             started = time.monotonic()
             while time.monotonic() - started < max_s:

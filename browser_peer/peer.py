@@ -505,6 +505,7 @@ class BrowserPeer:
         tensors, self._residual = encode_update(model, base, params, spec.codec, self._residual)
         candidate, envelope = package_candidate(
             lease,
+            head,
             tensors,
             self.signer,
             peer_kind=self.peer_kind,

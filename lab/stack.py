@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 PYODIDE_DIR = REPO / "var" / "pyodide"
-FAST_POLL = ValidatorConfig(poll_s=0.2)
+DEFAULT_VALIDATOR = ValidatorConfig()
 
 
 def free_port() -> int:
@@ -98,7 +98,7 @@ class LocalNetwork:
             "--storage", str(storage),
         ]  # fmt: skip
 
-    def validator(self, url: str, config: ValidatorConfig = FAST_POLL) -> Validator:
+    def validator(self, url: str, config: ValidatorConfig = DEFAULT_VALIDATOR) -> Validator:
         return Validator(
             network_learners(self.network), self.network, self.validator_storage, url, self.datasets, config
         )
@@ -183,7 +183,7 @@ def validating(
     local: LocalNetwork,
     url: str,
     specs: Sequence[ExperimentSpec] | None = None,
-    config: ValidatorConfig = FAST_POLL,
+    config: ValidatorConfig = DEFAULT_VALIDATOR,
 ) -> Iterator[Validator]:
     """A validator for ``specs`` (default: every experiment) judging in a thread; genesis heads exist
     when the block starts. Stopped and closed when it ends."""

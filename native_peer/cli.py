@@ -153,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
         .with_bootstrap_peer(args.edge)
-        .with_continuous_training(args.speculative_epochs)
+        .with_continuous_training(not args.idle_between_windows)
     )
     builder = builder.with_admission_token(args.token) if args.token else builder
     trainer = (builder.with_sharded_dataset(args.shards_from) if args.shards_from else builder).spawn()
@@ -256,10 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--experiment", action="append", default=[], help="study/experiment/revision (repeatable)")
     train.add_argument("--windows", type=int, default=None, help="stop after this many windows")
     train.add_argument(
-        "--speculative-epochs",
-        type=int,
-        default=1,
-        help="epochs to keep training past a window while it is judged (0: wait idle)",
+        "--idle-between-windows",
+        action="store_true",
+        help="wait for each window to be judged instead of leasing and training the next one at once",
     )
     train.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     train.add_argument(

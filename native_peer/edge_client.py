@@ -12,6 +12,7 @@ edge's HTTP API: peers, validators and the lab use its public methods, nothing e
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from protocol.messages import (
     LEASE_SECRET_HEADER,
     NEXT_SINCE_HEADER,
     READ_PROOF_HEADER,
+    VERDICT_BATCH,
     Attestation,
     Candidate,
     HeadDescriptor,
@@ -121,6 +123,17 @@ class EdgeClient:
                 return None
             raise
         return HeadDescriptor.from_wire(response.json())
+
+    def head(self, key: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
+        """One head of ``key``'s lineage (``None``: the edge has no such head)."""
+        try:
+            return HeadDescriptor.from_wire(
+                self._request("GET", f"{self._experiment_path(key)}/heads/{head_id}").json()
+            )
+        except EdgeRequestError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def heads(self, key: ExperimentKey) -> list[HeadDescriptor]:
         return [HeadDescriptor.from_wire(h) for h in self._request("GET", f"{self._experiment_path(key)}/heads").json()]
@@ -218,10 +231,14 @@ class EdgeClient:
         raise EdgeRequestError(0, "TransportError", f"could not download {cid}")
 
     # -- writes -----------------------------------------------------------------------------
-    def request_lease(self, key: ExperimentKey, signer: Signer, peer_kind: str) -> LeaseGrant:
+    def request_lease(
+        self, key: ExperimentKey, signer: Signer, peer_kind: str, *, after: HeadId | None = None
+    ) -> LeaseGrant:
+        """A lease in the current window, or ``after`` the current head: in the next (``server.leasing``)."""
         proof = PeerProof("lease", signer.public_key, peer_kind, "-", self._clock.now_ms()).signed(signer)
+        params = {} if after is None else {"after": after}
         return LeaseGrant.from_wire(
-            self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire()).json()
+            self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire(), params=params).json()
         )
 
     def publish_candidate(self, key: ExperimentKey, envelope: bytes) -> None:
@@ -286,3 +303,14 @@ class EdgeClient:
 
     def publish_verdict(self, verdict: Verdict) -> None:
         self._request("POST", f"{self._experiment_path(verdict.experiment)}/verdicts", json=verdict.to_wire())
+
+    def publish_verdicts(self, key: ExperimentKey, verdicts: Sequence[Verdict]) -> None:
+        """``verdicts`` of ``key`` in batches of ``VERDICT_BATCH``, one request each."""
+        for start in range(0, len(verdicts), VERDICT_BATCH):
+            batch = [v.to_wire() for v in verdicts[start : start + VERDICT_BATCH]]
+            self._request("POST", f"{self._experiment_path(key)}/verdict-batches", json=batch)
+
+    def activity(self, since: str | None, wait_s: float) -> str:
+        """The edge's activity token once it moved past ``since``, or after ``wait_s`` (``server.hub``)."""
+        params: dict[str, Any] = {"wait_s": wait_s} if since is None else {"since": since, "wait_s": wait_s}
+        return str(self._request("GET", "/v1/activity", params=params, timeout=wait_s + 30).json()["since"])

@@ -19,14 +19,17 @@ appeared while training, the work is dropped and the next window starts from tha
 ``Trainer.run`` keeps going across windows, backing off (``protocol.backoff``) while the edge is
 unreachable. Timestamps come from an injectable ``protocol.clock.Clock``.
 
-Continuous training (``TrainerBuilder.with_continuous_training``): a trainer does not sit idle
-while validators judge its window. It keeps training from where its published window stopped, on
-that window's leased examples in a fresh order, for at most ``speculative_epochs`` epochs; when the
-next head arrives it reconciles by carrying that progress over (the next window starts at
-head + (θ_now − θ_published)), and the window's candidate, an update from that head, carries it.
-Work on a head that moved on while training is carried over the same way instead of dropped. A
-candidate still claims only the examples of its own lease. Each outcome records the trainer's
-compute and wall seconds, so its utilization can be measured.
+Continuous training (``TrainerBuilder.with_continuous_training``, the CLI's default): a trainer
+never waits for validators to judge its window. The moment it publishes on head h it leases the
+next window (``after`` h: a lease granted before that window's head exists, ``server.leasing``)
+and trains it from where its published window stopped, on that lease's fresh examples. When the
+next head arrives it reconciles by carrying that progress over (training goes on from
+head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
+which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
+(Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
+for that head (never two windows ahead). Work on a head that moved on while training is carried
+over the same way instead of dropped. A candidate claims only the examples of its own lease. Each
+outcome records the trainer's compute and wall seconds, so its utilization can be measured.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
-from protocol.messages import HeadDescriptor, Lease
+from protocol.messages import HeadDescriptor, LeaseGrant
 from protocol.updates import encode_update
-from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
+from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
 from .dataset_client import ShardCache
 from .edge_client import EdgeClient, EdgeRequestError
@@ -99,17 +102,31 @@ class WindowOutcome:
 
 
 @dataclass
-class _Speculation:
-    """Progress a continuous trainer made past its last published (or overtaken) window: training
-    stands at ``params``; what it carries to the next head is ``params − origin``."""
+class _Ahead:
+    """The next window's lease, granted before its head existed, and the epochs trained on it."""
 
-    lease: Lease
+    grant: LeaseGrant
     x: np.ndarray
     y: np.ndarray
-    origin: dict[str, np.ndarray]
-    params: Any
     epochs: int = 0
     steps: int = 0
+    seconds: float = 0.0  # in its training steps
+    loss: float = float("nan")  # of its last epoch
+
+
+@dataclass
+class _Carry:
+    """Progress a continuous trainer made past its last published (or overtaken) window on ``after``:
+    training stands at ``params`` after ``steps`` optimizer steps; what it carries to the next head is
+    ``params − origin``. ``ahead``: the next window's lease, once granted (``refused``: none was free,
+    so it waits for the next head)."""
+
+    after: HeadDescriptor
+    origin: dict[str, np.ndarray]
+    params: Any
+    steps: int = 0
+    ahead: _Ahead | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,7 +154,7 @@ class TrainerBuilder:
     storage: StorageConfig | None = None
     bootstrap_url: str | None = None
     admission_token: str | None = None
-    speculative_epochs: int = 0
+    train_ahead: bool = False
     local_datasets: Path | None = None
 
     def with_network(self, network: NetworkManifest) -> TrainerBuilder:
@@ -153,12 +170,10 @@ class TrainerBuilder:
         """For networks with ``admission_required``: a token the edge operator issued."""
         return replace(self, admission_token=token)
 
-    def with_continuous_training(self, speculative_epochs: int = 1) -> TrainerBuilder:
-        """Keep training while a window is judged: up to ``speculative_epochs`` epochs past each
-        published window, carried over to the next head (``Trainer.run``)."""
-        if speculative_epochs < 0:
-            raise ValueError("speculative_epochs must be 0 (off) or more")
-        return replace(self, speculative_epochs=speculative_epochs)
+    def with_continuous_training(self, enabled: bool = True) -> TrainerBuilder:
+        """Never wait for a window to be judged: lease and train the next window at once, carried over
+        to its head when it arrives (``Trainer.run``)."""
+        return replace(self, train_ahead=enabled)
 
     def with_sharded_dataset(self, datasets_dir: Path) -> TrainerBuilder:
         """Read leased shards from a prepared copy of the network's datasets under ``datasets_dir``
@@ -178,7 +193,7 @@ class TrainerBuilder:
             self.storage,
             self.bootstrap_url,
             self.admission_token,
-            speculative_epochs=self.speculative_epochs,
+            train_ahead=self.train_ahead,
             local_datasets=self.local_datasets,
         )
 
@@ -196,12 +211,12 @@ class Trainer:
         admission_token: str | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        speculative_epochs: int = 0,
+        train_ahead: bool = False,
         local_datasets: Path | None = None,
     ) -> None:
         self.project = project
         self.clock = clock
-        self.speculative_epochs = speculative_epochs
+        self.train_ahead = train_ahead
         self.workload = workload
         self.storage = storage
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
@@ -217,9 +232,9 @@ class Trainer:
         # experiment -> (a head whose shards were all leased, when to ask again: its leases lapse then)
         self._full_windows: dict[str, tuple[HeadId, float]] = {}
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
-        self._speculation: dict[str, _Speculation] = {}
+        self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._spawned_at = time.perf_counter()
-        self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and speculation)
+        self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
     @property
@@ -305,6 +320,18 @@ class Trainer:
         shapes = self.project.learner.model.shapes
         return saved if {k: v.shape for k, v in saved.items()} == shapes else None
 
+    def _lease(self, experiment: Experiment, head: HeadDescriptor) -> LeaseGrant:
+        """A lease in the window on ``head``; ``WindowUnavailable`` when every shard of it is leased
+        (asked again at the next head, or when the edge says its leases lapse)."""
+        try:
+            return self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+        except EdgeRequestError as exc:
+            if exc.status != 409:
+                raise
+            retry_s = exc.retry_after_s if exc.retry_after_s is not None else float("inf")
+            self._full_windows[experiment.key] = (head.head_id, time.monotonic() + retry_s)
+            raise WindowUnavailable(exc.detail) from None
+
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
         """Train one window on the current head and publish the candidate.
 
@@ -312,48 +339,46 @@ class Trainer:
         raises ``WindowUnavailable`` when there is none."""
         started = time.perf_counter()
         head = self._head_to_train(experiment, wait_s)
-        try:
-            grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
-        except EdgeRequestError as exc:
-            if exc.status != 409:
-                raise
-            # every shard is leased: ask again at the next head, or when the edge says leases lapse
-            retry_s = exc.retry_after_s if exc.retry_after_s is not None else float("inf")
-            self._full_windows[experiment.key] = (head.head_id, time.monotonic() + retry_s)
-            raise WindowUnavailable(exc.detail) from None
+        carried = self._carry.pop(experiment.key, None)
+        ahead = carried.ahead if carried is not None else None
+        if ahead is not None and lease_window(ahead.grant.lease, head):  # leased and begun before this head
+            grant, (x, y), done = ahead.grant, (ahead.x, ahead.y), ahead
+        else:
+            grant, ahead = self._lease(experiment, head), None
+            check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
+            pending, done = self.shards.prefetch(grant), _Ahead(grant, np.empty(0), np.empty(0))
         lease = grant.lease
-        check_lease(lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
-        pending = self.shards.prefetch(grant)
         base = self._head_tensors(head)
-        carried = self._speculation.pop(experiment.key, None)
         start = base if carried is None else self._reconciled(base, carried)
         params = self.project.learner.from_tensors(start)
         opt_state = at_learning_rate(
             self._optimizer_state(experiment, params), experiment.spec.learning_rate_at(head.window)
         )
-        x, y = ShardCache.assemble(pending)
+        if ahead is None:
+            x, y = ShardCache.assemble(pending)
         engine = self._engine(experiment)
         loader = self._loader(experiment)
         train_started = time.perf_counter()
-        steps, loss = 0, float("nan")
-        for epoch in range(experiment.spec.local_epochs):
+        steps, loss = 0, done.loss
+        for epoch in range(done.epochs, experiment.spec.local_epochs):
             xb, yb = loader.batches(x, y, epoch_seed(lease, epoch))
             params, opt_state, loss = engine.train_epoch(params, opt_state, xb, yb)
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started
         self.compute_s += train_seconds
-        examples = steps * loader.batch_size
-        metrics = {"train_loss": loss, "samples_per_s": examples / max(train_seconds, 1e-9)}
+        examples = (done.steps + steps) * loader.batch_size  # this lease's epochs, those trained ahead too
+        metrics = {"train_loss": loss, "samples_per_s": examples / max(done.seconds + train_seconds, 1e-9)}
         if carried is not None:
-            metrics["carried_steps"] = float(carried.steps)
+            metrics["carried_steps"] = float(carried.steps - done.steps)  # steps that trained no example of it
         if self.project.eval_loader is not None:
             ex, ey = self.project.eval_loader()
             metrics.update({f"self_{k}": v for k, v in engine.evaluate(params, ex, ey).items()})
+        all_steps = steps + (0 if carried is None else carried.steps)  # every optimizer step in the update
         latest = self.edge.current_head(experiment.key)
         if latest is None or latest.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
-            if self.speculative_epochs:  # nothing of it reached the network: carry all of it over
-                self._speculation[experiment.key] = _Speculation(lease, x, y, base, params)
+            if self.train_ahead:  # nothing of it reached the network: carry all of it over
+                self._carry[experiment.key] = _Carry(head, base, params, all_steps)
                 raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
         codec = experiment.spec.codec
@@ -361,13 +386,14 @@ class Trainer:
         tensors, residual = encode_update(self.project.learner.model, base, trained, codec, self._residual(experiment))
         candidate, envelope = package_candidate(
             lease,
+            head,
             tensors,
             self.identity,
             peer_kind=self.peer_kind,
             model=experiment.spec.model,
             codec=codec,
             examples=examples,
-            steps=steps + (0 if carried is None else carried.steps),  # every optimizer step in the update
+            steps=all_steps,
             created_at_ms=self.clock.now_ms(),
             metrics=metrics,
         )
@@ -377,8 +403,8 @@ class Trainer:
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
-        if self.speculative_epochs:
-            self._speculation[experiment.key] = _Speculation(lease, x, y, trained, params)
+        if self.train_ahead:
+            self._carry[experiment.key] = _Carry(head, trained, params)
         outcome = WindowOutcome(
             experiment=experiment.key,
             window=head.window,
@@ -421,27 +447,43 @@ class Trainer:
     def _loader(self, experiment: Experiment) -> BatchLoader:
         return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
 
-    def _reconciled(self, base: dict[str, np.ndarray], carried: _Speculation) -> dict[str, np.ndarray]:
+    def _reconciled(self, base: dict[str, np.ndarray], carried: _Carry) -> dict[str, np.ndarray]:
         """Where a window on ``base`` starts when work was carried over: base + (θ_now − origin)."""
         now = self.project.learner.to_tensors(carried.params)
         return {name: (base[name] + (now[name] - carried.origin[name])).astype(np.float32) for name in base}
 
-    def speculate(self, experiment: Experiment) -> bool:
-        """One more epoch past the last window, on its leased examples in a fresh order, while the
-        network judges it; False when there is nothing to do (no window yet, or ``speculative_epochs``
-        done: the trainer then waits for the next head)."""
-        if not self._can_speculate(experiment):
+    def train_ahead_once(self, experiment: Experiment) -> bool:
+        """One epoch of the next window's lease while the network judges the last one: the lease is
+        asked for first (``after`` the head last published on) and its shards assembled. False when
+        there is nothing to do (no window published yet, no shard free in the next window, or every
+        epoch of its lease trained: the trainer then waits for the next head)."""
+        if not self._can_train_ahead(experiment):
             return False
-        work = self._speculation[experiment.key]
-        loader = self._loader(experiment)
-        xb, yb = loader.batches(work.x, work.y, epoch_seed(work.lease, experiment.spec.local_epochs + work.epochs))
+        work = self._carry[experiment.key]
+        if work.ahead is None:
+            try:
+                grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind, after=work.after.head_id)
+            except EdgeRequestError as exc:
+                if exc.status != 409:
+                    raise
+                work.refused = True  # the next window is full: wait for its head, then ask again
+                return False
+            check_lease(grant.lease, work.after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
+            work.ahead = _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))
+        ahead = work.ahead
+        xb, yb = self._loader(experiment).batches(ahead.x, ahead.y, epoch_seed(ahead.grant.lease, ahead.epochs))
         started = time.perf_counter()
-        opt_state = self._opt_states[experiment.key]
-        work.params, self._opt_states[experiment.key], _ = self._engine(experiment).train_epoch(
+        opt_state = at_learning_rate(
+            self._opt_states[experiment.key], experiment.spec.learning_rate_at(ahead.grant.lease.window)
+        )
+        work.params, self._opt_states[experiment.key], ahead.loss = self._engine(experiment).train_epoch(
             work.params, opt_state, xb, yb
         )
-        self.compute_s += time.perf_counter() - started
-        work.epochs += 1
+        seconds = time.perf_counter() - started
+        self.compute_s += seconds
+        ahead.seconds += seconds
+        ahead.epochs += 1
+        ahead.steps += len(xb)
         work.steps += len(xb)
         return True
 
@@ -454,7 +496,7 @@ class Trainer:
         poll_s: float = 2.0,
     ) -> list[WindowOutcome]:
         """Keep training across windows, round-robin over ``experiments``, following newer heads
-        (continuous: training speculatively while no new head is there); while the edge is
+        (continuous: training the next window's lease while no new head is there); while the edge is
         unavailable, wait 0.5 s, doubling per failure up to 30 s."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
@@ -463,7 +505,7 @@ class Trainer:
             for experiment in experiments:
                 if stop.is_set():
                     break
-                busy = self._can_speculate(experiment)
+                busy = self._can_train_ahead(experiment)
                 try:
                     wait_s = 0.0 if busy else poll_s / len(experiments)
                     outcomes.append(self.train_window_once(experiment, wait_s=wait_s))
@@ -471,13 +513,15 @@ class Trainer:
                 except WindowUnavailable as exc:
                     log.debug("%s: %s", experiment.key, exc)
                     if busy:
-                        self.speculate(experiment)
+                        self.train_ahead_once(experiment)
                 except (httpx.TransportError, EdgeRequestError) as exc:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
                     stop.wait(delay_s)
         return outcomes
 
-    def _can_speculate(self, experiment: Experiment) -> bool:
-        work = self._speculation.get(experiment.key)
-        return work is not None and work.epochs < self.speculative_epochs
+    def _can_train_ahead(self, experiment: Experiment) -> bool:
+        work = self._carry.get(experiment.key)
+        if work is None or work.refused:
+            return False
+        return work.ahead is None or work.ahead.epochs < experiment.spec.local_epochs

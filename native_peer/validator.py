@@ -52,6 +52,7 @@ before anything it records is published; evaluation data is read through ``datas
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -72,10 +73,18 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.deadline import DeadlinePolicy, WindowProgress, window_closes, window_deadline_s
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
-from protocol.fields import read_bool, read_float, read_list, read_object, read_str
+from protocol.fields import read_bool, read_float, read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, HeadId
-from protocol.judging import Submission, WindowDecision, judge_window, precheck, reference_batches, stale_base
+from protocol.judging import (
+    Submission,
+    WindowDecision,
+    judge_window,
+    precheck,
+    reference_batches,
+    stale_base,
+    staleness,
+)
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.outer import decode_state, encode_state
@@ -83,6 +92,7 @@ from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
 from protocol.updates import decode_update
+from protocol.window import lease_window
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
@@ -98,7 +108,10 @@ REFERENCE_BATCH_FACTOR = 2  # the validator's own updates' batches: this × the 
 
 @dataclass(frozen=True)
 class ValidatorConfig:
-    poll_s: float = 0.25
+    """``idle_s``: the longest the validator waits for the edge's activity (a candidate, lease, head or
+    quorum event wakes it at once, and an open window's deadline when it comes first)."""
+
+    idle_s: float = 1.0
     deadline: DeadlinePolicy = field(default_factory=DeadlinePolicy)
     max_judged: int = 100_000  # candidate ids remembered for replay detection (oldest forgotten first)
     clock: Clock = SYSTEM_CLOCK
@@ -145,18 +158,22 @@ class Decision:
 
 @dataclass
 class ValidatorState:
-    """What a validator must remember across restarts, bounded; saved whole by ``save``.
+    """What a validator must remember across restarts, bounded.
 
-    ``judged``: candidate id → the reason it was decided with (insertion order = age);
-    ``durations``: recent full-window durations per experiment; ``outbox``: final verdicts not yet
-    published; ``decisions``: head id → this validator's decision on an open window (kept until the
-    window's canonical head is known)."""
+    ``judged``: candidate id → the reason it was decided with (insertion order = age), kept in an
+    append-only journal beside the state file (``record`` appends, and rewrites it to the newest
+    ``max_judged`` once it holds twice that); ``durations``: recent full-window durations per
+    experiment; ``outbox``: final verdicts not yet published; ``decisions``: head id → this validator's
+    decision on an open window (kept until the window's canonical head is known). ``save`` writes
+    everything but the journal, which stays small: one write per decision, whatever the history."""
 
     judged: dict[str, Reason] = field(default_factory=dict)
     durations: dict[str, list[float]] = field(default_factory=dict)
     trust: TrustBook = field(default_factory=TrustBook)
     outbox: list[Verdict] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
+    journal: Path | None = None  # where ``judged`` is appended (``load`` sets it beside the state file)
+    _journaled: int = 0  # lines in the journal
 
     def record(self, verdicts: Sequence[Verdict], max_judged: int) -> None:
         for verdict in verdicts:
@@ -164,13 +181,22 @@ class ValidatorState:
         for stale in list(self.judged)[: max(0, len(self.judged) - max_judged)]:
             del self.judged[stale]
         self.outbox.extend(verdicts)
+        if self.journal is None:
+            return
+        if self._journaled + len(verdicts) > 2 * max_judged:
+            lines = "".join(f"{cid} {reason}\n" for cid, reason in self.judged.items())
+            write_atomic(self.journal, lines.encode())
+            self._journaled = len(self.judged)
+        else:
+            with open(self.journal, "a") as handle:
+                handle.write("".join(f"{v.candidate_id} {v.reason}\n" for v in verdicts))
+            self._journaled += len(verdicts)
 
     def add_duration(self, experiment: str, seconds: float, history: int) -> None:
         self.durations[experiment] = [*self.durations.get(experiment, []), seconds][-history:]
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "judged": {cid: str(reason) for cid, reason in self.judged.items()},
             "durations": self.durations,
             "trust": self.trust.to_wire(),
             "outbox": [v.to_wire() for v in self.outbox],
@@ -180,11 +206,9 @@ class ValidatorState:
     @classmethod
     def from_wire(cls, value: object) -> ValidatorState:
         d = read_object(value, "validator state")
-        judged = read_object(d.get("judged"), "judged")
         durations = read_object(d.get("durations"), "durations")
         decisions = read_object(d.get("decisions", {}), "decisions")
         return cls(
-            judged={cid: Reason(read_str(judged, cid, max_len=32)) for cid in judged},
             durations={key: read_list(durations, key, _seconds) for key in durations},
             trust=TrustBook.from_wire(d.get("trust")),
             outbox=read_list(d, "outbox", Verdict.from_wire, max_len=1 << 20),
@@ -193,7 +217,14 @@ class ValidatorState:
 
     @classmethod
     def load(cls, path: Path) -> ValidatorState:
-        return cls.from_wire(json.loads(path.read_bytes())) if path.exists() else cls()
+        state = cls.from_wire(json.loads(path.read_bytes())) if path.exists() else cls()
+        state.journal = path.with_name(path.name + ".judged")
+        if state.journal.exists():
+            text = state.journal.read_text()
+            lines = text.splitlines()[: text.count("\n")]  # a line cut short by a crash was never decided
+            state.judged = {cid: Reason(reason) for cid, _, reason in (line.partition(" ") for line in lines)}
+            state._journaled = len(lines)
+        return state
 
     def save(self, path: Path) -> None:
         write_atomic(path, json.dumps(self.to_wire()).encode())
@@ -279,6 +310,12 @@ class Validator:
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
         self._disputed: set[str] = set()  # proposals of others this validator computed differently
         self._engines: dict[str, TrainEngine] = {}  # experiment -> training for its reference updates
+        # experiment -> (head id, its reference updates): computed once the head is current, before
+        # the window's candidates arrive (``warm``)
+        self._reference_cache: dict[str, tuple[HeadId, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]] = {}
+        self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
+        self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
+        self._due: dict[str, float] = {}  # experiment -> when its open window's deadline (this validator's turn) falls
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
 
@@ -375,10 +412,13 @@ class Validator:
             self.ensure_genesis(spec)
             return None
         head.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        self._current[spec.key] = head
+        self._remember(head)
         self._settle(head)
         fresh = self._unjudged(spec)
-        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.base_head != head.head_id]
-        window = [c for c in fresh if c.base_head == head.head_id]
+        judged = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
+        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c not in judged]
+        window = [c for c in judged if c.base_head == head.head_id]
         base, opened = self._windows.get(spec.key, (None, 0.0))
         if base != head.head_id:  # a new window of this experiment; its older one is closed
             opened = self.clock.monotonic_s()
@@ -386,26 +426,31 @@ class Validator:
         if stale:
             self._record(stale)
         if self.network.quorum > 1:
-            self._attest_proposals(spec, head, window)
-        if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
-            return None  # this validator already proposed or attested a head for this window
+            self._attest_proposals(spec, head, judged)
         elapsed_s = self.clock.monotonic_s() - opened
         deadline_s = window_deadline_s(
             self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
         )
         turn = self._turn(head)  # later proposers step in only when earlier ones did not
-        if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
+        self._due[spec.key] = opened + deadline_s * (turn + 1)
+        if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
+            return None  # this validator already proposed or attested a head for this window
+        if len(judged) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
             return None  # nothing can close it yet: spare the edge the lease query
         now_ms = self.clock.now_ms()
-        leases = self.edge.leases(spec.key, head.head_id)
-        delivered = {c.peer_id for c in window}
-        outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.peer_id not in delivered)
-        progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)
+        granted = [
+            *self.edge.leases(spec.key, head.head_id),
+            *(self.edge.leases(spec.key, head.parent) if head.parent else []),
+        ]
+        leases = [lease for lease in granted if lease_window(lease, head)]
+        delivered = {c.lease_id for c in window}
+        outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered)
+        progress = WindowProgress(len(judged), len(leases), outstanding, elapsed_s)
         if not window_closes(progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, turn=turn):
             return None
-        if outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
+        if outstanding == 0 and judged and turn == 0 and elapsed_s < deadline_s:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
-        return self._close_window(spec, head, window)
+        return self._close_window(spec, head, judged)
 
     def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
         """The experiment's candidates not judged yet, in arrival order. The edge is followed with a
@@ -485,6 +530,9 @@ class Validator:
         Each takes as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
         × the experiment's drawn by ``protocol.judging.reference_batches`` from the head id, a fresh
         optimizer: the same bytes at every validator holding the same prepared dataset."""
+        cached_head, cached = self._reference_cache.get(spec.key, (None, None))
+        if cached_head == head.head_id and cached is not None:
+            return cached
         x, y = self._split(spec, "reference")
         manifest = self.edge.fetch_manifest(spec.dataset_id)
         per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
@@ -497,7 +545,18 @@ class Validator:
             index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part=part)
             return engine.fresh_window(base, x[index], y[index], spec.learning_rate_at(head.window))
 
-        return update("anchor"), update("participant")
+        references = update("anchor"), update("participant")
+        self._reference_cache[spec.key] = (head.head_id, references)
+        return references
+
+    def warm(self, spec: ExperimentSpec) -> None:
+        """Work that depends only on the current head, done before its window's candidates arrive:
+        the reference updates of an anchored experiment."""
+        head = self._current.get(spec.key)
+        if head is None or not PRESETS[spec.screening].anchored:
+            return
+        if self._reference_cache.get(spec.key, (None, None))[0] != head.head_id:
+            self._references(spec, head, self._head_params(head))
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)
@@ -573,6 +632,8 @@ class Validator:
         self._flush()
         current = self.edge.current_head(spec.key)
         if current is not None:
+            current.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._current[spec.key] = current
             self._settle(current)
 
     def _settle(self, current: HeadDescriptor) -> None:
@@ -595,28 +656,41 @@ class Validator:
     def _precheck(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray], candidate: Candidate
     ) -> tuple[Submission, str | None]:
-        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest), then the artifact, decoded
-        with the experiment's update codec against ``base`` (the head's parameters); with the
-        submission, the principal its lease names (its admission token's id)."""
+        """Fetch what ``protocol.judging.precheck`` needs (lease, manifest, the candidate's base head),
+        then the artifact, decoded with the experiment's update codec against its base head's
+        parameters; a delayed update (on the head before ``head``) is moved onto ``base`` (the
+        head's parameters): θ = base + (θ_c − its base). With the submission, the principal its lease
+        names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
         if lease is not None:
             manifest = self.edge.fetch_manifest(lease.dataset_id)
             leased = sum(manifest.shard(s).examples for s in lease.shard_ids) * spec.local_epochs
+        behind = staleness(candidate.base_head, head)
+        own_base = head if behind == 0 else self._head(spec, candidate.base_head) if behind == 1 else None
         screen = precheck(
             candidate,
-            current_head=head.head_id,
+            current=head,
+            base=own_base,
             judged=self.state.judged,
             lease=lease,
             leased_examples=leased,
             edge_key=self.network.edge_key,
         )
         tensors = None
-        if screen.accepted:
+        if screen.accepted and own_base is not None:
             path = self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:")
+            model = self.learner(spec).model
             try:
                 encoded, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
-                tensors = decode_update(self.learner(spec).model, base, encoded, spec.codec)
+                if behind == 0:
+                    tensors = decode_update(model, base, encoded, spec.codec)
+                else:
+                    then = self._head_params(own_base)
+                    trained = decode_update(model, then, encoded, spec.codec)
+                    tensors = {
+                        k: (base[k] + (trained[k].astype(np.float64) - then[k])).astype(np.float32) for k in base
+                    }
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
         window_steps = max(1, leased // spec.batch_size)  # what a window's lease takes, and the reference
@@ -628,8 +702,27 @@ class Validator:
             tensors,
             screen,
             candidate.steps / window_steps,
+            lease_window=-1 if lease is None else lease.window,
+            windows_behind=behind or 0,
         )
         return submission, None if lease is None else lease.principal
+
+    def _head(self, spec: ExperimentSpec, head_id: HeadId) -> HeadDescriptor | None:
+        """A head of ``spec``'s lineage by id (the current one, the one before it as last seen, else the
+        edge's copy), verified as canonical."""
+        seen = self._seen_heads.get(head_id)
+        if seen is None:
+            seen = self.edge.head(spec.key, head_id)
+            if seen is None:
+                return None
+            seen.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._remember(seen)
+        return seen
+
+    def _remember(self, head: HeadDescriptor) -> None:
+        self._seen_heads[head.head_id] = head
+        while len(self._seen_heads) > 16:
+            del self._seen_heads[next(iter(self._seen_heads))]
 
     def _verdict(
         self,
@@ -663,21 +756,18 @@ class Validator:
         self._flush()
 
     def _flush(self) -> None:
-        """Publish recorded proposals and attestations, then final verdicts; save the state once.
+        """Publish recorded proposals and attestations, then final verdicts, a window's in one request.
 
-        Safe to repeat after a crash: the edge keeps the first copy of a head, attestation or verdict."""
-        unpublished = [d for d in self.state.decisions.values() if not d.published]
-        if not self.state.outbox and not unpublished:
-            return
-        try:
-            for decision in unpublished:
-                self._publish(decision)
-                decision.published = True
-            while self.state.outbox:
-                self.edge.publish_verdict(self.state.outbox[0])
-                self.state.outbox.pop(0)
-        finally:
-            self.state.save(self._state_path)
+        What is published is not saved as such: after a crash it is published again, which is safe
+        (the edge keeps the first copy of a head, attestation or verdict)."""
+        for decision in [d for d in self.state.decisions.values() if not d.published]:
+            self._publish(decision)
+            decision.published = True
+        while self.state.outbox:
+            key, batch = next(itertools.groupby(self.state.outbox, key=lambda verdict: verdict.experiment))
+            published = list(batch)
+            self.edge.publish_verdicts(key, published)
+            del self.state.outbox[: len(published)]
 
     def _publish(self, decision: Decision) -> None:
         head = decision.head
@@ -696,15 +786,27 @@ class Validator:
             log.warning("head %s of window %d was not taken: %s", head.head_id[:19], head.window, exc)
 
     def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
-        """Validate ``specs`` until ``stop`` is set."""
+        """Validate ``specs`` until ``stop`` is set. Between rounds the validator waits on the edge's
+        activity (``EdgeClient.activity``), not on a clock: a candidate, lease, head or quorum event
+        wakes it at once, an open window's deadline when it comes first, ``config.idle_s`` at most.
+        The activity token is taken before each round reads anything, so no event goes unseen."""
         backoff = Backoff()
+        since: str | None = None
         while not stop.is_set():
             try:
+                since = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
                 for spec in specs:
                     self.poll(spec)
+                for spec in specs:
+                    self.warm(spec)
                 backoff.reset()
             except (httpx.TransportError, EdgeRequestError) as exc:
                 delay_s = backoff.next_delay_s()
                 log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
                 stop.wait(delay_s)
-            stop.wait(self.config.poll_s)
+
+    def _idle_s(self) -> float:
+        """How long to wait for activity: until the next deadline of an open window, ``idle_s`` at most
+        (past its deadline, a window that did not close waits for activity: a lease or a candidate)."""
+        now = self.clock.monotonic_s()
+        return min([self.config.idle_s, *(due - now for due in self._due.values() if due > now)])

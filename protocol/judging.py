@@ -2,9 +2,10 @@
 
 Validators do the I/O-side checks first (signature, lease, artifact download) and pass each
 candidate as a ``Submission`` with that ``precheck``; ``judge_window`` then applies, in order:
-quarantine, one candidate per peer, schema and finiteness, screening (against the validator's
+quarantine, one candidate per peer and lease window, schema and finiteness, screening (against the validator's
 reference update when it passes one, else against the cohort), the per-candidate leave-one-out
-validation-loss check, weight caps per peer kind, the preset's aggregator and the promotion rule.
+validation-loss check, weight caps per peer kind (a delayed update's discounted: ``staleness_weight``),
+the preset's aggregator and the promotion rule.
 It is pure: the trust book it is given is not changed, the decision carries the next one. The
 attack suite calls the same function, so what it scores is what runs.
 """
@@ -30,7 +31,7 @@ from .aggregation import (
     weighted_mean,
 )
 from .errors import ProtocolError
-from .messages import Candidate, Lease
+from .messages import Candidate, HeadDescriptor, Lease
 from .model import ModelSpec, Params
 from .outer import OuterOptimizer
 from .reasons import Reason
@@ -46,7 +47,16 @@ from .screening import (
 from .trust import TrustBook
 from .window import lease_covers
 
-__all__ = ["Submission", "WindowDecision", "judge_window", "precheck", "reference_batches", "stale_base"]
+__all__ = [
+    "Submission",
+    "WindowDecision",
+    "judge_window",
+    "precheck",
+    "reference_batches",
+    "stale_base",
+    "staleness",
+    "staleness_weight",
+]
 
 FRESH_TRUST = TrustBook()  # no peer has a history yet
 FEDAVG = OuterOptimizer()
@@ -57,10 +67,26 @@ def stale_base(base_head: str, current_head: str) -> Screen:
     return Screen(Reason.STALE_BASE, f"trained on {base_head[:19]}, current is {current_head[:19]}")
 
 
+def staleness(base_head: str, current: HeadDescriptor) -> int | None:
+    """How many windows behind ``current`` a candidate on ``base_head`` is: 0 on the current head,
+    1 on the head before it (it arrived after its window closed: a delayed update, judged and merged
+    in the current window on top of the current head), ``None`` for anything older (``stale_base``)."""
+    if base_head == current.head_id:
+        return 0
+    return 1 if base_head == current.parent else None
+
+
+def staleness_weight(windows_behind: int) -> float:
+    """The merge weight factor of a delayed update: FedBuff's polynomial staleness discount
+    1/√(1 + τ) (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous Aggregation")."""
+    return float(1.0 / np.sqrt(1.0 + windows_behind))
+
+
 def precheck(
     candidate: Candidate,
     *,
-    current_head: str,
+    current: HeadDescriptor,
+    base: HeadDescriptor | None,
     judged: Mapping[str, object] | set[str],
     lease: Lease | None,
     leased_examples: int,
@@ -68,18 +94,20 @@ def precheck(
 ) -> Screen:
     """Checks on a candidate's descriptor and lease, before its artifact is looked at.
 
-    ``judged`` holds the ids already decided (a re-signed old artifact is a replay); ``lease`` is
-    the lease the candidate names, as the edge stores it (``None`` when unknown)."""
-    if candidate.base_head != current_head:
-        return stale_base(candidate.base_head, current_head)
+    ``current`` is the head of the window being judged, ``base`` the descriptor of the head the
+    candidate names (``current`` or its parent; ``None`` when unknown); ``judged`` holds the ids
+    already decided (a re-signed old artifact is a replay); ``lease`` is the lease the candidate
+    names, as the edge stores it (``None`` when unknown)."""
+    if staleness(candidate.base_head, current) is None:
+        return stale_base(candidate.base_head, current.head_id)
     if candidate.candidate_id in judged:
         return Screen(Reason.REPLAY, "this artifact was already submitted")
     try:
         candidate.verify_own()
     except ProtocolError as exc:
         return Screen(Reason.BAD_SIGNATURE, str(exc))
-    if lease is None or not lease_covers(lease, candidate):
-        return Screen(Reason.WRONG_LEASE, "lease is missing or not this peer's lease for this window")
+    if lease is None or not lease_covers(lease, candidate, base):
+        return Screen(Reason.WRONG_LEASE, "lease is missing or not this peer's lease for its window")
     if edge_key is not None:
         try:
             lease.verify(edge_key)
@@ -99,6 +127,8 @@ class Submission:
     params: Mapping[str, np.ndarray] | None
     precheck: Screen
     windows: float = 1.0  # the windows' worth of optimizer steps it declares (``screen_reference``)
+    lease_window: int = 0  # the window its lease was for: one candidate per peer and lease window
+    windows_behind: int = 0  # 0, or 1 for a delayed update (``staleness``), merged at ``staleness_weight``
 
 
 @dataclass(frozen=True)
@@ -213,14 +243,14 @@ def judge_window(
     the state the base head names); the promotion rule judges that step, and the decision carries
     the next state (``outer_state``: unchanged when nothing merges, ``None`` after a blocked step)."""
     screens: dict[str, Screen] = {}
-    contributed: set[str] = set()
+    contributed: set[tuple[str, int]] = set()
     valid: list[Submission] = []
     for sub in sorted(submissions, key=lambda s: s.candidate_id):
         if not sub.precheck.accepted:
             screen = sub.precheck
         elif trust.quarantined(sub.peer_id):
             screen = Screen(Reason.QUARANTINED, "too many rejected submissions from this peer")
-        elif sub.peer_id in contributed:
+        elif (sub.peer_id, sub.lease_window) in contributed:
             screen = Screen(Reason.REPLAY, "this peer already contributed to this window")
         elif sub.params is None:
             screen = Screen(Reason.UNDECODABLE, "no parameters")
@@ -228,7 +258,7 @@ def judge_window(
             screen = screen_schema(spec, sub.params)
         screens[sub.candidate_id] = screen
         if screen.accepted:
-            contributed.add(sub.peer_id)
+            contributed.add((sub.peer_id, sub.lease_window))
             valid.append(sub)
     anchored = reference is not None and policy.anchored
     rule = policy.merge_rule(anchored)
@@ -351,7 +381,10 @@ class _Merge:
             if trusted
             else np.zeros((0, len(self.base)))
         )
-        self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
+        self.weights = np.array(
+            [min(s.examples, caps.get(s.peer_kind, s.examples)) * staleness_weight(s.windows_behind) for s in trusted],
+            np.float64,
+        )
         self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
         self.reference = None if reference is None else flatten(spec, reference) - self.base
         self.participant = None

@@ -33,6 +33,7 @@ __all__ = [
     "PEER_KINDS",
     "READ_PROOF_HEADER",
     "TRAINER_KINDS",
+    "VERDICT_BATCH",
     "Attestation",
     "Candidate",
     "HeadDescriptor",
@@ -43,8 +44,9 @@ __all__ = [
 ]
 
 LEASE_SECRET_HEADER = "dtn-lease-secret"
-READ_PROOF_HEADER = "dtn-read-proof"
-NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
+READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
+NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from
+VERDICT_BATCH = 1024  # the most verdicts one request publishes
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 
@@ -234,6 +236,7 @@ class Candidate(_SelfSigned):
     def for_lease(
         cls,
         lease: Lease,
+        base_head: HeadId,
         artifact: bytes,
         signer: Signer,
         *,
@@ -243,11 +246,11 @@ class Candidate(_SelfSigned):
         created_at_ms: int,
         metrics: dict[str, float] | None = None,
     ) -> Candidate:
-        """The signed candidate for ``artifact``, trained on ``lease`` (its base head and shards)."""
+        """The signed candidate for ``artifact``, an update of ``base_head`` trained on ``lease``'s shards."""
         return cls(
             experiment=lease.experiment,
             candidate_id=content_id(artifact),
-            base_head=lease.base_head,
+            base_head=base_head,
             lease_id=lease.lease_id,
             public_key=signer.public_key,
             peer_kind=peer_kind,

@@ -5,12 +5,13 @@ Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and 
     head = head_to_train(current_head, validator_keys, last_trained, quorum=k)  # certified, not trained on
     lease = ...                                                         # asked of the edge
     check_lease(lease, head, peer_id=me, edge_key=network.edge_key)     # this window, this peer
+    # (or, leased right after publishing: check_lease(lease, head, ..., ahead=True), the next window)
     seed = epoch_seed(lease, epoch)                                     # the batch order per epoch
     tensors, residual = encode_update(model, base, params, codec, residual)  # protocol.updates
-    candidate, body = package_candidate(lease, tensors, signer, ...)    # signed, in one envelope
+    candidate, body = package_candidate(lease, head, tensors, signer, ...)  # signed, in one envelope
 
 ``lease_covers`` is the one lease-ownership rule: the edge's intake and the validators' precheck
-both ask it whether a candidate names a lease its trainer holds for this window.
+both ask it whether a candidate names a lease its trainer holds for its window.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from .ids import HeadId, PeerId
 from .messages import Candidate, HeadDescriptor, Lease
 from .signing import Signer
 
-__all__ = ["NoWindow", "check_lease", "epoch_seed", "head_to_train", "lease_covers", "package_candidate"]
+__all__ = [
+    "NoWindow",
+    "check_lease",
+    "epoch_seed",
+    "head_to_train",
+    "lease_covers",
+    "lease_window",
+    "package_candidate",
+]
 
 
 class NoWindow(Exception):
@@ -50,15 +59,25 @@ def head_to_train(
     return head
 
 
-def check_lease(lease: Lease, head: HeadDescriptor, *, peer_id: PeerId, edge_key: bytes | None) -> None:
-    """Raise unless ``lease`` lets ``peer_id`` train this window on ``head``.
+def lease_window(lease: Lease, head: HeadDescriptor) -> bool:
+    """Whether ``lease`` is a lease of the window trained on ``head``: granted on ``head`` for its
+    window, or granted ahead, on ``head``'s parent before ``head`` existed, for ``head``'s window
+    number (a trainer that published its last window leases the next one at once)."""
+    return lease.window == head.window and lease.base_head in (head.head_id, head.parent)
+
+
+def check_lease(
+    lease: Lease, head: HeadDescriptor, *, peer_id: PeerId, edge_key: bytes | None, ahead: bool = False
+) -> None:
+    """Raise unless ``lease`` lets ``peer_id`` train the window on ``head`` (``ahead``: the window after
+    ``head``, whose head does not exist yet).
 
     ``SignatureError``: not signed by ``edge_key`` (checked when given); ``NoWindow``: the lease is
-    for another head (the head moved on while leasing); ``InvalidMessage``: another peer's lease,
+    for another window (the head moved on while leasing); ``InvalidMessage``: another peer's lease,
     or one for another experiment."""
     if edge_key is not None:
         lease.verify(edge_key)
-    if lease.base_head != head.head_id:
+    if lease.window != head.window + ahead or not (ahead or lease_window(lease, head)):
         raise NoWindow("the head moved on while leasing")
     if lease.peer_id != peer_id:
         raise InvalidMessage(f"lease {lease.lease_id} is for peer {lease.peer_id}, not {peer_id}")
@@ -66,14 +85,18 @@ def check_lease(lease: Lease, head: HeadDescriptor, *, peer_id: PeerId, edge_key
         raise InvalidMessage(f"lease {lease.lease_id} is for {lease.experiment}, not {head.experiment}")
 
 
-def lease_covers(lease: Lease | None, candidate: Candidate) -> bool:
-    """Whether ``candidate`` names a lease its trainer holds for this window: same peer, same
-    experiment, same base head. ``lease`` is the one the candidate names (``None`` when unknown)."""
+def lease_covers(lease: Lease | None, candidate: Candidate, base: HeadDescriptor | None) -> bool:
+    """Whether ``candidate`` names a lease its trainer holds for the window it was trained in: same
+    peer and experiment, a lease of the window on ``base`` (``lease_window``), ``base`` the head the
+    candidate names. ``lease`` is the one the candidate names and ``base`` its base head's descriptor
+    (``None`` when unknown)."""
     return (
         lease is not None
+        and base is not None
+        and base.head_id == candidate.base_head
         and lease.peer_id == candidate.peer_id
         and lease.experiment == candidate.experiment
-        and lease.base_head == candidate.base_head
+        and lease_window(lease, base)
     )
 
 
@@ -84,6 +107,7 @@ def epoch_seed(lease: Lease, epoch: int) -> int:
 
 def package_candidate(
     lease: Lease,
+    head: HeadDescriptor,
     tensors: Mapping[str, npt.NDArray[np.generic]],
     signer: Signer,
     *,
@@ -95,14 +119,17 @@ def package_candidate(
     created_at_ms: int,
     metrics: Mapping[str, float],
 ) -> tuple[Candidate, bytes]:
-    """The signed candidate for ``tensors`` (encoded with ``codec``: ``protocol.updates``) trained on
-    ``lease``, and the envelope to upload.
+    """The signed candidate for ``tensors`` (an update of ``head``, encoded with ``codec``:
+    ``protocol.updates``) trained on ``lease``, a lease of ``head``'s window, and the envelope to upload.
 
     The artifact records ``model``, ``codec`` and the base head in its metadata; the candidate id is
     its content id."""
-    artifact = encode_tensors(tensors, {"model": model, "codec": codec, "base_head": lease.base_head})
+    if not lease_window(lease, head):
+        raise InvalidMessage(f"lease {lease.lease_id} is not for the window on {head.head_id}")
+    artifact = encode_tensors(tensors, {"model": model, "codec": codec, "base_head": head.head_id})
     candidate = Candidate.for_lease(
         lease,
+        head.head_id,
         artifact,
         signer,
         peer_kind=peer_kind,

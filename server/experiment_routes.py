@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
-from protocol.messages import NEXT_SINCE_HEADER, Candidate, PeerProof
+from protocol.messages import NEXT_SINCE_HEADER, VERDICT_BATCH, Candidate, PeerProof
 
 from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
@@ -25,7 +25,7 @@ from .intake import (
     accept_head,
     accept_outer_state,
     accept_verdict,
-    check_peer_rate,
+    accept_verdicts,
 )
 from .responses import JSON
 
@@ -41,6 +41,19 @@ ENVELOPE = (
 _READ = documented(InvalidMessage, NotFound)
 _GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
 _UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
+
+
+@router.get("/activity", responses=_READ)
+async def activity(
+    state: State,
+    since: Annotated[str | None, Query(max_length=40)] = None,
+    wait_s: Annotated[float, Query(ge=0)] = 0.0,
+) -> JSON:
+    """``{"since": <token>}``, this edge's activity token (``server.hub``): with ``since=<token>&wait_s=N``
+    answered once a candidate, lease, head or quorum event of any experiment moved it, or after N s.
+    Validators wait here instead of polling; the token says only that something happened."""
+    token = await state.hub.wait_activity(since, min(wait_s, state.settings.max_long_poll_s))
+    return JSON({"since": token})
 
 
 @router.get(f"{EXPERIMENT}/head", responses=_READ)
@@ -66,6 +79,16 @@ async def head_lineage(key: Experiment, state: State) -> JSON:
     """Every head of the experiment, oldest first."""
     state.experiment(key)
     return JSON([head.to_wire() for head in state.store.heads(key)])
+
+
+@router.get(f"{EXPERIMENT}/heads/{{head_id}}", responses=_READ)
+async def one_head(key: Experiment, state: State, head_id: Annotated[str, Path(max_length=80)]) -> JSON:
+    """One head of the experiment's lineage, by id."""
+    state.experiment(key)
+    head = state.store.head(key, HeadId(head_id))
+    if head is None:
+        raise NotFound(f"experiment {key} has no head {head_id}")
+    return JSON(head.to_wire())
 
 
 @router.post(
@@ -188,8 +211,15 @@ async def list_candidates(
     responses=documented(*_UPLOAD, RateLimited),
     openapi_extra=body_doc("application/json", "a PeerProof signed by the trainer, purpose 'lease', issued now"),
 )
-async def request_lease(key: Experiment, state: State, issuer: Issuer, request: Request) -> JSON:
-    """Lease shards for the current window; the body is a ``PeerProof`` with purpose ``lease``.
+async def request_lease(
+    key: Experiment,
+    state: State,
+    issuer: Issuer,
+    request: Request,
+    after: Annotated[str | None, Query(max_length=80)] = None,
+) -> JSON:
+    """Lease shards for the current window, or with ``after=<current head id>`` for the window after
+    it, before its head exists (``server.leasing``); the body is a ``PeerProof`` with purpose ``lease``.
 
     The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
     token = state.admission.check_header(request.headers.get("authorization"), "lease")
@@ -199,9 +229,13 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
     state.address_limits.check(client_address(request))  # before the signature is checked
     proof.verify_own()
     state.admission.bind(token, proof.peer_id)
-    state.experiment(key)  # before the rate limit: a made-up experiment gets no budget of its own
-    check_peer_rate(state, proof.peer_id, key)
-    grant = await issuer.issue(key, proof.peer_id, state.admission.principal(token), peer_kind=proof.peer_kind)
+    grant = await issuer.grant(
+        key,
+        proof.peer_id,
+        proof.peer_kind,
+        state.admission.principal(token),
+        after=None if after is None else HeadId(after),
+    )
     return JSON(grant.to_wire())
 
 
@@ -209,7 +243,8 @@ async def request_lease(key: Experiment, state: State, issuer: Issuer, request: 
 async def list_leases(
     key: Experiment, state: State, request: Request, base_head: Annotated[str, Query(max_length=80)]
 ) -> JSON:
-    """The leases of one window (never their secrets); with admission on, validators only."""
+    """The leases granted on one head (never their secrets): its window's, and the next window's
+    granted ahead (``server.leasing``); with admission on, validators only."""
     state.admission.check_header(request.headers.get("authorization"), "read_leases")
     state.experiment(key)
     return JSON([lease.to_wire() for lease in state.store.leases(key, HeadId(base_head))])
@@ -236,6 +271,22 @@ async def publish_verdict(key: Experiment, state: State, request: Request) -> JS
     state.admission.check_header(request.headers.get("authorization"), "verdict")
     verdict = accept_verdict(state, await read_json(request, 16384), route=key)
     return JSON(verdict.to_wire(), status_code=201)
+
+
+@router.post(
+    f"{EXPERIMENT}/verdict-batches",
+    status_code=201,
+    responses=documented(*_UPLOAD),
+    openapi_extra=body_doc("application/json", f"a list of at most {VERDICT_BATCH} validator-signed Verdicts"),
+)
+async def publish_verdicts(key: Experiment, state: State, request: Request) -> JSON:
+    """Publish a window's verdicts in one request, each checked as ``POST .../verdicts`` checks one
+    (the first one per candidate is kept); refused whole when any of them is bad."""
+    state.admission.check_header(request.headers.get("authorization"), "verdict")
+    body = await read_json(request, 16384 * VERDICT_BATCH)
+    if not isinstance(body, list) or len(body) > VERDICT_BATCH:
+        raise InvalidMessage(f"a verdict batch is a list of at most {VERDICT_BATCH} verdicts")
+    return JSON({"published": len(accept_verdicts(state, body, route=key))}, status_code=201)
 
 
 @router.get(f"{EXPERIMENT}/verdicts", responses=_READ)

@@ -1,4 +1,10 @@
-"""Live state of the relay: joined peers, topic subscriptions, fan-out, head waiters, recent events.
+"""Live state of the relay: joined peers, topic subscriptions, fan-out, head and activity waiters,
+recent events.
+
+Activity is what a validator waits on instead of polling (``wait_activity``): every candidate, lease,
+head and quorum event of any experiment, here or on another edge, moves this edge's activity token
+(``<edge instance>-<count>``) and wakes its waiters. A token from another edge (or an earlier
+process) is answered at once with this one's, so a waiter never sleeps through a change it missed.
 
 Fan-out never waits on a peer: each connection has a bounded send queue drained by its own task;
 a message that does not fit marks the connection as a slow consumer, which the relay then closes
@@ -17,6 +23,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import secrets
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,9 +36,10 @@ from protocol.ids import ExperimentKey, PeerId
 
 from .metrics import EdgeMetrics
 
-__all__ = ["TOPICS", "Connection", "ConnectionState", "Envelope", "Fanout", "Hub", "LocalFanout"]
+__all__ = ["ACTIVITY_TOPICS", "TOPICS", "Connection", "ConnectionState", "Envelope", "Fanout", "Hub", "LocalFanout"]
 
 TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
+ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates"})  # what can decide a window
 
 
 class ConnectionState(enum.Enum):
@@ -131,6 +139,9 @@ class Hub:
         self.connections: dict[PeerId, Connection] = {}
         self._subscribers: dict[tuple[str, str], set[Connection]] = defaultdict(set)
         self._head_changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self._instance = secrets.token_hex(6)
+        self._activity = 0
+        self._activity_changed = asyncio.Event()
         self.events: deque[dict[str, object]] = deque(maxlen=200)
         self.viewers: set[Connection] = set()
         self._viewer_numbers = itertools.count(1)
@@ -190,6 +201,10 @@ class Hub:
 
     def _fan_out(self, message: dict[str, Any]) -> int:
         self.events.append({**message, "at_ms": self.clock.now_ms()})
+        if message["topic"] in ACTIVITY_TOPICS:
+            self._activity += 1
+            self._activity_changed.set()
+            self._activity_changed = asyncio.Event()
         text = orjson.dumps(message).decode()
         subscribers = [*self._subscribers.get((message["experiment"], message["topic"]), ()), *self.viewers]
         delivered: int = sum(conn.offer(text) for conn in subscribers)
@@ -220,6 +235,19 @@ class Hub:
     async def wait_head_change(self, experiment: ExperimentKey, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._head_changed[str(experiment)].wait(), timeout_s)
+
+    @property
+    def activity(self) -> str:
+        """This edge's activity token: it moves with every event that can decide a window."""
+        return f"{self._instance}-{self._activity}"
+
+    async def wait_activity(self, since: str | None, timeout_s: float) -> str:
+        """The activity token once it differs from ``since`` (at once when it does already), or after
+        ``timeout_s`` without a change."""
+        if since == self.activity:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._activity_changed.wait(), timeout_s)
+        return self.activity
 
     def deliver(self, envelope: Envelope) -> None:
         """What another edge broadcast, done here."""

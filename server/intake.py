@@ -33,6 +33,7 @@ Retention: when a head is promoted, artifacts of candidates whose window is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import anyio
@@ -127,7 +128,8 @@ async def accept_candidate(
         check_peer_rate(state, candidate.peer_id, candidate.experiment)
         if candidate.peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) upload candidates, not {candidate.peer_kind}")
-        if not lease_covers(state.store.lease(candidate.lease_id), candidate):
+        base = state.store.head(candidate.experiment, candidate.base_head)
+        if not lease_covers(state.store.lease(candidate.lease_id), candidate, base):
             raise Forbidden("a candidate must name a lease its trainer holds for this experiment")
         delivered = state.store.lease_delivered(candidate.lease_id)
         if delivered is not None and delivered != candidate.candidate_id:
@@ -286,10 +288,21 @@ def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
             state.blobs.delete(ContentId(cid))
 
 
+def accept_verdicts(
+    state: EdgeState, descriptors: Sequence[object], *, route: ExperimentKey | None = None
+) -> list[Verdict]:
+    """Check every verdict (its experiment, a validator's signature) before keeping any, so a batch with
+    one bad verdict is refused whole; then keep each the first time its candidate is decided."""
+    verdicts = [Verdict.from_wire(descriptor) for descriptor in descriptors]
+    for verdict in verdicts:
+        _same_experiment(verdict.experiment, route)
+        _signed_by_validator(state, verdict, "verdict")
+    for verdict in verdicts:
+        if state.store.add_verdict(verdict):
+            state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
+    return verdicts
+
+
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:
-    verdict = Verdict.from_wire(descriptor)
-    _same_experiment(verdict.experiment, route)
-    _signed_by_validator(state, verdict, "verdict")
-    if state.store.add_verdict(verdict):
-        state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
+    [verdict] = accept_verdicts(state, [descriptor], route=route)
     return verdict

@@ -2,10 +2,14 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``), and no lease at all when every shard is held: 409 with
-``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head, which
-comes at the window's deadline at the latest: ``protocol.deadline``). A lease lives as long as its
-window may (the experiment's ``window_timeout_s``, at most the edge's ``lease_ttl_s``).
+holds (``protocol.leases.assign_shards``). A trainer that just published may ask for the next
+window's lease (``after`` the current head) before the next head exists, so it never waits for one;
+such a lease is granted on the current head for the next window number and belongs to that window
+once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
+its leases, whichever head they were granted on. When every shard is held there is no lease: 409
+with ``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head,
+which comes at the window's deadline at the latest: ``protocol.deadline``). A lease lives as long
+as its window may (the experiment's ``window_timeout_s``, at most the edge's ``lease_ttl_s``).
 Leases are signed by the edge and stored durably. The choice is made inside the store's write
 transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
 twice in a window.
@@ -23,11 +27,12 @@ import hmac
 import math
 import secrets
 
-from protocol.ids import ExperimentKey, LeaseId, PeerId
+from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.leases import assign_shards
-from protocol.messages import HeadDescriptor, Lease, LeaseGrant
+from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
 from .errors import Conflict, Forbidden, NotFound
+from .intake import check_peer_rate
 from .state import EdgeState
 
 __all__ = ["LeaseIssuer"]
@@ -49,28 +54,58 @@ class LeaseIssuer:
             raise Forbidden("unknown lease or wrong lease secret")
         return lease
 
-    async def issue(
-        self, experiment: ExperimentKey, peer_id: PeerId, principal: str | None = None, *, peer_kind: str | None = None
+    async def grant(
+        self,
+        experiment: ExperimentKey,
+        peer_id: PeerId,
+        peer_kind: str,
+        principal: str | None = None,
+        *,
+        after: HeadId | None = None,
     ) -> LeaseGrant:
-        """The peer's lease in the current window (``peer_kind``: remember the peer as seen, in the
-        same write). The store's write runs in a worker thread: on a shared store it may wait for
+        """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
+        ``peer_id`` (its proof or its join): a trainer kind, a known experiment, the peer's rate limit
+        (``server.intake.check_peer_rate``), then ``issue``."""
+        if peer_kind not in TRAINER_KINDS:
+            raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {peer_kind}")
+        self.state.experiment(experiment)  # before the rate limit: a made-up experiment gets no budget of its own
+        check_peer_rate(self.state, peer_id, experiment)
+        return await self.issue(experiment, peer_id, principal, peer_kind=peer_kind, after=after)
+
+    async def issue(
+        self,
+        experiment: ExperimentKey,
+        peer_id: PeerId,
+        principal: str | None = None,
+        *,
+        peer_kind: str | None = None,
+        after: HeadId | None = None,
+    ) -> LeaseGrant:
+        """The peer's lease in the current window, or with ``after`` the current head's id, in the
+        window after it, before its head exists (a lease granted ahead: ``protocol.window.lease_window``);
+        ``after`` an older head asks for the current window. ``peer_kind``: remember the peer as seen,
+        in the same write. The store's write runs in a worker thread: on a shared store it may wait for
         other edges' writes, and the event loop must not wait with it."""
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
 
-        def choose(head: HeadDescriptor | None, live: list[Lease]) -> Lease:
+        def choose(head: HeadDescriptor | None, granted: list[Lease]) -> Lease:
             if head is None:
                 raise NotFound(f"experiment {experiment} has no head yet (waiting for the validator's genesis)")
+            ahead = after == head.head_id
+            window = head.window + ahead
+            live = [lease for lease in granted if lease.window == window]
             for lease in live:
                 if lease.peer_id == peer_id:
                     return lease
             taken = {shard for lease in live for shard in lease.shard_ids}
-            shards = assign_shards(head.head_id, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
+            seed = f"{head.head_id}/ahead" if ahead else head.head_id  # not the shards it drew on this head
+            shards = assign_shards(seed, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
             if not shards:
                 lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))
                 raise Conflict(
-                    f"every shard of window {head.window} is leased; ask again at the next head or in {lapse_s} s",
+                    f"every shard of window {window} is leased; ask again at the next head or in {lapse_s} s",
                     headers={"Retry-After": str(lapse_s)},
                 )
             return Lease(
@@ -78,7 +113,7 @@ class LeaseIssuer:
                 experiment=experiment,
                 peer_id=peer_id,
                 base_head=head.head_id,
-                window=head.window,
+                window=window,
                 dataset_id=spec.dataset_id,
                 shard_ids=shards,
                 issued_at_ms=now_ms,

@@ -59,7 +59,7 @@ from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
-from protocol.messages import TRAINER_KINDS, PeerProof
+from protocol.messages import PeerProof
 
 from .deps import client_address
 from .errors import (
@@ -73,7 +73,7 @@ from .errors import (
 )
 from .holders import Holders
 from .hub import TOPICS, Connection, ConnectionState
-from .intake import accept_candidate, check_peer_rate
+from .intake import accept_candidate
 from .leasing import LeaseIssuer
 from .ratelimit import TokenBucket
 from .responses import JSON
@@ -329,12 +329,10 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())
     elif kind == "lease.request":
         state.admission.check(connection.token, "lease")
-        if connection.kind not in TRAINER_KINDS:
-            raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {connection.kind}")
         key = ExperimentKey.parse(data.get("experiment"))
-        state.experiment(key)
-        check_peer_rate(state, connection.peer_id, key)
-        grant = await issuer.issue(key, connection.peer_id, state.admission.principal(connection.token))
+        grant = await issuer.grant(
+            key, PeerId(connection.peer_id), connection.kind, state.admission.principal(connection.token)
+        )
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()
         )

@@ -28,9 +28,8 @@ from protocol.uploads import UPLOAD_CHUNK_BYTES
 __all__ = ["Settings"]
 
 # What an honest trainer asks of the edge per window of each experiment it trains: one lease and one
-# candidate upload. A validator closes at most one window of an experiment per poll
-# (``native_peer.validator.ValidatorConfig.poll_s``), so the default per-peer budget of an experiment
-# covers honest trainers at that window rate.
+# candidate upload. The default per-peer budget of an experiment covers honest trainers at windows
+# as short as SHORTEST_WINDOW_S.
 REQUESTS_PER_WINDOW = 2
 SHORTEST_WINDOW_S = 0.25
 
@@ -50,7 +49,7 @@ _HELP = {
     "idle_timeout_s": "a joined peer silent this long (no message, no ping) is closed with 4408",
     "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",
     "messages_per_s": "sustained messages per second a connection may send (burst: 4x)",
-    "max_long_poll_s": "longest a head long-poll may wait",
+    "max_long_poll_s": "longest a long-poll (a head, the activity token) may wait",
     "peer_requests_per_min": f"lease requests and candidate uploads per minute one peer may make in one experiment (burst: a quarter); the default fits an honest trainer's {REQUESTS_PER_WINDOW} per window at one window per {SHORTEST_WINDOW_S} s",
     "header_timeout_s": "a request's headers must arrive within this, however slowly they trickle",
     "body_timeout_s": "a request body must arrive within this after its headers",

@@ -278,11 +278,11 @@ class EdgeStore:
         choose: Callable[[HeadDescriptor | None, list[Lease]], Lease],
         seen: tuple[PeerId, str] | None = None,
     ) -> tuple[Lease, bool]:
-        """Lease in the current window of ``experiment``, atomically across every edge on this
-        database: ``choose(current head, live leases of its window)`` returns one of those leases
-        (asking again) or a new one (or raises), and a new one is stored before any other lease of
-        the database is granted. Returns the lease and whether it is new. ``seen``: the peer asking
-        and its kind, remembered in the same transaction (``saw_peer``)."""
+        """Lease in the current window of ``experiment`` or the one after it, atomically across every
+        edge on this database: ``choose(current head, live leases granted on it or on its parent)``
+        returns one of those leases (asking again) or a new one (or raises), and a new one is stored
+        before any other lease of the database is granted. Returns the lease and whether it is new.
+        ``seen``: the peer asking and its kind, remembered in the same transaction (``saw_peer``)."""
         with self._db.transaction() as run:
             if seen is not None:
                 self._saw_peer(run, *seen, now_ms)
@@ -291,10 +291,11 @@ class EdgeStore:
             live: list[Lease] = []
             if head is not None:
                 rows = run(
-                    "SELECT descriptor FROM leases WHERE experiment = ? AND base_head = ? AND expires_at_ms > ?"
+                    "SELECT descriptor FROM leases WHERE experiment = ? AND base_head IN (?, ?) AND expires_at_ms > ?"
                     " ORDER BY rowid",
                     experiment,
                     head.head_id,
+                    head.parent or head.head_id,
                     now_ms,
                 ).fetchall()
                 live = [_lease(r[0]) for r in rows]

@@ -107,7 +107,7 @@ def candidate_envelope(
         1,
     )
     candidate = Candidate.for_lease(
-        lease, artifact, trainer, peer_kind=peer_kind, examples=1000, steps=10, created_at_ms=now_ms()
+        lease, lease.base_head, artifact, trainer, peer_kind=peer_kind, examples=1000, steps=10, created_at_ms=now_ms()
     )
     return candidate, pack_envelope(candidate.to_wire(), artifact)
 
@@ -119,14 +119,15 @@ def signed_lease(
     *,
     lease_id: str = "lease-x",
     experiment: ExperimentKey = EXPERIMENT,
+    window: int = 0,
 ) -> Lease:
-    """A lease for ``trainer`` on ``base``, signed by ``edge``."""
+    """A lease for ``trainer`` on ``base`` (for ``window``), signed by ``edge``."""
     lease = Lease(
         LeaseId(lease_id),
         experiment,
         peer_id_from_public_key(trainer.public_key),
         base,
-        0,
+        window,
         DatasetId("mnist"),
         (),
         0,
@@ -209,7 +210,7 @@ def tools_output(argv: list[str]) -> str:
     return out.getvalue()
 
 
-def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, speculative_epochs: int = 0) -> Trainer:
+def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, continuous: bool = False) -> Trainer:
     """A native MNIST MLP trainer spawned through the builder API, as users write it."""
     return (
         NodeBuilder(mlp_learner())
@@ -217,6 +218,6 @@ def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, speculat
         .with_network(network)
         .with_storage(StorageConfig(storage))
         .with_bootstrap_peer(url)
-        .with_continuous_training(speculative_epochs)
+        .with_continuous_training(continuous)
         .spawn()
     )

@@ -79,7 +79,9 @@ def _lease(http: httpx.Client, signer: PureSigner, kind: str = "native") -> Leas
 def _upload(
     http: httpx.Client, signer: PureSigner, lease: Lease, artifact: bytes, *, kind: str = "native"
 ) -> httpx.Response:
-    candidate = Candidate.for_lease(lease, artifact, signer, peer_kind=kind, examples=64, steps=1, created_at_ms=1)
+    candidate = Candidate.for_lease(
+        lease, lease.base_head, artifact, signer, peer_kind=kind, examples=64, steps=1, created_at_ms=1
+    )
     return http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), artifact))
 
 
@@ -307,7 +309,14 @@ def test_bad_signature_floods_over_http_are_limited_per_address_too(tmp_path: Pa
             own_lease = grant_lease(http, forger).lease
             claims_victim = replace(  # the victim's key, the forger's signature
                 Candidate.for_lease(
-                    own_lease, artifact, forger, peer_kind="native", examples=64, steps=1, created_at_ms=1
+                    own_lease,
+                    own_lease.base_head,
+                    artifact,
+                    forger,
+                    peer_kind="native",
+                    examples=64,
+                    steps=1,
+                    created_at_ms=1,
                 ),
                 public_key=victim.public_key,
             )
@@ -370,7 +379,14 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
             grant = grant_lease(http, trainer, **bearer("trainer"))
             artifact = encode_tensors(init_params(SPEC, 3))
             candidate = Candidate.for_lease(
-                grant.lease, artifact, trainer, peer_kind="native", examples=64, steps=1, created_at_ms=1
+                grant.lease,
+                grant.lease.base_head,
+                artifact,
+                trainer,
+                peer_kind="native",
+                examples=64,
+                steps=1,
+                created_at_ms=1,
             )
             envelope = pack_envelope(candidate.to_wire(), artifact)
             assert http.post(f"{BASE}/candidates", content=envelope, headers=bearer("trainer")).status_code == 201

@@ -38,7 +38,7 @@ def _lease(signer: PureSigner = TRAINER, base: HeadId = HEAD, edge: PureSigner =
 def _candidate(lease: Lease, examples: int = 960, signer: PureSigner = TRAINER) -> Candidate:
     artifact = encode_tensors(init_params(SPEC, 5))
     return Candidate.for_lease(
-        lease, artifact, signer, peer_kind="native", examples=examples, steps=15, created_at_ms=1
+        lease, lease.base_head, artifact, signer, peer_kind="native", examples=examples, steps=15, created_at_ms=1
     )
 
 

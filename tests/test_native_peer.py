@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -13,15 +15,18 @@ import pytest
 
 from datasets.layout import read_train_manifest
 from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
+from native_peer.dataset_client import ShardCache
 from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
 from protocol.manifests import ExperimentSpec
-from protocol.messages import HeadDescriptor, Verdict
+from protocol.messages import Candidate, HeadDescriptor, Verdict
 from protocol.model import MODELS, init_params
 from protocol.reasons import Reason
+from protocol.updates import encode_update
+from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
@@ -43,44 +48,46 @@ def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[Background
         validator.close()
 
 
-def _trainer(edge: BackgroundEdge, root: Path, name: str, speculative_epochs: int = 0) -> Trainer:
+def _trainer(edge: BackgroundEdge, root: Path, name: str, continuous: bool = False) -> Trainer:
     network = mnist_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
-    return mnist_trainer(network, root / name, edge.url, speculative_epochs=speculative_epochs)
+    return mnist_trainer(network, root / name, edge.url, continuous=continuous)
 
 
-def test_a_continuous_trainer_keeps_training_while_its_window_is_judged(
+def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_is_judged(
     network_env: tuple[BackgroundEdge, Validator, Path],
 ) -> None:
     edge, validator, root = network_env
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
-    trainer = _trainer(edge, root, "continuous", speculative_epochs=2)
+    trainer = _trainer(edge, root, "continuous", continuous=True)
     experiment = trainer.experiment(*BASELINE.parts)
-    assert not trainer.speculate(experiment)  # nothing trained yet, nothing to go on with
+    assert not trainer.train_ahead_once(experiment)  # nothing published yet, nothing to go on from
     first = trainer.train_window_once(experiment)
-    work = trainer._speculation[experiment.key]
+    work = trainer._carry[experiment.key]
     published = work.origin  # what the window published
     computed = trainer.compute_s
-    assert trainer.speculate(experiment) and trainer.speculate(experiment)  # while the window is judged
-    assert not trainer.speculate(experiment)  # at most speculative_epochs, then it waits
+    assert trainer.train_ahead_once(experiment)  # while the window is judged: the next window's lease
+    assert work.ahead is not None
+    ahead = work.ahead.grant.lease
+    assert (ahead.window, ahead.base_head) == (first.window + 1, first.base_head_id)  # granted before its head
+    assert not trainer.train_ahead_once(experiment)  # its epochs are trained: it waits for that head
     assert trainer.compute_s > computed
     progress = {k: v - published[k] for k, v in trainer.project.learner.to_tensors(work.params).items()}
     assert max(float(np.abs(v).max()) for v in progress.values()) > 0
-    report = validator.poll(spec)
+    report = validator.poll(spec)  # the lease granted ahead is the next window's: this one is complete
     assert report is not None and report.merged
     head_tensors = trainer._head_tensors(report.head)
-    assert trainer._reconciled(head_tensors, trainer._speculation[experiment.key]).keys() == head_tensors.keys()
-    np.testing.assert_allclose(  # the next window starts at the new head plus the speculative progress
-        trainer._reconciled(head_tensors, trainer._speculation[experiment.key])["dense0.kernel"],
+    np.testing.assert_allclose(  # the next window goes on from the new head plus the progress made ahead
+        trainer._reconciled(head_tensors, work)["dense0.kernel"],
         head_tensors["dense0.kernel"] + progress["dense0.kernel"],
         atol=1e-6,
     )
     second = trainer.train_window_once(experiment)
-    assert second.base_head_id == report.head.head_id
-    assert second.metrics["carried_steps"] == 2 * first.steps  # two speculative epochs over its lease
-    assert second.examples == first.examples  # a candidate claims only its own lease's examples
+    assert (second.base_head_id, second.lease_id) == (report.head.head_id, ahead.lease_id)
+    assert second.metrics["carried_steps"] == 0  # every step it carried trained its own lease
+    assert second.examples == first.examples  # a candidate claims its own lease's examples
     declared = next(c for c in validator.edge.candidates(BASELINE) if c.candidate_id == second.candidate_id)
-    assert declared.steps == 3 * first.steps  # its optimizer steps, carried ones too: the norm bound counts them
+    assert declared.steps == first.steps  # its optimizer steps, those before the head too
     report = validator.poll(spec)
     assert report is not None and report.head.merged == (second.candidate_id,), [str(v.reason) for v in report.verdicts]
     record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]
@@ -153,34 +160,61 @@ def test_restarted_trainer_resumes_identity_cache_and_optimizer(
     again.close()
 
 
-def test_stale_candidates_are_rejected_with_reasons(
+def test_a_candidate_one_window_late_is_merged_as_a_delayed_update_and_older_ones_are_stale(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
+    """A trainer that misses its window's deadline by one window still contributes: its update is
+    judged in the next window, moved onto that window's head (Streaming DiLoCo's delayed outer
+    gradient); two windows late it is ``stale_base``."""
     edge, fixture_validator, root = network_env
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     validator = _validator_with(fixture_validator, edge, dataset_root, clock)
     spec = validator.network.experiment(BASELINE)
-    validator.ensure_genesis(spec)
-    slow, fast = _trainer(edge, root, "slow"), _trainer(edge, root, "fast")
+    genesis = validator.ensure_genesis(spec)
+    slow, slower, fast = (_trainer(edge, root, name) for name in ("slow", "slower", "fast"))
     experiment = fast.experiment(*BASELINE.parts)
     fast_outcome = fast.train_window_once(experiment)
-    # slow leases in the same window but publishes only after the validator has moved on
-    lease = slow.edge.request_lease(BASELINE, slow.identity, "native").lease
-    assert validator.poll(spec) is None  # slow's lease is live: the window waits for it (deadline not reached)
+    # slow and slower lease in the same window but publish only after the validator has moved on
+    late = [_late_update(trainer, experiment, genesis) for trainer in (slow, slower)]
+    assert validator.poll(spec) is None  # their leases are live: the window waits (deadline not reached)
     clock.advance(spec.window_timeout_s)  # no window history yet: the deadline is window_timeout_s
     report = validator.poll(spec)
-    assert report is not None and report.merged
-    codec = validator.network.experiment(BASELINE).codec
-    stale, body = candidate_envelope(slow.identity, lease.base_head, lease.lease_id, codec=codec)
+    assert report is not None and report.head.merged == (fast_outcome.candidate_id,)
+    (delayed, body), (stale, stale_body) = late
     slow.edge.publish_candidate(BASELINE, body)
+    following = validator.poll(spec)  # no lease of the next window is out: it closes with the late update
+    assert following is not None and following.head.merged == (delayed.candidate_id,), following.verdicts
+    slower.edge.publish_candidate(BASELINE, stale_body)
     validator.poll(spec)
     verdicts = {v.candidate_id: v for v in validator.edge.verdicts(BASELINE)}
-    assert verdicts[stale.candidate_id].reason is Reason.STALE_BASE
-    assert not verdicts[stale.candidate_id].accepted
-    assert verdicts[fast_outcome.candidate_id].accepted
+    assert verdicts[stale.candidate_id].reason is Reason.STALE_BASE and not verdicts[stale.candidate_id].accepted
+    assert verdicts[delayed.candidate_id].accepted and verdicts[delayed.candidate_id].head_id == following.head.head_id
     assert verdicts[fast_outcome.candidate_id].head_id == report.head.head_id
-    for node in (slow, fast, validator):
+    for node in (slow, slower, fast, validator):
         node.close()
+
+
+def _late_update(trainer: Trainer, experiment: Any, head: HeadDescriptor) -> tuple[Candidate, bytes]:
+    """What ``trainer`` trains honestly on a lease of the window on ``head``, to publish later."""
+    grant = trainer.edge.request_lease(experiment.key, trainer.identity, "native")
+    x, y = ShardCache.assemble(trainer.shards.prefetch(grant))
+    base = trainer._head_tensors(head)
+    xb, yb = trainer._loader(experiment).batches(x, y, epoch_seed(grant.lease, 0))
+    trained = trainer._engine(experiment).fresh_window(base, xb, yb)
+    tensors, _ = encode_update(SPEC, base, trained, experiment.spec.codec, None)
+    return package_candidate(
+        grant.lease,
+        head,
+        tensors,
+        trainer.identity,
+        peer_kind="native",
+        model=SPEC.name,
+        codec=experiment.spec.codec,
+        examples=xb.shape[0] * xb.shape[1],
+        steps=xb.shape[0],
+        created_at_ms=int(time.time() * 1000),
+        metrics={},
+    )
 
 
 def test_a_silent_lease_holds_each_experiments_window_only_until_its_deadline(
@@ -385,3 +419,41 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
     finally:
         local.close()
         fallback.close()
+
+
+def test_the_edge_wakes_a_waiting_validator_when_a_candidate_arrives(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """No poll sleep on the trainers' critical path: a validator waiting on the edge's activity (up to
+    ``idle_s``, far longer than the test allows) closes the window as soon as its lease delivered."""
+    edge, fixture_validator, root = network_env
+    spec = fixture_validator.network.experiment(BASELINE)
+    genesis = fixture_validator.ensure_genesis(spec)
+    validator = Validator(
+        fixture_validator.learners,
+        fixture_validator.network,
+        fixture_validator.storage,
+        edge.url,
+        fixture_validator.datasets_dir,
+        ValidatorConfig(idle_s=4.0),
+    )
+    token = validator.edge.activity(None, 0.0)
+    started = time.monotonic()
+    assert validator.edge.activity(token, 0.3) == token  # nothing happened: it waited out its time
+    assert time.monotonic() - started >= 0.3
+    stop = threading.Event()
+    thread = threading.Thread(target=validator.run, args=([spec], stop), daemon=True)
+    thread.start()
+    trainer = _trainer(edge, root, "pushed")
+    try:
+        time.sleep(0.5)  # the validator has polled once and waits on the edge
+        outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+        published = time.monotonic()
+        head = trainer.edge.current_head(BASELINE, after=genesis.head_id, wait_s=3.5)
+        assert head is not None and head.merged == (outcome.candidate_id,)
+        assert time.monotonic() - published < 2.0  # woken by the candidate, not by idle_s
+    finally:
+        stop.set()
+        thread.join(10)
+        trainer.close()
+        validator.close()

@@ -172,7 +172,14 @@ def test_honest_trainers_at_the_demos_fastest_window_rate_are_never_rate_limited
                     lease = LeaseGrant.from_wire(leased.json()).lease
                     artifact = encode_tensors(init_params(SPEC, 4 * window + 2 + i))
                     candidate = Candidate.for_lease(
-                        lease, artifact, trainer, peer_kind="native", examples=64, steps=1, created_at_ms=now_ms()
+                        lease,
+                        lease.base_head,
+                        artifact,
+                        trainer,
+                        peer_kind="native",
+                        examples=64,
+                        steps=1,
+                        created_at_ms=now_ms(),
                     )
                     uploaded = http.post(
                         f"/v1/experiments/{key}/candidates", content=pack_envelope(candidate.to_wire(), artifact)

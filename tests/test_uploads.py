@@ -114,7 +114,7 @@ def test_a_large_candidate_is_staged_across_a_broken_connection_then_published_w
         lease = grant_lease(http, TRAINER).lease
         artifact = _artifact(seed=3)
         assert len(artifact) > 5 * CHUNK
-        candidate = Candidate.for_lease(lease, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
+        candidate = Candidate.for_lease(lease, lease.base_head, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
                                         created_at_ms=now_ms())  # fmt: skip
         assert _held(http, artifact) == {"offset": 0, "total": None, "complete": False, "chunk_bytes": CHUNK}
         for offset in range(0, 2 * CHUNK, CHUNK):
@@ -175,11 +175,11 @@ def test_chunks_out_of_order_over_the_limits_or_unpublished_are_refused(tmp_path
         assert short.status_code == 400 and "the body has 10" in short.json()["detail"]
 
         lease = grant_lease(http, TRAINER).lease
-        candidate = Candidate.for_lease(lease, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
+        candidate = Candidate.for_lease(lease, lease.base_head, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
                                         created_at_ms=now_ms())  # fmt: skip
         partial = http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), b""))
         assert partial.status_code == 409 and f"holds {CHUNK} of" in partial.json()["detail"]
-        other = Candidate.for_lease(lease, _artifact(seed=6), TRAINER, peer_kind="native", examples=64, steps=1,
+        other = Candidate.for_lease(lease, lease.base_head, _artifact(seed=6), TRAINER, peer_kind="native", examples=64, steps=1,
                                     created_at_ms=now_ms())  # fmt: skip
         unstaged = http.post(f"{BASE}/candidates", content=pack_envelope(other.to_wire(), b""))
         assert unstaged.status_code == 404 and "staged" in unstaged.json()["detail"]
@@ -265,7 +265,7 @@ def test_every_request_of_a_stage_names_it_and_a_publish_that_finds_no_stage_sta
     with _edge(tmp_path, dataset_root, upload_idle_s=1.0) as (edge, http):
         lease = grant_lease(http, TRAINER).lease
         artifact = _artifact(seed=12)
-        candidate = Candidate.for_lease(lease, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
+        candidate = Candidate.for_lease(lease, lease.base_head, artifact, TRAINER, peer_kind="native", examples=64, steps=1,
                                         created_at_ms=now_ms())  # fmt: skip
         late = _LatePublish(idle_s=1.0)
         client = EdgeClient(edge.url, chunk_bytes=CHUNK)

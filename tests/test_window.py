@@ -39,9 +39,10 @@ def lease(head: HeadDescriptor) -> Lease:
     return signed_lease(TRAINER, head.head_id, EDGE)
 
 
-def _package(lease: Lease) -> tuple[Candidate, bytes]:
+def _package(lease: Lease, head: HeadDescriptor) -> tuple[Candidate, bytes]:
     return package_candidate(
         lease,
+        head,
         init_params(SPEC, 3),
         TRAINER,
         peer_kind="native",
@@ -113,10 +114,37 @@ def test_a_lease_for_another_experiment_is_refused(head: HeadDescriptor) -> None
         check_lease(elsewhere, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)
 
 
+def _child(head: HeadDescriptor) -> HeadDescriptor:
+    """The head that follows ``head`` (its window is the next)."""
+    return dataclasses.replace(head, head_id=OTHER_HEAD, parent=head.head_id, window=head.window + 1)
+
+
+def test_a_lease_for_the_next_window_is_checked_as_such(head: HeadDescriptor) -> None:
+    ahead = signed_lease(TRAINER, head.head_id, EDGE, window=head.window + 1)
+    check_lease(ahead, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key, ahead=True)
+    check_lease(ahead, _child(head), peer_id=TRAINER_ID, edge_key=EDGE.public_key)  # once the next head exists
+    with pytest.raises(NoWindow):
+        check_lease(ahead, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key)  # not a lease of this window
+    same = signed_lease(TRAINER, head.head_id, EDGE, window=head.window)
+    with pytest.raises(NoWindow):
+        check_lease(same, head, peer_id=TRAINER_ID, edge_key=EDGE.public_key, ahead=True)
+
+
 # -- lease_covers -------------------------------------------------------------------------------
-def test_lease_covers_a_candidate_made_for_it(lease: Lease) -> None:
-    candidate, _ = _package(lease)
-    assert lease_covers(lease, candidate)
+def test_lease_covers_a_candidate_made_for_it(lease: Lease, head: HeadDescriptor) -> None:
+    candidate, _ = _package(lease, head)
+    assert lease_covers(lease, candidate, head)
+
+
+def test_a_lease_granted_ahead_covers_its_window_on_the_head_that_followed(head: HeadDescriptor) -> None:
+    ahead = signed_lease(TRAINER, head.head_id, EDGE, window=head.window + 1)
+    child = _child(head)
+    candidate, _ = _package(ahead, child)
+    assert candidate.base_head == child.head_id
+    assert lease_covers(ahead, candidate, child)
+    assert not lease_covers(ahead, candidate, head)  # the candidate names the child, not this head
+    with pytest.raises(InvalidMessage):
+        _package(ahead, head)  # the lease of the next window trains no candidate on this head
 
 
 @pytest.mark.parametrize(
@@ -125,22 +153,26 @@ def test_lease_covers_a_candidate_made_for_it(lease: Lease) -> None:
         {"peer_id": peer_id_from_public_key(STRANGER.public_key)},
         {"experiment": OTHER_EXPERIMENT},
         {"base_head": OTHER_HEAD},
+        {"window": 7},
     ],
-    ids=["another-peer", "another-experiment", "another-head"],
+    ids=["another-peer", "another-experiment", "another-head", "another-window"],
 )
-def test_lease_covers_nothing_it_was_not_issued_for(lease: Lease, change: dict[str, object]) -> None:
-    candidate, _ = _package(lease)
-    assert not lease_covers(dataclasses.replace(lease, **change), candidate)
+def test_lease_covers_nothing_it_was_not_issued_for(
+    lease: Lease, head: HeadDescriptor, change: dict[str, object]
+) -> None:
+    candidate, _ = _package(lease, head)
+    assert not lease_covers(dataclasses.replace(lease, **change), candidate, head)
 
 
-def test_no_lease_covers_nothing(lease: Lease) -> None:
-    candidate, _ = _package(lease)
-    assert not lease_covers(None, candidate)
+def test_no_lease_covers_nothing(lease: Lease, head: HeadDescriptor) -> None:
+    candidate, _ = _package(lease, head)
+    assert not lease_covers(None, candidate, head)
+    assert not lease_covers(lease, candidate, None)  # a candidate on a head nobody knows
 
 
 # -- package_candidate and epoch_seed -----------------------------------------------------------
-def test_package_candidate_signs_the_artifact_it_ships(lease: Lease) -> None:
-    candidate, envelope = _package(lease)
+def test_package_candidate_signs_the_artifact_it_ships(lease: Lease, head: HeadDescriptor) -> None:
+    candidate, envelope = _package(lease, head)
     descriptor, artifact = unpack_envelope(envelope)
     assert candidate.candidate_id == content_id(artifact)
     candidate.verify_own()
