@@ -49,7 +49,7 @@ from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.judging import FRESH_TRUST, Submission, judge_window, precheck, reference_batches
 from protocol.leases import assign_leases
-from protocol.messages import Candidate, Lease
+from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import Params
 from protocol.screening import PRESETS
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -70,6 +70,7 @@ __all__ = [
 
 KEY = ExperimentKey.parse("attack/mnist/rev-1")
 EDGE = PureSigner(b"\xed" * 32)
+VALIDATOR_KEY = PureSigner(b"\xee" * 32).public_key  # names the heads the suite judges on (never signs)
 FRACTIONS = (0.1, 0.2, 0.33)
 SYBIL_FRACTIONS = (0.5, 0.6)
 LEARNING_RATE = 2e-3
@@ -392,6 +393,8 @@ class Suite:
         peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
         for window in range(self.windows):
             assignment = assign_leases(head_id, peer_ids, [str(i) for i in range(len(self.data.shards))], 1)  # type: ignore[arg-type]
+            parent = previous_head if window else None
+            current = HeadDescriptor(KEY, head_id, parent, window, 0, (), VALIDATOR_KEY, 0)  # the window's head
             trained: list[Params] = []
             for i, peer in enumerate(peer_ids):
                 x, y = self._skewed(i, window) if where.skew else self.data.shards[int(assignment[peer][0])]
@@ -407,14 +410,13 @@ class Suite:
                     assignment[peer], 0, 2**40,
                 ).signed(EDGE)  # fmt: skip
                 ctx = Window(base, trained[i], honest, previous, rng, sorted(malicious).index(i) if i in malicious else 0, trained[0])  # fmt: skip
-                for candidate, artifact in self._submit(
-                    attack if i in malicious else None, ctx, signer, lease, previous_head
-                ):
+                for candidate, artifact in self._submit(attack if i in malicious else None, ctx, signer, lease):
                     candidates.append((candidate, artifact))
                     is_malicious.append(i in malicious)
                     screen = precheck(
                         candidate,
-                        current_head=head_id,
+                        current=current,
+                        base=current if candidate.base_head == head_id else None,
                         judged=judged,
                         lease=lease,
                         leased_examples=SHARD_EXAMPLES,
@@ -484,17 +486,15 @@ class Suite:
             "benign_min_cosine": min(tally.benign_cosines, default=float("nan")),
         }
 
-    def _submit(
-        self, attack: str | None, w: Window, signer: PureSigner, lease: Lease, previous_head: HeadId
-    ) -> list[tuple[Candidate, bytes]]:
+    def _submit(self, attack: str | None, w: Window, signer: PureSigner, lease: Lease) -> list[tuple[Candidate, bytes]]:
         base_head = lease.base_head
         if attack == "replay":
             own_old = [c for c, _ in w.previous_submissions if c.peer_id == lease.peer_id]
             old = (own_old or [c for c, _ in w.previous_submissions])[0]
             return [(_candidate(signer, lease, base_head, old.candidate_id), b"")]  # re-signed for this window
-        if attack == "stale_base":
+        if attack == "stale_base":  # two windows old or more (one window late is a delayed update, judged)
             params_list = [w.own]
-            base_head = previous_head if previous_head != lease.base_head else HeadId(content_id(b"an older head"))
+            base_head = HeadId(content_id(b"an older head"))
         elif attack is not None:
             craft = ATTACKS[attack]
             assert craft is not None

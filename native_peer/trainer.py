@@ -235,6 +235,7 @@ class Trainer:
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
+        self.trained_samples = 0  # every example trained on since spawn, whatever became of the work
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
     @property
@@ -366,6 +367,7 @@ class Trainer:
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started
         self.compute_s += train_seconds
+        self.trained_samples += steps * loader.batch_size
         examples = (done.steps + steps) * loader.batch_size  # this lease's epochs, those trained ahead too
         metrics = {"train_loss": loss, "samples_per_s": examples / max(done.seconds + train_seconds, 1e-9)}
         if carried is not None:
@@ -430,6 +432,7 @@ class Trainer:
                 "optimizer_restored": experiment.key in self.restored_optimizers,
                 "candidate_bytes": len(envelope),
                 "compute_s": self.compute_s,
+                "trained_samples": self.trained_samples,
                 "wall_s": time.perf_counter() - self._spawned_at,
                 "at_ms": self.clock.now_ms(),
             }
@@ -481,6 +484,7 @@ class Trainer:
         )
         seconds = time.perf_counter() - started
         self.compute_s += seconds
+        self.trained_samples += xb.shape[0] * xb.shape[1]
         ahead.seconds += seconds
         ahead.epochs += 1
         ahead.steps += len(xb)

@@ -12,8 +12,15 @@ from protocol.aggregation import flatten, fltrust_trimmed_mean
 from protocol.codec import encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, HeadId, LeaseId, ShardId
-from protocol.judging import Submission, judge_window, precheck, reference_batches
-from protocol.messages import Candidate, Lease
+from protocol.judging import (
+    Submission,
+    judge_window,
+    precheck,
+    reference_batches,
+    staleness,
+    staleness_weight,
+)
+from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import MODELS, evaluate, init_params
 from protocol.reasons import Reason
 from protocol.screening import ACCEPT, PRESETS
@@ -26,26 +33,31 @@ SPEC = MODELS["mnist-mlp"]
 EDGE = PureSigner(b"\xee" * 32)
 TRAINER = PureSigner(b"\x61" * 32)
 HEAD = HeadId(content_id(b"current head"))
+PARENT = HeadId(content_id(b"the head before"))
+VALIDATOR = PureSigner(b"\x64" * 32)
+CURRENT = HeadDescriptor(EXPERIMENT, HEAD, PARENT, 3, 0, (), VALIDATOR.public_key, 0)
+BEFORE = HeadDescriptor(EXPERIMENT, PARENT, None, 2, 0, (), VALIDATOR.public_key, 0)
 
 
-def _lease(signer: PureSigner = TRAINER, base: HeadId = HEAD, edge: PureSigner = EDGE) -> Lease:
+def _lease(signer: PureSigner = TRAINER, base: HeadId = HEAD, edge: PureSigner = EDGE, window: int = 3) -> Lease:
     return Lease(
-        LeaseId("lease-1"), EXPERIMENT, peer_id_from_public_key(signer.public_key), base, 3, DatasetId("mnist"),
+        LeaseId("lease-1"), EXPERIMENT, peer_id_from_public_key(signer.public_key), base, window, DatasetId("mnist"),
         (ShardId("train-00001"),), 0, 10**13,
     ).signed(edge)  # fmt: skip
 
 
-def _candidate(lease: Lease, examples: int = 960, signer: PureSigner = TRAINER) -> Candidate:
+def _candidate(lease: Lease, examples: int = 960, signer: PureSigner = TRAINER, on: HeadId | None = None) -> Candidate:
     artifact = encode_tensors(init_params(SPEC, 5))
     return Candidate.for_lease(
-        lease, lease.base_head, artifact, signer, peer_kind="native", examples=examples, steps=15, created_at_ms=1
+        lease, on or lease.base_head, artifact, signer, peer_kind="native", examples=examples, steps=15, created_at_ms=1
     )
 
 
 def _check(candidate: Candidate, lease: Lease | None, judged: set[str] | None = None) -> Reason:
     screen = precheck(
         candidate,
-        current_head=HEAD,
+        current=CURRENT,
+        base={HEAD: CURRENT, PARENT: BEFORE}.get(candidate.base_head),
         judged=judged or set(),
         lease=lease,
         leased_examples=1000,
@@ -72,6 +84,47 @@ def test_precheck_reasons() -> None:
     assert _check(_candidate(lease, examples=5000), lease) == "out_of_lease"
     stale_lease = _lease(base=HeadId(content_id(b"older head")))
     assert _check(_candidate(stale_lease), stale_lease) == "stale_base"
+
+
+def test_precheck_takes_a_delayed_update_and_a_lease_granted_ahead() -> None:
+    late = _lease(base=PARENT, window=2)  # its window closed before it delivered: judged one window later
+    assert _check(_candidate(late), late) == "accepted"
+    ahead = _lease(base=PARENT, window=3)  # granted on the parent, for this window, before this head existed
+    assert _check(_candidate(ahead, on=HEAD), ahead) == "accepted"
+    assert _check(_candidate(ahead), ahead) == "wrong_lease"  # not a lease of the parent's own window
+
+
+@pytest.mark.parametrize(("base_head", "behind"), [(HEAD, 0), (PARENT, 1), (HeadId(content_id(b"older head")), None)])
+def test_staleness_counts_windows_behind_the_current_head(base_head: HeadId, behind: int | None) -> None:
+    assert staleness(base_head, CURRENT) == behind
+
+
+def test_a_delayed_update_weighs_less_in_the_merge_and_each_lease_window_counts_once(dataset_root) -> None:  # type: ignore[no-untyped-def]
+    from datasets.layout import load_split
+
+    x, y = load_split(dataset_root / "mnist", "validation")
+    base = init_params(SPEC, 0)
+    fresh = {k: v + np.float32(1e-3) for k, v in base.items()}
+    delayed = {k: v + np.float32(0.8e-3) for k, v in base.items()}
+    subs = [
+        Submission("sha256:" + "1" * 64, "peer-a", "native", 1000.0, fresh, ACCEPT, lease_window=3),
+        Submission("sha256:" + "2" * 64, "peer-a", "native", 1000.0, delayed, ACCEPT, lease_window=2, windows_behind=1),
+    ]
+    assert staleness_weight(0) == 1.0 and staleness_weight(1) == pytest.approx(1 / np.sqrt(2))
+    decision = judge_window(
+        SPEC, base, evaluate(SPEC, base, x[:1000], y[:1000]), subs, PRESETS["minimal"],
+        lambda p: evaluate(SPEC, p, x[:1000], y[:1000]),
+    )  # fmt: skip
+    assert len(decision.accepted) == 2, decision.screens  # one peer, two lease windows: both count
+    assert decision.merged is not None
+    late = staleness_weight(1)  # the delayed update's weight, relative to the fresh one's
+    expected = base["dense0.bias"] + (1e-3 + late * 0.8e-3) / (1 + late)
+    np.testing.assert_allclose(decision.merged["dense0.bias"], expected, rtol=1e-4)
+    again = judge_window(
+        SPEC, base, evaluate(SPEC, base, x[:1000], y[:1000]), [subs[0], replace(subs[1], lease_window=3)],
+        PRESETS["minimal"], lambda p: evaluate(SPEC, p, x[:1000], y[:1000]),
+    )  # fmt: skip
+    assert again.screens["sha256:" + "2" * 64].reason is Reason.REPLAY  # the same lease window twice
 
 
 def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: ignore[no-untyped-def]

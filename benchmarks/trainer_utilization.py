@@ -1,0 +1,197 @@
+"""Trainer utilization on its own core: how much of a pinned trainer's core becomes training.
+
+The reference set-up: the edge and the validator pinned to core 0, one native trainer pinned to core 1
+(``taskset``), each its own process (``lab.stack``), one experiment (``BENCH_EXPERIMENT``, 4 shards a
+lease). Per run, for ``--seconds`` after the trainer's first window:
+
+    utilization   examples the trainer trained on (every one: its windows, the next window's lease
+                  trained ahead, work carried or dropped) / wall seconds, divided by the samples/s
+                  the same trainer code reaches alone on that core (``standalone``, measured first,
+                  in this run, on the same lease-sized data: uncontended compute)
+    cpu           the trainer process's CPU seconds (all its threads) / wall seconds
+    windows/min   heads the validator promoted per minute
+
+Configurations: ``idle`` (the trainer waits for each window to be judged: the baseline) and
+``continuous`` (it leases and trains the next window at once). Each runs ``--runs`` times; the table
+gives the median and the spread (min–max), and the ratio continuous / idle of the medians.
+
+    python -m benchmarks.trainer_utilization [--runs 3] [--seconds 30] [--out docs/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
+from native_peer.edge_client import EdgeClient
+from native_peer.storage import StorageConfig
+
+from . import BENCH_EXPERIMENT, bench_network
+
+CONFIGS = ("idle", "continuous")
+TRAINER_CORE, SERVICE_CORE = "1", "0"
+
+
+@dataclass(frozen=True)
+class Run:
+    config: str
+    utilization: float
+    cpu: float
+    windows_per_min: float
+    samples: int
+    seconds: float
+
+
+def standalone_rate(datasets: Path, seconds: float = 5.0) -> float:
+    """Samples/s of the trainer's own training step alone on ``TRAINER_CORE`` (a child process)."""
+    argv = [sys.executable, "-m", "benchmarks.trainer_utilization", "--standalone", str(datasets), str(seconds)]
+    out = subprocess.run(["taskset", "-c", TRAINER_CORE, *argv], capture_output=True, text=True, check=True, cwd=REPO)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _standalone(datasets: Path, seconds: float) -> None:
+    """Print the samples/s of ``TrainEngine.train_epoch`` over one lease's worth of MNIST (4 shards)."""
+    import jax
+
+    from datasets.layout import load_train
+    from native_peer.learner import TrainEngine
+    from native_peer.mnist import mlp_learner
+    from protocol.batches import make_batches
+
+    x, y = load_train(datasets / "mnist")
+    x, y = x[:4000], y[:4000]
+    learner = mlp_learner()
+    spec = bench_network(b"\0" * 32, 4).experiments[0]
+    engine = TrainEngine(learner, learner.make_optimizer(spec))
+    params = learner.init(jax.random.PRNGKey(0))
+    opt_state = engine.init_optimizer(params)
+    xb, yb = make_batches(x, y, spec.batch_size, 0)
+    params, opt_state, _ = engine.train_epoch(params, opt_state, xb, yb)  # compile
+    samples, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        params, opt_state, _ = engine.train_epoch(params, opt_state, xb, yb)
+        samples += xb.shape[0] * xb.shape[1]
+    print(samples / (time.perf_counter() - started))
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _outcomes(storage: Path) -> list[dict[str, Any]]:
+    path = StorageConfig(storage).outcomes_path
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate: float) -> Run:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    pin = ["taskset", "-c", SERVICE_CORE]
+    trainer_argv = [*local.trainer_argv(url, root / "trainer"), "--experiment", str(BENCH_EXPERIMENT)]
+    edge = EdgeClient(url)
+    try:
+        with Fleet(root) as fleet:
+            fleet.start("edge", [*pin, *local.edge_argv(port)])
+            fleet.wait_ready(f"{url}/healthz")
+            fleet.start("validator", [*pin, *local.validator_argv(url)])
+            idle = ["--idle-between-windows"] if config == "idle" else []
+            fleet.start("trainer", ["taskset", "-c", TRAINER_CORE, *trainer_argv, *idle])
+            pid = fleet.processes["trainer"].pid
+            while not _outcomes(root / "trainer"):  # compiled and through its first window
+                fleet.check_alive()
+                time.sleep(0.2)
+            first, cpu0, heads0, started = _outcomes(root / "trainer")[-1], _cpu_s(pid), None, time.monotonic()
+            heads0 = len(edge.heads(BENCH_EXPERIMENT))
+            while time.monotonic() - started < seconds:
+                fleet.check_alive()
+                time.sleep(0.5)
+                print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
+            last, cpu1, wall = _outcomes(root / "trainer")[-1], _cpu_s(pid), time.monotonic() - started
+            heads1 = len(edge.heads(BENCH_EXPERIMENT))
+    finally:
+        edge.close()
+    print()
+    span = last["wall_s"] - first["wall_s"]  # the trainer's own clock, first to last window
+    samples = last["trained_samples"] - first["trained_samples"]
+    return Run(
+        config,
+        utilization=samples / max(span, 1e-9) / rate,
+        cpu=(cpu1 - cpu0) / wall,
+        windows_per_min=(heads1 - heads0) * 60 / wall,
+        samples=samples,
+        seconds=span,
+    )
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--standalone":
+        _standalone(Path(sys.argv[2]), float(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, default=None, help="write a results file (markdown) into this folder")
+    args = parser.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("this benchmark pins the trainer and the services to two different cores")
+    base = Path(tempfile.mkdtemp(prefix="dtn-utilization-"))
+    datasets = base / "datasets"
+    prepare_network(base / "probe", datasets=datasets, network=lambda key: bench_network(key, 4))
+    runs: list[Run] = []
+    rates: list[float] = []
+    for i in range(args.runs):
+        for config in CONFIGS:  # interleaved, so drift in the machine hits both alike
+            rates.append(standalone_rate(datasets))
+            root = base / f"{config}-{i}"
+            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4))
+            runs.append(run_once(local, root, config, args.seconds, rates[-1]))
+            print(f"  {runs[-1]}")
+    lines = [
+        f"standalone trainer on core {TRAINER_CORE}: {_spread(rates)} samples/s (median, min–max of {len(rates)})",
+        "",
+        "| trainer | utilization | process CPU / wall | windows / min |",
+        "| --- | --- | --- | --- |",
+    ]
+    medians = {}
+    for config in CONFIGS:
+        mine = [r for r in runs if r.config == config]
+        medians[config] = statistics.median(r.utilization for r in mine)
+        lines.append(
+            f"| {config} | {_spread([r.utilization for r in mine])} | {_spread([r.cpu for r in mine])} "
+            f"| {_spread([r.windows_per_min for r in mine])} |"
+        )
+    lines += ["", f"continuous / idle utilization (medians): {medians['continuous'] / medians['idle']:.2f} x"]
+    print("\n".join(lines))
+    if args.out is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{time.strftime('%Y-%m-%d')}-trainer-utilization.md"
+        header = [
+            "# Trainer utilization on its own core",
+            "",
+            f"Command: `python -m benchmarks.trainer_utilization --runs {args.runs} --seconds {args.seconds:g}`"
+            f" at commit {commit.stdout.strip()}; {os.cpu_count()} cores, no GPU. Edge and validator on core"
+            f" {SERVICE_CORE}, the trainer on core {TRAINER_CORE}; {args.runs} runs per configuration, interleaved.",
+            "",
+        ]
+        path.write_text("\n".join([*header, *lines, ""]))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
