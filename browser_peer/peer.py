@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ from protocol.uploads import (
     parse_content_range,
     upload_path,
 )
-from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, package_candidate
+from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
 from .bridge import Bridge, HttpAnswer, HttpError, PeerBytes, Socket, SocketClosed
 from .guest import Guest
@@ -71,6 +71,19 @@ HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head 
 
 
 @dataclass(frozen=True)
+class _Trained:
+    """A lease trained from ``origin`` to ``params`` (``steps`` optimizer steps in ``seconds``)."""
+
+    grant: LeaseGrant
+    origin: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    steps: int
+    loss: float
+    seconds: float
+    workers: int
+
+
+@dataclass(frozen=True)
 class PeerConfig:
     edge_url: str
     experiment: str
@@ -79,6 +92,7 @@ class PeerConfig:
     reconnect_max_s: float = 15.0
     token: str | None = None  # admission token, for networks that require one
     piece_bytes: int = UPLOAD_CHUNK_BYTES  # heads larger than this come in Range pieces of this size
+    train_ahead: bool = True  # lease and train the next window while the last is judged (``_train_ahead``)
 
 
 class BrowserPeer:
@@ -122,6 +136,7 @@ class BrowserPeer:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
+        self._ahead: _Trained | None = None  # the next window's lease, trained before its head existed
         self._restored = False
         self._dropped: set[str] = set()
 
@@ -442,21 +457,108 @@ class BrowserPeer:
         head = head_to_train(
             await self._current_head(), self._network.validator_key_set, self._last_base, quorum=self._network.quorum
         )
-        self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
-        await socket.send_text(json.dumps({"type": "lease.request", "experiment": self.key, "request_id": head.window}))
-        try:
-            grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))
-        except NoWindow:
-            self._last_base = head.head_id  # every shard of this window is leased: wait for the next head
-            raise
-        lease = grant.lease
-        check_lease(lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
-        self._report(phase=f"downloading head and {len(lease.shard_ids)} leased shards")
         model = MODELS[spec.model]
-        artifact = await self._head_artifact(socket, reader, head, model.max_artifact_bytes)
-        params, _ = decode_tensors(artifact)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and lease_window(ahead.grant.lease, head):  # trained before this head existed
+            grant = ahead.grant
+            self._report(phase=f"downloading head {head.window}", head_window=head.window)
+            base = await self._base(socket, reader, head, model)
+            done = replace(ahead, params={k: base[k] + (ahead.params[k] - ahead.origin[k]) for k in base})
+        else:
+            self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
+            try:
+                grant = await self._lease(socket, reader, head.window)
+            except NoWindow:
+                self._last_base = head.head_id  # every shard of this window is leased: wait for the next head
+                raise
+            check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key)
+            self._report(phase=f"downloading head and {len(grant.lease.shard_ids)} leased shards")
+            base = await self._base(socket, reader, head, model)
+            done = await self._train(spec, head.window, grant, base)
+        lease = grant.lease
+        examples = done.steps * spec.batch_size
+        rate = examples / max(done.seconds, 1e-9)
+        tensors, self._residual = encode_update(model, base, done.params, spec.codec, self._residual)
+        candidate, envelope = package_candidate(
+            lease,
+            head,
+            tensors,
+            self.signer,
+            peer_kind=self.peer_kind,
+            model=spec.model,
+            codec=spec.codec,
+            examples=examples,
+            steps=done.steps,
+            created_at_ms=self.clock.now_ms(),
+            metrics={"train_loss": done.loss, "samples_per_s": rate, "workers": float(done.workers)},
+        )
+        self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=done.workers)
+        if len(envelope) > self._max_frame_bytes:  # too large for a frame: staged and published over HTTP
+            acknowledged = await self._publish_staged(candidate, unpack_envelope(envelope)[1])
+        else:
+            await socket.send_bytes(envelope)
+            self.status["sent_bytes"] += len(envelope)
+            acknowledged = (await self._reply(reader, "candidate.ack"))["candidate_id"]
+        if acknowledged != candidate.candidate_id:
+            raise ProtocolError("edge acknowledged another candidate")
+        self._last_base = head.head_id
+        self._report(
+            phase=f"window {head.window} published; waiting for the validator",
+            windows_done=self.status["windows_done"] + 1,
+            last_candidate=candidate.candidate_id,
+        )
+        assert self._optimizer is not None
+        progress = Progress(self._optimizer, self._residual, self.status["windows_done"], self._last_base)
+        await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
+        last = self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows
+        if self.config.train_ahead and not last:
+            self._ahead = await self._train_ahead(socket, reader, spec, head, done.params)
+        if self._ahead is None:
+            await self._wait_for_head(60.0, reader)
+
+    async def _lease(
+        self, socket: Socket, reader: asyncio.Task[None], window: int, after: HeadId | None = None
+    ) -> LeaseGrant:
+        """A lease for ``window`` over the relay (``after``: the head it follows, before the next exists)."""
+        request = {"type": "lease.request", "experiment": self.key, "request_id": window}
+        await socket.send_text(json.dumps(request if after is None else {**request, "after": after}))
+        return LeaseGrant.from_wire(await self._reply(reader, "lease"))
+
+    async def _base(
+        self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, model: ModelSpec
+    ) -> dict[str, np.ndarray]:
+        """``head``'s parameters, checked against the model (a copy: training may update in place)."""
+        params, _ = decode_tensors(await self._head_artifact(socket, reader, head, model.max_artifact_bytes))
         model.check(params)
-        base = {name: array.copy() for name, array in params.items()}  # training may update in place
+        return {name: array.copy() for name, array in params.items()}
+
+    async def _train_ahead(
+        self,
+        socket: Socket,
+        reader: asyncio.Task[None],
+        spec: ExperimentSpec,
+        head: HeadDescriptor,
+        published: dict[str, np.ndarray],
+    ) -> _Trained | None:
+        """The next window's lease (asked ``after`` ``head``, before its head exists), trained from where
+        the window on ``head`` stopped (``published``); None when the next window is full."""
+        assert self._network is not None
+        self._report(phase=f"leasing window {head.window + 1} ahead")
+        try:
+            grant = await self._lease(socket, reader, head.window + 1, after=head.head_id)
+        except NoWindow:
+            return None
+        check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key, ahead=True)
+        return await self._train(spec, head.window + 1, grant, published)
+
+    async def _train(
+        self, spec: ExperimentSpec, window: int, grant: LeaseGrant, params: dict[str, np.ndarray]
+    ) -> _Trained:
+        """``params`` (left as they are) trained on ``grant``'s shards for ``window``: the lease's epochs,
+        in parts over the page's workers, the optimizer's moments merged back."""
+        lease = grant.lease
+        start = {name: array.copy() for name, array in params.items()}  # training updates in place
+        model = MODELS[spec.model]
         if self._manifest is None:
             self._manifest = FetchManifest.from_wire(
                 await self._fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
@@ -474,12 +576,12 @@ class BrowserPeer:
         x_all, y_all = np.concatenate(xs), np.concatenate(ys)
         if self._optimizer is None:
             self._optimizer = Adam(spec.learning_rate)
-        self._optimizer.learning_rate = spec.learning_rate_at(head.window)  # the experiment's schedule
+        self._optimizer.learning_rate = spec.learning_rate_at(window)  # the experiment's schedule
         started = time.perf_counter()
         seeds = tuple(epoch_seed(lease, epoch) for epoch in range(spec.local_epochs))
         slices = split(x_all, y_all, 1 + self.bridge.part_workers(), spec.batch_size)
         tasks = [
-            PartTask(spec.model, spec.batch_size, tuple(seed + part for seed in seeds), params, self._optimizer, x, y)
+            PartTask(spec.model, spec.batch_size, tuple(seed + part for seed in seeds), start, self._optimizer, x, y)
             for part, (x, y) in enumerate(slices)
         ]
         payloads = [task.encode() for task in tasks[1:]]  # before this worker's part moves the moments
@@ -487,7 +589,7 @@ class BrowserPeer:
         def report(steps: int, total: int, elapsed_s: float) -> None:
             if steps % STATUS_EVERY_BATCHES == 0:  # this worker's part; the others run alongside
                 self._report(
-                    phase=f"training window {head.window}: batch {steps}/{total}",
+                    phase=f"training window {window}: batch {steps}/{total}",
                     samples_per_s=steps * spec.batch_size * len(tasks) / max(elapsed_s, 1e-9),
                 )
 
@@ -495,42 +597,14 @@ class BrowserPeer:
         others = (self._part(i, payload, model, spec.learning_rate) for i, payload in enumerate(payloads, 1))
         results = await asyncio.gather(own, *others)
         trained = [(result, float(len(task.x))) for result, task in zip(results, tasks, strict=True) if result]
-        params = average([r.params for r, _ in trained], [n for _, n in trained])
         self._optimizer = merged_optimizer([r for r, _ in trained], [n for _, n in trained])
         steps = sum(r.steps for r, _ in trained)
-        seconds = time.perf_counter() - started
-        examples = steps * spec.batch_size
-        rate = examples / max(seconds, 1e-9)
-        train_loss = sum(r.loss_sum for r, _ in trained) / max(steps, 1)
-        tensors, self._residual = encode_update(model, base, params, spec.codec, self._residual)
-        candidate, envelope = package_candidate(
-            lease,
-            head,
-            tensors,
-            self.signer,
-            peer_kind=self.peer_kind,
-            model=spec.model,
-            codec=spec.codec,
-            examples=examples,
+        return _Trained(
+            grant,
+            origin=params,
+            params=average([r.params for r, _ in trained], [n for _, n in trained]),
             steps=steps,
-            created_at_ms=self.clock.now_ms(),
-            metrics={"train_loss": float(train_loss), "samples_per_s": rate, "workers": float(len(trained))},
+            loss=float(sum(r.loss_sum for r, _ in trained) / max(steps, 1)),
+            seconds=time.perf_counter() - started,
+            workers=len(trained),
         )
-        self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=len(trained))
-        if len(envelope) > self._max_frame_bytes:  # too large for a frame: staged and published over HTTP
-            acknowledged = await self._publish_staged(candidate, unpack_envelope(envelope)[1])
-        else:
-            await socket.send_bytes(envelope)
-            self.status["sent_bytes"] += len(envelope)
-            acknowledged = (await self._reply(reader, "candidate.ack"))["candidate_id"]
-        if acknowledged != candidate.candidate_id:
-            raise ProtocolError("edge acknowledged another candidate")
-        self._last_base = head.head_id
-        self._report(
-            phase=f"window {head.window} published; waiting for the validator",
-            windows_done=self.status["windows_done"] + 1,
-            last_candidate=candidate.candidate_id,
-        )
-        progress = Progress(self._optimizer, self._residual, self.status["windows_done"], self._last_base)
-        await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
-        await self._wait_for_head(60.0, reader)

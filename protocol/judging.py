@@ -28,7 +28,6 @@ from .aggregation import (
     rescaled,
     tie_keys,
     unflatten,
-    weighted_mean,
 )
 from .errors import ProtocolError
 from .messages import Candidate, HeadDescriptor, Lease
@@ -295,10 +294,9 @@ def judge_window(
     merged: Params | None = None
     merged_metrics: dict[str, float] | None = None
     if trusted and np.isfinite(policy.candidate_margin):
-        with_all = evaluate(merge.probe(range(len(trusted))))["loss"]
+        with_all = evaluate(merge.probe())["loss"]
         for i, sub in enumerate(trusted):
-            others = [j for j in range(len(trusted)) if j != i]
-            without = evaluate(merge.probe(others))["loss"] if others else float(base_metrics["loss"])
+            without = evaluate(merge.probe(without=i))["loss"] if len(trusted) > 1 else float(base_metrics["loss"])
             marginal[sub.candidate_id] = with_all - without
             if marginal[sub.candidate_id] > policy.candidate_margin:
                 screens[sub.candidate_id] = Screen(
@@ -391,19 +389,26 @@ class _Merge:
         if self.reference is not None:  # what joins the merge, at the anchor's norm
             own = self.reference if participant is None else flatten(spec, participant) - self.base
             self.participant = rescaled(own[None, :], self.reference)[0]
+        # the linear merge the leave-one-out check probes, as running sums (one row out costs O(D))
+        self._rows, extra, extra_weight = self.deltas, np.zeros(len(self.base)), 0.0
+        if self.reference is not None and self.participant is not None and len(trusted):
+            self._rows = rescaled(self.deltas, self.reference)
+            extra = self.participant
+            extra_weight = self.policy.reference_weight * float(np.median(self.weights))
+        self._sum = (self.weights[:, None] * self._rows).sum(axis=0) + extra_weight * extra
+        self._total = float(self.weights.sum()) + extra_weight
 
-    def probe(self, rows: Sequence[int] | range) -> Params:
-        """The linear merge of ``rows`` the leave-one-out check compares: the example-weighted mean
-        of the updates, each rescaled to ‖Δ_ref‖ and with the validator's participant update as one
-        more (weight ``reference_weight`` × the median weight of all screened-in candidates) when
-        anchored."""
-        index = list(rows)
-        deltas, weights = self.deltas[index], self.weights[index]
-        if self.reference is None or self.participant is None:
-            return unflatten(self.spec, self.base + weighted_mean(deltas, weights))
-        ref_weight = self.policy.reference_weight * float(np.median(self.weights))
-        rows_and_ref = np.concatenate([rescaled(deltas, self.reference), self.participant[None, :]])
-        return unflatten(self.spec, self.base + weighted_mean(rows_and_ref, np.append(weights, ref_weight)))
+    def probe(self, without: int | None = None) -> Params:
+        """The linear merge the leave-one-out check compares, of every screened-in update or of all
+        but row ``without``: the example-weighted mean of the updates, each rescaled to ‖Δ_ref‖ and
+        with the validator's participant update as one more (weight ``reference_weight`` × the median
+        weight of all screened-in candidates) when anchored. Running sums minus one row: O(D) a
+        probe, so a window's n probes cost O(n·D), not O(n²·D)."""
+        total, weighted = self._sum, self._total
+        if without is not None:
+            total = total - self.weights[without] * self._rows[without]
+            weighted -= float(self.weights[without])
+        return unflatten(self.spec, self.base + total / weighted)
 
     def update(self, rows: Sequence[int] | range) -> Vector:
         """The merge rule's update Δ over ``rows`` (the outer optimizer turns it into a step)."""

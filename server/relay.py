@@ -13,7 +13,8 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
     edge → {"type": "welcome", "peer_id", "network", "max_frame_bytes"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
-    peer → {"type": "lease.request", "experiment", "request_id"}        → {"type": "lease", "request_id", "lease", "secret"}
+    peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
+            "after"?: <current head id: the next window's lease>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
     peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
@@ -56,7 +57,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError
-from protocol.fields import read_list, read_object, read_str
+from protocol.fields import opt, read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
@@ -330,8 +331,9 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
     elif kind == "lease.request":
         state.admission.check(connection.token, "lease")
         key = ExperimentKey.parse(data.get("experiment"))
+        after = opt(data, "after", lambda m, k: HeadId(read_str(m, k, max_len=80)))
         grant = await issuer.grant(
-            key, PeerId(connection.peer_id), connection.kind, state.admission.principal(connection.token)
+            key, PeerId(connection.peer_id), connection.kind, state.admission.principal(connection.token), after=after
         )
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()

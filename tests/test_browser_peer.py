@@ -17,6 +17,8 @@ import pytest
 from browser_peer.bridge import HttpAnswer
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.stack import LocalNetwork, prepare_network, validating
+from native_peer.edge_client import EdgeClient
+from native_peer.identity import NodeIdentity
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.uploads import UPLOAD_HEADER
 from server.serve import BackgroundEdge
@@ -58,6 +60,29 @@ def test_browser_peer_candidate_is_accepted(stack: LocalNetwork) -> None:
     assert not any("validation" in u or "test" in u for u in bridge.fetched)
     phases = [s["phase"] for s in bridge.statuses]
     assert any(p.startswith("training window") for p in phases) and phases[-1] == "stopped"
+
+
+def test_a_browser_peer_leases_and_trains_the_next_window_while_its_last_is_judged(stack: LocalNetwork) -> None:
+    with _judged_edge(stack) as edge:
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x47" * 32, max_windows=3))
+
+        async def contribute() -> None:
+            await asyncio.wait_for(peer.run(), 120)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+        validator = NodeIdentity.load_or_create(stack.validator_storage.identity_path)
+        client = EdgeClient(edge.url, reader=validator)  # the open window's candidates too
+        mine = [c for c in client.candidates(BASELINE) if c.peer_id == peer.peer_id]
+        leases = [client.lease(c.lease_id) for c in mine]
+        windows = {h.head_id: h.window for h in client.heads(BASELINE)}
+        client.close()
+    assert len(mine) == 3 and all(lease is not None for lease in leases)
+    ahead = [lease for lease in leases if lease is not None and windows[lease.base_head] == lease.window - 1]
+    assert len(ahead) == 2, leases  # after its first window, each lease came before its window's head
+    assert all(windows[c.base_head] == lease.window for c, lease in zip(mine, leases, strict=True) if lease)
+    assert peer.status["accepted"] >= 2, peer.status
 
 
 def test_browser_peer_reconnects_after_edge_restart(stack: LocalNetwork) -> None:

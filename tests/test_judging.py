@@ -240,3 +240,35 @@ def test_judge_window_with_a_reference_update(dataset_root) -> None:  # type: ig
                 SPEC, base, evaluate(SPEC, base, x, y), subs, PRESETS["balanced"],
                 lambda p: evaluate(SPEC, p, x, y), **own_updates,
             )  # fmt: skip
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_leave_one_out_probes_from_running_sums_equal_the_merge_rebuilt_without_each_update(anchored: bool) -> None:
+    """The O(n·D) probes compute what rebuilding the linear merge from the n − 1 others computed."""
+    from protocol.aggregation import rescaled, weighted_mean
+    from protocol.judging import _Merge
+
+    rng = np.random.default_rng(7)
+    base = init_params(SPEC, 0)
+    flat = flatten(SPEC, base)
+    subs = [
+        Submission(
+            f"sha256:{i:064x}", f"peer-{i}", "native", float(rng.integers(500, 1500)),
+            {k: v + 0.01 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}, ACCEPT,
+        )
+        for i in range(6)
+    ]  # fmt: skip
+    reference = {k: v + 0.01 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}
+    policy = PRESETS["balanced"]
+    merge = _Merge(SPEC, base, subs, policy, "weighted_mean", b"", reference if anchored else None, None)
+    deltas = np.stack([flatten(SPEC, s.params) - flat for s in subs])  # type: ignore[arg-type]
+    weights = np.array([s.examples for s in subs])
+    ref = flatten(SPEC, reference) - flat
+    for i in [None, *range(len(subs))]:
+        keep = [j for j in range(len(subs)) if j != i]
+        if anchored:  # the rows at the anchor's norm, and the anchor itself at its share of the median weight
+            rows = np.concatenate([rescaled(deltas[keep], ref), ref[None, :]])
+            expected = weighted_mean(rows, np.append(weights[keep], policy.reference_weight * np.median(weights)))
+        else:
+            expected = weighted_mean(deltas[keep], weights[keep])
+        np.testing.assert_allclose(flatten(SPEC, merge.probe(without=i)), flat + expected, rtol=1e-6, atol=1e-7)
