@@ -1,3 +1,3 @@
 """Hosting the edge on a VPS: nginx (TLS, WebSockets, Pyodide and shard files from disk), systemd
 units for the edge and a validator, one environment file. ``python -m deploy --help``; the steps are
-the README's "Host the edge on a VPS", and ``tests/test_deploy.py`` runs them through a real nginx."""
+deploy/README.md (the runbook), and ``tests/test_deploy.py`` runs them through a real nginx."""

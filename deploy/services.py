@@ -3,7 +3,7 @@
 Each runs as a plain process on a free loopback port with everything it writes in a temporary
 directory, removed when it stops; no system service is touched. PostgreSQL refuses to run as root,
 so as root the cluster is created and run as the ``postgres`` user that Debian's package adds. On a
-host, use the distribution's services instead (README, "Scale out").
+host, use the distribution's services instead (docs/scale-out.md).
 
     with PrivatePostgres() as postgres, PrivateRedis() as redis:
         store_url = postgres.create_database("edges")   # DTN_STORE_URL

@@ -1,6 +1,6 @@
 """The attack suite in CI: the default (``balanced``) preset, judged with the validator's reference
 update, against every planned scenario for 4 windows, on real MNIST updates, through the same
-judging code validators run. Each test asserts one line of the README's robustness scorecard; the
+judging code validators run. Each test asserts one line of the scorecard in docs/robustness.md; the
 controls show that each measure can fail (the same attack under FedAvg, or without the reference)."""
 
 from __future__ import annotations

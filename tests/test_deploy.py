@@ -1,6 +1,6 @@
-"""The README's "Host the edge on a VPS", step by step, through a real nginx on loopback.
+"""The runbook in deploy/README.md, step by step, through a real nginx on loopback.
 
-What the README runs as root on a host is run here the same way, with three stand-ins: a self-signed
+What the runbook runs as root on a host is run here the same way, with three stand-ins: a self-signed
 certificate (``python -m deploy self-signed``) for certbot's, nginx as a plain process with Debian's
 ``nginx.conf`` around the rendered site (``deploy.host.standalone_nginx_conf``) for the nginx service,
 and each unit's ``ExecStart`` (environment file applied, as systemd does) for ``systemctl start``.
@@ -118,7 +118,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     root = tmp_path_factory.mktemp("vps")
     env_file = _configure(root)
     deploy = [PYTHON, "-m", "deploy"]
-    _run(*deploy, "self-signed", "--env", str(env_file))  # a public host: certbot (README step 4)
+    _run(*deploy, "self-signed", "--env", str(env_file))  # a public host: certbot (runbook step 4)
     prepared = _run(*deploy, "prepare", "--env", str(env_file), "--pyodide-from", str(runtime))
     join_command = prepared.strip().splitlines()[-1]
     site, units = root / "etc" / "nginx" / "sites-enabled" / "dtn.conf", root / "etc" / "systemd" / "system"
@@ -137,7 +137,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         edge_url = f"http://{env['DTN_HOST']}:{env['DTN_PORT']}"
         deadline = time.monotonic() + 90
         with httpx.Client(verify=tls, timeout=5) as http:
-            while True:  # README step 6: curl -fsS <public url>/readyz, once the genesis heads exist
+            while True:  # runbook step 6: curl -fsS <public url>/readyz, once the genesis heads exist
                 fleet.check_alive()
                 try:
                     ready = http.get(f"{public_url}/readyz")
@@ -268,7 +268,7 @@ def test_rate_limits_see_the_client_address_nginx_saw(host: Host) -> None:
 
 
 def test_a_trainer_on_another_machine_joins_by_the_validator_key_and_trains(host: Host) -> None:
-    """README step 7, as printed by ``python -m deploy prepare``: ``dtn train --edge <public url>
+    """Runbook step 7, as printed by ``python -m deploy prepare``: ``dtn train --edge <public url>
     --validator-key <fingerprint>``; the trainer trusts the host's certificate (SSL_CERT_FILE)."""
     dtn = Path(PYTHON).parent / "dtn"
     assert dtn.exists(), "the dtn console script is installed by `pip install -e .`"

@@ -1,5 +1,5 @@
 """The workloads run's pieces (``python -m lab workloads`` itself trains for many minutes and is run by
-hand; its figures are in the README): its network file, the language model's sampler and the summary."""
+hand; its figures are in docs/results/): its network file, the language model's sampler and the summary."""
 
 from __future__ import annotations
 
