@@ -150,6 +150,9 @@ class TrainEngine:
         return self.learner.to_tensors(params)
 
 
+DEVICE_SPLITS = 4  # evaluation splits an Evaluator keeps on the device
+
+
 class Evaluator:
     """Compiled ``protocol.model.evaluation_metrics`` of a learner's model over (x, y), in chunks of
     about ``chunk`` predicted positions."""
@@ -166,15 +169,29 @@ class Evaluator:
             return losses.sum(), (logits.argmax(axis=-1) == y).sum()
 
         self._batch_metrics = batch_metrics
+        # (id(x), id(y)) -> the arrays themselves (so that their ids stay theirs) and their device chunks
+        self._device: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list[tuple[jax.Array, jax.Array]]]] = {}
 
     def __call__(self, params: PyTree, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         total_loss, correct = 0.0, 0
-        for start in range(0, len(x), self.chunk):
-            end = start + self.chunk
-            loss, hits = self._batch_metrics(params, jnp.asarray(x[start:end]), jnp.asarray(y[start:end]))
+        for xc, yc in self._chunks(x, y):
+            loss, hits = self._batch_metrics(params, xc, yc)
             total_loss += float(loss)
             correct += int(hits)
         return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)))
+
+    def _chunks(self, x: np.ndarray, y: np.ndarray) -> list[tuple[jax.Array, jax.Array]]:
+        """(x, y) in device chunks, copied once per array pair: a validator evaluates the same splits
+        several times a window, and the copy cost more than the evaluation."""
+        cached = self._device.get((id(x), id(y)))
+        if cached is None or cached[0] is not x or cached[1] is not y:
+            chunks = [
+                (jnp.asarray(x[start : start + self.chunk]), jnp.asarray(y[start : start + self.chunk]))
+                for start in range(0, len(x), self.chunk)
+            ]
+            cached = (x, y, chunks)
+            self._device = {**dict(list(self._device.items())[-(DEVICE_SPLITS - 1) :]), (id(x), id(y)): cached}
+        return cached[2]
 
 
 def network_learners(network: NetworkManifest) -> dict[str, JaxLearner]:
