@@ -12,8 +12,9 @@ window is judged, fp32 candidates) and ``diloco-continuous-int8`` (the outer Nes
 trainers, int8 candidates); ``--configs`` picks others (outer ∈ fedavg|diloco, trainers ∈
 idle|continuous, codec ∈ fp32|fp16|int8).
 
-Reported per configuration: samples the trainers trained on until the target head (their windows'
-examples plus speculative epochs) and its ratio to the centralized loop's samples; the trainers'
+Reported per configuration: samples trained on until the target head (the trainers' candidates'
+examples, rejected ones too, plus the steps they carried, and the validator's own updates) and its
+ratio to the centralized loop's samples; the trainers'
 compute utilization (seconds in training steps / wall seconds, from each one's first to last
 window); candidate bytes per window vs fp32; wall seconds from genesis to the target head.
 
@@ -34,16 +35,18 @@ import jax
 import numpy as np
 
 from datasets.layout import load_split, load_train
-from lab.efficiency import fp32_bytes, samples_until, utilization
+from lab.efficiency import fp32_bytes, samples_until, utilization, validator_samples
 from lab.stack import Fleet, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from native_peer.storage import StorageConfig
 from protocol.batches import make_batches
+from protocol.judging import validator_examples
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
+from protocol.screening import PRESETS
 
 from . import BENCH_EXPERIMENT, bench_network
 
@@ -133,6 +136,9 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             fleet.stop_all(keep=("edge",))
             candidates = edge.candidates(BENCH_EXPERIMENT)
             verdicts = edge.verdicts(BENCH_EXPERIMENT)
+            spec = local.network.experiments[0]
+            anchored = PRESETS[spec.screening].anchored
+            per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id)) if anchored else 0
     finally:
         edge.close()
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
@@ -143,7 +149,8 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "reached": reached is not None,
         "target_window": reached.window if reached else None,
         "best_test_accuracy": max((h.metrics["test_accuracy"] for h in heads), default=0.0),
-        "samples": samples_until(candidates, heads, reached.window if reached else len(heads), BATCH),
+        "samples": samples_until(candidates, heads, reached.window if reached else len(heads), BATCH)
+        + validator_samples(heads, reached.window if reached else len(heads), per_window),
         "wall_s": round((reached.created_at_ms - heads[0].created_at_ms) / 1000, 1) if reached else None,
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
         "accepted": f"{sum(v.accepted for v in verdicts)}/{len(verdicts)}",

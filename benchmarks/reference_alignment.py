@@ -31,11 +31,10 @@ import numpy as np
 
 from datasets.layout import load_split, load_train
 from native_peer.learner import TrainEngine, network_learners
-from native_peer.validator import REFERENCE_BATCH_FACTOR
 from protocol.aggregation import flatten
 from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey
-from protocol.judging import reference_batches
+from protocol.judging import REFERENCE_BATCH_FACTOR, reference_batches
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from server.blobs import BlobStore

@@ -25,14 +25,16 @@ from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 from protocol.hashing import content_id
 from protocol.ids import ExperimentKey
+from protocol.judging import validator_examples
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
+from protocol.screening import PRESETS
 from protocol.window import lease_window
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
-from .efficiency import fp32_bytes, samples_until, utilization
+from .efficiency import fp32_bytes, samples_until, utilization, validator_samples
 from .stack import PYODIDE_DIR, Fleet, LocalNetwork, free_port, prepare_network
 
 __all__ = ["CHROMIUM", "BrowserUnavailable", "run_demo", "summary_markdown"]
@@ -116,7 +118,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     reached = summary.get("target_reached")
     target = (
         f"The baseline reached test accuracy {reached['test_accuracy']:.4f} (target {reached['target']}) at window "
-        f"{reached['window']}, {reached['wall_s']:.0f} s after genesis, on {reached['samples']:,} training samples."
+        f"{reached['window']}, {reached['wall_s']:.0f} s after genesis, on "
+        f"{reached['samples'] + reached['validator_samples']:,} training samples (trainers "
+        f"{reached['samples']:,}, the validator's own updates {reached['validator_samples']:,})."
         if reached
         else "The baseline did not reach its target accuracy."
     )
@@ -124,7 +128,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     busy = ", ".join(f"{u:.2f}" for u in summary["trainer_utilization"].values() if u is not None) or "n/a"
     costs = (
         f"Baseline candidates: {size['codec']}, {size['mean']:,} bytes ({size['vs_fp32']:.3f} x fp32). "
-        f"Native trainers' compute utilization: {busy}."
+        f"Native trainers' time in training steps / wall: {busy} (all peers share this machine's cores:"
+        " see benchmarks/trainer_utilization.py for a trainer on a core of its own)."
         if size["mean"]
         else ""
     )
@@ -342,6 +347,13 @@ def _summarize(
             "target": target_accuracy,
             "samples": samples_until(
                 candidates[BASELINE], descriptors[BASELINE], reached["window"], baseline.batch_size
+            ),
+            "validator_samples": validator_samples(
+                descriptors[BASELINE],
+                reached["window"],
+                validator_examples(baseline, edge.fetch_manifest(baseline.dataset_id))
+                if PRESETS[baseline.screening].anchored
+                else 0,
             ),
             "wall_s": round((reached["created_at_ms"] - lineage[BASELINE][0]["created_at_ms"]) / 1000, 1),
         },

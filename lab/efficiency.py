@@ -1,9 +1,11 @@
 """What a network run cost, from its public records and its trainers' outcome logs: the one place the
 demo summary and ``benchmarks.network_efficiency`` compute samples, utilization and bytes from.
 
-    samples_until(candidates, heads, window, batch)  examples trained on heads before ``window``:
-                                                     each candidate's leased examples plus the
-                                                     speculative steps it carried (its own report)
+    samples_until(candidates, heads, window, batch)  examples trainers trained on heads before
+                                                     ``window``: each candidate's (rejected ones too)
+                                                     leased examples plus the steps it carried
+    validator_samples(heads, window, per_window)     examples the validator trained on for those heads
+                                                     (``protocol.judging.validator_examples``)
     utilization(outcomes)                            a trainer's seconds in training steps / wall
                                                      seconds, from its first to its last window
     fp32_bytes(model)                                a full float32 model's tensor bytes
@@ -17,19 +19,26 @@ from typing import Any
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import ModelSpec
 
-__all__ = ["fp32_bytes", "samples_until", "utilization"]
+__all__ = ["fp32_bytes", "samples_until", "utilization", "validator_samples"]
 
 
 def samples_until(
     candidates: Iterable[Candidate], heads: Sequence[HeadDescriptor], window: int, batch_size: int
 ) -> int:
-    """Samples trainers trained on heads of windows before ``window`` (what it took to get there)."""
+    """Samples trainers trained on heads of windows before ``window`` (what it took to get there):
+    every candidate's, accepted or not; work a trainer dropped or never published is not counted."""
     window_of = {head.head_id: head.window for head in heads}
     return sum(
         c.examples + int(c.metrics.get("carried_steps", 0.0)) * batch_size
         for c in candidates
         if window_of.get(c.base_head, window) < window
     )
+
+
+def validator_samples(heads: Sequence[HeadDescriptor], window: int, per_window: int) -> int:
+    """Samples the validator trained on for the heads of windows before ``window``: its own updates,
+    ``per_window`` for each (0 for an experiment judged without them)."""
+    return per_window * sum(1 for head in heads if head.window < window)
 
 
 def utilization(outcomes: Sequence[dict[str, Any]]) -> float | None:

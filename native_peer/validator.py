@@ -77,11 +77,13 @@ from protocol.fields import read_bool, read_float, read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, HeadId
 from protocol.judging import (
+    REFERENCE_BATCH_FACTOR,
     Submission,
     WindowDecision,
     judge_window,
     precheck,
     reference_batches,
+    reference_steps,
     stale_base,
     staleness,
 )
@@ -102,8 +104,6 @@ from .storage import StorageConfig, write_atomic
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
 
 log = logging.getLogger(__name__)
-
-REFERENCE_BATCH_FACTOR = 2  # the validator's own updates' batches: this × the trainers', same step count
 
 
 @dataclass(frozen=True)
@@ -534,9 +534,7 @@ class Validator:
         if cached_head == head.head_id and cached is not None:
             return cached
         x, y = self._split(spec, "reference")
-        manifest = self.edge.fetch_manifest(spec.dataset_id)
-        per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
-        steps = max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
+        steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))
         if spec.key not in self._engines:
             self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
         engine = self._engines[spec.key]

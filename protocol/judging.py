@@ -30,6 +30,7 @@ from .aggregation import (
     unflatten,
 )
 from .errors import ProtocolError
+from .manifests import ExperimentSpec, FetchManifest
 from .messages import Candidate, HeadDescriptor, Lease
 from .model import ModelSpec, Params
 from .outer import OuterOptimizer
@@ -47,14 +48,17 @@ from .trust import TrustBook
 from .window import lease_covers
 
 __all__ = [
+    "REFERENCE_BATCH_FACTOR",
     "Submission",
     "WindowDecision",
     "judge_window",
     "precheck",
     "reference_batches",
+    "reference_steps",
     "stale_base",
     "staleness",
     "staleness_weight",
+    "validator_examples",
 ]
 
 FRESH_TRUST = TrustBook()  # no peer has a history yet
@@ -149,6 +153,20 @@ class WindowDecision:
 
 
 REFERENCE_PARTS = ("anchor", "participant")
+REFERENCE_BATCH_FACTOR = 2  # the validator's own updates' batches: this × the trainers', same step count
+
+
+def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
+    """Optimizer steps of each of the validator's own updates in a window of ``spec``: as many as one
+    trainer window takes (a lease's examples × ``local_epochs`` / ``batch_size``)."""
+    per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
+    return max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
+
+
+def validator_examples(spec: ExperimentSpec, manifest: FetchManifest) -> int:
+    """Examples a validator trains on per window of an anchored experiment: its two own updates
+    (``REFERENCE_PARTS``), ``reference_steps`` each at ``REFERENCE_BATCH_FACTOR`` × the batch."""
+    return len(REFERENCE_PARTS) * reference_steps(spec, manifest) * REFERENCE_BATCH_FACTOR * spec.batch_size
 
 
 def reference_batches(
