@@ -34,6 +34,7 @@ from .support import (
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 TRAINER = PureSigner(b"\x51" * 32)
+STRANGER = PureSigner(b"\x53" * 32)
 
 
 @pytest.fixture
@@ -104,6 +105,10 @@ def test_replayed_signatures_do_not_work(http: httpx.Client, edge: BackgroundEdg
     assert http.post(f"{BASE}/leases", json=stale.to_wire()).status_code == 400
     # a join proof is not a lease proof (the purpose is signed)
     assert http.post(f"{BASE}/leases", json=captured["proof"]).status_code == 400
+    # only trainers lease, over HTTP as over the relay (one door: ``LeaseIssuer.grant``)
+    viewer = PeerProof("lease", STRANGER.public_key, "viewer", "-", int(time.time() * 1000)).signed(STRANGER)
+    refused = http.post(f"{BASE}/leases", json=viewer.to_wire())
+    assert refused.status_code == 403 and "only trainers" in refused.json()["detail"]
     # a candidate's signature does not carry over to other bytes
     candidate, _ = candidate_envelope(TRAINER, genesis, _lease_id(http))
     _, other_artifact = unpack_envelope(candidate_envelope(TRAINER, genesis, seed=9)[1])
