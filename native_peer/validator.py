@@ -8,7 +8,9 @@ with whatever it holds, none included, once anyone leased in it (``protocol.dead
 
 Every candidate is judged on what the validator measures itself, never on reported metrics:
 
-1. base is the current head               → ``stale_base``
+1. base is the current head, or the one before it (a delayed update, moved onto the current head and
+   merged at ``protocol.judging.staleness_weight``)
+                                          → ``stale_base``
 2. artifact id not seen before            → (judged once; a re-sent artifact is never judged again)
 3. trainer signature                      → ``bad_signature``
 4. lease exists, is the trainer's, is for this base, covers the claimed examples
@@ -16,7 +18,7 @@ Every candidate is judged on what the validator measures itself, never on report
 5. artifact downloads and decodes         → ``undecodable``
 then, in ``protocol.judging.judge_window`` (pure, shared with the attack suite):
 6. peer not quarantined                   → ``quarantined`` (``protocol.trust``)
-7. one candidate per peer per window      → ``replay``
+7. one candidate per peer and lease window → ``replay``
 8. names, shapes, dtype, finite values    → ``wrong_shape`` / ``non_finite``
 9. update norm and direction vs. cohort   → ``norm_too_large`` / ``free_rider`` / ``outlier``
 10. holdout loss vs. the base head        → ``regression``
@@ -416,9 +418,8 @@ class Validator:
         self._remember(head)
         self._settle(head)
         fresh = self._unjudged(spec)
-        judged = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
-        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c not in judged]
-        window = [c for c in judged if c.base_head == head.head_id]
+        window = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
+        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c not in window]
         base, opened = self._windows.get(spec.key, (None, 0.0))
         if base != head.head_id:  # a new window of this experiment; its older one is closed
             opened = self.clock.monotonic_s()
@@ -426,7 +427,7 @@ class Validator:
         if stale:
             self._record(stale)
         if self.network.quorum > 1:
-            self._attest_proposals(spec, head, judged)
+            self._attest_proposals(spec, head, window)
         elapsed_s = self.clock.monotonic_s() - opened
         deadline_s = window_deadline_s(
             self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
@@ -435,7 +436,7 @@ class Validator:
         self._due[spec.key] = opened + deadline_s * (turn + 1)
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
             return None  # this validator already proposed or attested a head for this window
-        if len(judged) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
+        if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
             return None  # nothing can close it yet: spare the edge the lease query
         now_ms = self.clock.now_ms()
         granted = [
@@ -445,12 +446,12 @@ class Validator:
         leases = [lease for lease in granted if lease_window(lease, head)]
         delivered = {c.lease_id for c in window}
         outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered)
-        progress = WindowProgress(len(judged), len(leases), outstanding, elapsed_s)
+        progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)
         if not window_closes(progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, turn=turn):
             return None
-        if outstanding == 0 and judged and turn == 0 and elapsed_s < deadline_s:
+        if outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
-        return self._close_window(spec, head, judged)
+        return self._close_window(spec, head, window)
 
     def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
         """The experiment's candidates not judged yet, in arrival order. The edge is followed with a
