@@ -191,6 +191,9 @@ def prepare(env_file: Path, pyodide_from: Path | None) -> None:
     from tools.pyodide_runtime import copy_runtime, prepare_runtime
 
     env = read_env_file(env_file)
+    if env_file.stat().st_mode & 0o077:  # it may hold tokens and database passwords: root's alone
+        log.info("the environment file %s was readable by others; now 0600", env_file)
+        env_file.chmod(0o600)
     datasets = Path(env["DTN_DATASETS_DIR"])
     network_path = Path(env["DTN_NETWORK"])
     validator = Path(env["DTN_VALIDATOR_STORAGE"])

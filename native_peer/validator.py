@@ -765,8 +765,24 @@ class Validator:
         while self.state.outbox:
             key, batch = next(itertools.groupby(self.state.outbox, key=lambda verdict: verdict.experiment))
             published = list(batch)
-            self.edge.publish_verdicts(key, published)
+            try:
+                self.edge.publish_verdicts(key, published)
+            except EdgeRequestError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                self._publish_each(published)  # the edge refuses a batch whole: keep what it takes
             del self.state.outbox[: len(published)]
+
+    def _publish_each(self, verdicts: Sequence[Verdict]) -> None:
+        """Publish ``verdicts`` one by one, dropping those the edge refuses as not borne out by its
+        lineage (404: a candidate it never received, 409: a contradiction), with a warning each."""
+        for verdict in verdicts:
+            try:
+                self.edge.publish_verdict(verdict)
+            except EdgeRequestError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                log.warning("verdict on %s not taken: %s", verdict.candidate_id[:19], exc)
 
     def _publish(self, decision: Decision) -> None:
         head = decision.head

@@ -297,10 +297,28 @@ def accept_verdicts(
     for verdict in verdicts:
         _same_experiment(verdict.experiment, route)
         _signed_by_validator(state, verdict, "verdict")
+        _agrees_with_lineage(state, verdict)
     for verdict in verdicts:
         if state.store.add_verdict(verdict):
             state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
     return verdicts
+
+
+def _agrees_with_lineage(state: EdgeState, verdict: Verdict) -> None:
+    """A verdict counts toward credit and standing only when the canonical lineage bears it out: its
+    candidate was received here (``NotFound``), a canonical head follows its window, and an accepting
+    verdict names the canonical head that merged it while a rejection's candidate no canonical head
+    merged (``Conflict``). One validator's signature can then neither mint credit for work nobody
+    uploaded nor erase work a certified head merged. Not covered: a rejection of a late candidate
+    published after its base's next head and before the one after it, which could still merge it."""
+    deciding = state.store.deciding_heads(verdict.experiment, ContentId(verdict.candidate_id))
+    if deciding is None:
+        raise NotFound(f"no candidate {verdict.candidate_id} of {verdict.experiment} was received here")
+    if not deciding:
+        raise Conflict(f"candidate {verdict.candidate_id} is not decided by a canonical head yet")
+    merged_by = next((head.head_id for head in deciding if verdict.candidate_id in head.merged), None)
+    if verdict.accepted != (merged_by is not None) or (verdict.accepted and verdict.head_id != merged_by):
+        raise Conflict(f"the verdict on {verdict.candidate_id} contradicts the canonical lineage")
 
 
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:

@@ -270,6 +270,27 @@ class EdgeStore:
         )
         return (ExperimentKey.parse(str(rows[0][0])), HeadId(str(rows[0][1]))) if rows else None
 
+    def deciding_heads(self, experiment: ExperimentKey, cid: ContentId) -> list[HeadDescriptor] | None:
+        """The canonical heads that can have merged candidate ``cid``, as far as they exist (``None``: no
+        such candidate of ``experiment``): the head after its base, and the one after that (a candidate
+        that came late is judged in the next window, as a delayed update)."""
+        rows = self._db.query(
+            'SELECT h."window" FROM candidates c JOIN heads h ON h.experiment = c.experiment'
+            " AND h.head_id = c.base_head WHERE c.experiment = ? AND c.candidate_id = ?",
+            experiment,
+            cid,
+        )
+        if not rows:
+            return None
+        window = int(rows[0][0])
+        after = self._db.query(
+            'SELECT descriptor FROM heads WHERE experiment = ? AND "window" IN (?, ?) ORDER BY "window"',
+            experiment,
+            window + 1,
+            window + 2,
+        )
+        return [_head(row[0]) for row in after]
+
     # -- leases ----------------------------------------------------------------------------
     def grant_lease(
         self,

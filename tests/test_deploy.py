@@ -119,7 +119,9 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     env_file = _configure(root)
     deploy = [PYTHON, "-m", "deploy"]
     _run(*deploy, "self-signed", "--env", str(env_file))  # a public host: certbot (runbook step 4)
+    env_file.chmod(0o644)  # as a plain copy of the example leaves it
     prepared = _run(*deploy, "prepare", "--env", str(env_file), "--pyodide-from", str(runtime))
+    assert env_file.stat().st_mode & 0o777 == 0o600  # secrets: root's alone
     join_command = prepared.strip().splitlines()[-1]
     site, units = root / "etc" / "nginx" / "sites-enabled" / "dtn.conf", root / "etc" / "systemd" / "system"
     _run(*deploy, "render", "--env", str(env_file), "--nginx-site", str(site), "--systemd-dir", str(units))

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,12 @@ from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
+from protocol.ids import ContentId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import Candidate, HeadDescriptor, Verdict
 from protocol.model import MODELS, init_params
 from protocol.reasons import Reason
+from protocol.signing import peer_id_from_public_key
 from protocol.updates import encode_update
 from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
@@ -457,3 +460,34 @@ def test_the_edge_wakes_a_waiting_validator_when_a_candidate_arrives(
         thread.join(10)
         trainer.close()
         validator.close()
+
+
+def test_the_edge_takes_only_verdicts_the_canonical_lineage_bears_out(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """A validator key signing verdicts at will (one Byzantine validator of a quorum) can neither mint
+    credit for a candidate nobody uploaded nor erase work a canonical head merged."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "credited")
+    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+    report = validator.poll(spec)
+    assert report is not None and report.head.merged == (outcome.candidate_id,)
+    [honest] = report.verdicts
+    forged = {
+        "mint": replace(
+            honest, candidate_id=ContentId("sha256:" + "7" * 64), peer_id=peer_id_from_public_key(b"\x09" * 32)
+        ),
+        "erase": replace(honest, accepted=False, reason=Reason.REGRESSION, head_id=None),
+        "elsewhere": replace(honest, head_id=outcome.base_head_id),  # accepted, naming a head that did not merge it
+    }
+    statuses = {}
+    for name, verdict in forged.items():
+        with pytest.raises(EdgeRequestError) as refused:
+            validator.edge.publish_verdicts(BASELINE, [verdict.signed(validator.identity)])
+        statuses[name] = refused.value.status
+    assert statuses == {"mint": 404, "erase": 409, "elsewhere": 409}
+    standing = validator.edge._request("GET", f"/v1/experiments/{BASELINE}/credit/{trainer.peer_id}").json()
+    assert standing["accepted"] == 1 and standing["rejected"] == 0, standing
+    trainer.close()
