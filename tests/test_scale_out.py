@@ -86,6 +86,41 @@ def test_a_hub_delivers_its_own_events_and_wakes_its_own_long_polls(fanout_kind:
     asyncio.run(scenario())
 
 
+def test_activity_wakes_a_waiting_validator_for_what_can_decide_a_window_here_and_on_another_edge(
+    fanout_kind: tuple[str, str | None],
+) -> None:
+    """The activity token moves with every candidate, lease, head and quorum event, on this edge or
+    (through the fan-out) on another; a token this hub never gave is answered at once."""
+
+    async def scenario() -> None:
+        a = Hub(EdgeMetrics(), 8, SYSTEM_CLOCK, _fanout(*fanout_kind))
+        b = Hub(EdgeMetrics(), 8, SYSTEM_CLOCK, _fanout(*fanout_kind))
+        await a.start()
+        await b.start()
+        try:
+            assert await asyncio.wait_for(a.wait_activity("another-edge-7", 5), 1) == a.activity
+            token = a.activity
+            assert await a.wait_activity(token, 0.05) == token  # nothing happened: it waited its time out
+            waiter = asyncio.create_task(a.wait_activity(token, 5))
+            await asyncio.sleep(0.05)
+            a.publish(EXPERIMENT, "verdicts", {"n": 1})  # decides no window: no wake
+            await asyncio.sleep(0.05)
+            assert not waiter.done()
+            a.publish(EXPERIMENT, "candidates", {"n": 2})
+            assert await asyncio.wait_for(waiter, 1) != token
+            if fanout_kind[0] == "redis":  # another edge's lease wakes this one's waiters too
+                token = a.activity
+                waiter = asyncio.create_task(a.wait_activity(token, 5))
+                await asyncio.sleep(0.05)
+                b.publish(EXPERIMENT, "leases", {"n": 3})
+                assert await asyncio.wait_for(waiter, 2) != token
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
 def test_hubs_on_one_redis_share_events_wakeups_relay_messages_and_sessions(private_redis: Any) -> None:
     from server.hub_redis import RedisFanout
 
