@@ -23,7 +23,9 @@ export default defineConfig({
   },
   webServer: {
     // a folder per port: stacks of parallel runs on other ports never wipe each other's state
-    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e-${port}`,
+    // windows wait 30 s for a lease that never delivers: a tab holding the head it trains on (paused,
+    // head_sharing.spec.ts) keeps that head current while other tabs fetch it from it
+    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e-${port} --min-deadline-s 30`,
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 180_000,
     cwd: __dirname,

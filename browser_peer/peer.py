@@ -463,7 +463,10 @@ class BrowserPeer:
             grant = ahead.grant
             self._report(phase=f"downloading head {head.window}", head_window=head.window)
             base = await self._base(socket, reader, head, model)
-            done = replace(ahead, params={k: base[k] + (ahead.params[k] - ahead.origin[k]) for k in base})
+            if self.status.get("last_candidate") in head.merged:
+                done = replace(ahead, params={k: base[k] + (ahead.params[k] - ahead.origin[k]) for k in base})
+            else:  # trained on from a candidate the network turned down: train the lease again from the head
+                done = await self._train(spec, head.window, grant, base)
         else:
             self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
             try:

@@ -64,7 +64,7 @@ def cmd_attack_suite(args: argparse.Namespace) -> None:
 def cmd_stack(args: argparse.Namespace) -> None:
     from .stack import serve_stack
 
-    serve_stack(args.out, args.port)
+    serve_stack(args.out, args.port, args.min_deadline_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     stack = sub.add_parser("stack", help="an edge and a validator on one port until terminated (browser tests)")
     stack.add_argument("--port", type=int, default=8765)
     stack.add_argument("--out", type=Path, default=REPO / "var" / "e2e")
+    stack.add_argument(
+        "--min-deadline-s", type=float, default=5.0, help="the validator's least window deadline (default 5)"
+    )
     stack.set_defaults(run=cmd_stack)
 
     args = parser.parse_args(argv)

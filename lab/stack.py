@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -202,14 +202,16 @@ def validating(
         validator.close()
 
 
-def serve_stack(out: Path, port: int) -> None:
-    """Edge + validator on ``port`` until SIGTERM or SIGINT (what the browser tests run against)."""
+def serve_stack(out: Path, port: int, min_deadline_s: float = DEFAULT_VALIDATOR.deadline.min_s) -> None:
+    """Edge + validator on ``port`` until SIGTERM or SIGINT (what the browser tests run against);
+    ``min_deadline_s``: the validator's least window deadline (``protocol.deadline``)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     local = prepare_network(out, datasets=REPO / "var" / "datasets", network=lambda key: mnist_network(key, "e2e"))
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    with BackgroundEdge(local.edge_settings(port)) as edge, validating(local, edge.url):
+    config = replace(DEFAULT_VALIDATOR, deadline=replace(DEFAULT_VALIDATOR.deadline, min_s=min_deadline_s))
+    with BackgroundEdge(local.edge_settings(port)) as edge, validating(local, edge.url, config=config):
         log.info("stack serving at %s", edge.url)
         stopped.wait()

@@ -118,8 +118,10 @@ class _Ahead:
 class _Carry:
     """Progress a continuous trainer made past its last published (or overtaken) window on ``after``:
     training stands at ``params`` after ``steps`` optimizer steps; what it carries to the next head is
-    ``params − origin``. ``ahead``: the next window's lease, once granted (``refused``: none was free,
-    so it waits for the next head)."""
+    ``params − origin``, unless that head did not merge ``published``: then the progress, made from a
+    point the network turned down, is dropped and the lease trained again from the head.
+    ``ahead``: the next window's lease, once granted (``refused``: none was free, so it waits for the
+    next head)."""
 
     after: HeadDescriptor
     origin: dict[str, np.ndarray]
@@ -127,6 +129,7 @@ class _Carry:
     steps: int = 0
     ahead: _Ahead | None = None
     refused: bool = False
+    published: ContentId | None = None  # the candidate published on ``after`` (None: overtaken, unpublished)
 
 
 @dataclass(frozen=True)
@@ -342,8 +345,11 @@ class Trainer:
         head = self._head_to_train(experiment, wait_s)
         carried = self._carry.pop(experiment.key, None)
         ahead = carried.ahead if carried is not None else None
+        if carried is not None and carried.published is not None and carried.published not in head.merged:
+            carried = None  # trained on from a candidate the network turned down: start again at the head
         if ahead is not None and lease_window(ahead.grant.lease, head):  # leased and begun before this head
-            grant, (x, y), done = ahead.grant, (ahead.x, ahead.y), ahead
+            grant, (x, y) = ahead.grant, (ahead.x, ahead.y)
+            done = ahead if carried is not None else _Ahead(grant, x, y)
         else:
             grant, ahead = self._lease(experiment, head), None
             check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
@@ -406,7 +412,7 @@ class Trainer:
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
         if self.train_ahead:
-            self._carry[experiment.key] = _Carry(head, trained, params)
+            self._carry[experiment.key] = _Carry(head, trained, params, published=candidate.candidate_id)
         outcome = WindowOutcome(
             experiment=experiment.key,
             window=head.window,

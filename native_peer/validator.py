@@ -5,6 +5,7 @@ the set of candidates trained on the current head. It closes when every live lea
 has delivered a candidate, or when the deadline passes (``deadline_factor`` × the median of recent
 window durations, clamped to [``min_deadline_s``, the experiment's ``window_timeout_s``]), then
 with whatever it holds, none included, once anyone leased in it (``protocol.deadline.window_closes``).
+A window nobody has leased in is idle: its deadline counts from its first lease, not from its head.
 
 Every candidate is judged on what the validator measures itself, never on reported metrics:
 
@@ -444,6 +445,9 @@ class Validator:
             *(self.edge.leases(spec.key, head.parent) if head.parent else []),
         ]
         leases = [lease for lease in granted if lease_window(lease, head)]
+        if not leases and not window:  # an idle window: its deadline counts from its first lease
+            self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())
+            return None
         delivered = {c.lease_id for c in window}
         outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered)
         progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)

@@ -392,6 +392,12 @@ def test_a_window_nobody_leased_waits_for_its_first_trainer(
     clock.advance(10 * spec.window_timeout_s)
     assert validator.poll(spec) is None  # no trainer anywhere: no empty heads minted
     assert edge_head(validator, spec).head_id == genesis.head_id
+    squatter = NodeIdentity.load_or_create(validator.storage.root / "squatter.key")
+    validator.edge.request_lease(BASELINE, squatter, "native")
+    assert validator.poll(spec) is None  # the deadline counts from the first lease, not from the head
+    clock.advance(spec.window_timeout_s)
+    report = validator.poll(spec)
+    assert report is not None and report.head.merged == ()  # then it ends, empty
     validator.close()
 
 

@@ -32,8 +32,9 @@ async function headBytesServed(request: APIRequestContext): Promise<number> {
 
 async function holdingTheHead(page: Page): Promise<Status> {
   // contributing, the current head fetched, verified and announced, then paused mid-window: the head
-  // stays current (nobody else trains) and this tab keeps serving it. At a 10 % CPU share the window
-  // lasts long enough for the pause to land before it is published.
+  // stays current until its window's deadline (30 s after this tab's lease on the test stack:
+  // playwright.config.ts) and this tab keeps serving it. At a 10 % CPU share the window lasts long
+  // enough for the pause to land before it is published.
   await page.locator("#share").fill("10");
   await page.locator("#toggle").click();
   await expect.poll(async () => (await status(page)).phase ?? "", { timeout: 120_000 }).toMatch(/^training window/);
