@@ -137,15 +137,19 @@ def test_liveness_readiness_and_metrics_from_the_store(accel_edge: tuple[Backgro
     trainer = PureSigner(b"\x31" * 32)
     candidate, envelope = candidate_envelope(trainer, grant.lease.base_head, grant.lease.lease_id)
     assert http.post(f"{BASE}/candidates", content=envelope).status_code in (200, 201)
+    assert _metric(http.get("/metrics").text, "dtn_window_leases", experiment=str(EXPERIMENT)) == 1
     verdict = Verdict(
         EXPERIMENT, candidate.candidate_id, grant.lease.base_head, candidate.peer_id, False, Reason.FREE_RIDER,
         "no update", VALIDATOR.public_key, now_ms(),
     ).signed(VALIDATOR)  # fmt: skip
+    assert http.post(f"{BASE}/verdicts", json=verdict.to_wire()).status_code == 409  # no head decided it yet
+    _, next_head = head_envelope(parent=grant.lease.base_head, window=1)  # the window closes, merging nothing
+    assert http.post(f"{BASE}/heads", content=next_head).status_code == 201
     assert http.post(f"{BASE}/verdicts", json=verdict.to_wire()).status_code in (200, 201)
     text = http.get("/metrics").text
     key = str(EXPERIMENT)
-    assert _metric(text, "dtn_window", experiment=key) == 0
-    assert _metric(text, "dtn_window_leases", experiment=key) == 1
+    assert _metric(text, "dtn_window", experiment=key) == 1
+    assert _metric(text, "dtn_window_leases", experiment=key) == 0
     assert 0 <= _metric(text, "dtn_head_age_seconds", experiment=key) < 60
     assert _metric(text, "dtn_verdicts_total", experiment=key, decision="rejected") == 1
     assert _metric(text, "dtn_verdicts_total", experiment=key, decision="accepted") == 0
