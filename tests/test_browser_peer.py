@@ -38,6 +38,16 @@ def _judged_edge(stack: LocalNetwork, **settings: Any) -> Iterator[BackgroundEdg
         yield edge
 
 
+def _run_to_end(peer: BrowserPeer, bridge: NativeBridge, timeout_s: float = 120.0) -> None:
+    """Run ``peer`` until it stops (its ``max_windows``), then close the bridge."""
+
+    async def contribute() -> None:
+        await asyncio.wait_for(peer.run(), timeout_s)
+        await bridge.aclose()
+
+    asyncio.run(contribute())
+
+
 @pytest.fixture
 def stack(tmp_path: Path, dataset_root: Path) -> Iterator[LocalNetwork]:
     yield prepare_network(tmp_path, datasets=dataset_root)
@@ -47,12 +57,7 @@ def test_browser_peer_candidate_is_accepted(stack: LocalNetwork) -> None:
     with _judged_edge(stack) as edge:
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x42" * 32, max_windows=2))
-
-        async def contribute() -> None:
-            await asyncio.wait_for(peer.run(), 120)
-            await bridge.aclose()
-
-        asyncio.run(contribute())
+        _run_to_end(peer, bridge)
     assert peer.status["windows_done"] == 2
     assert peer.status["accepted"] >= 1, peer.status
     shard_urls = [u for u in bridge.fetched if "/shards/" in u]
@@ -66,12 +71,7 @@ def test_a_browser_peer_leases_and_trains_the_next_window_while_its_last_is_judg
     with _judged_edge(stack) as edge:
         bridge = NativeBridge()
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x47" * 32, max_windows=3))
-
-        async def contribute() -> None:
-            await asyncio.wait_for(peer.run(), 120)
-            await bridge.aclose()
-
-        asyncio.run(contribute())
+        _run_to_end(peer, bridge)
         validator = NodeIdentity.load_or_create(stack.validator_storage.identity_path)
         client = EdgeClient(edge.url, reader=validator)  # the open window's candidates too
         mine = [c for c in client.candidates(BASELINE) if c.peer_id == peer.peer_id]
@@ -283,12 +283,7 @@ def test_a_candidate_over_the_frame_limit_is_staged_and_published_over_http_acro
         bridge = _BadNetwork()
         config = PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=2, piece_bytes=100_000)
         peer = BrowserPeer(bridge, config)
-
-        async def contribute() -> None:
-            await asyncio.wait_for(peer.run(), 120)
-            await bridge.aclose()
-
-        asyncio.run(contribute())
+        _run_to_end(peer, bridge)
         verdicts = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts", params={"peer_id": peer.peer_id}).json()
         staged = httpx.get(f"{edge.url}/metrics").text
     assert peer.status["windows_done"] == 2 and sum(v["accepted"] for v in verdicts) >= 1, verdicts
@@ -313,12 +308,7 @@ def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stac
     with _judged_edge(stack) as edge:
         bridge = NativeBridge(part_workers=2)  # three parts: this worker's and two others'
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x45" * 32, max_windows=2))
-
-        async def contribute() -> None:
-            await asyncio.wait_for(peer.run(), 120)
-            await bridge.aclose()
-
-        asyncio.run(contribute())
+        _run_to_end(peer, bridge)
         verdicts = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts", params={"peer_id": peer.peer_id}).json()
     assert peer.status["windows_done"] == 2 and any(v["accepted"] for v in verdicts), verdicts
     # 4,000 leased examples = 62 batches of 64 a window, in parts of 20, 21 and 21 batches, every part

@@ -170,8 +170,7 @@ def test_a_candidate_one_window_late_is_merged_as_a_delayed_update_and_older_one
     judged in the next window, moved onto that window's head (Streaming DiLoCo's delayed outer
     gradient); two windows late it is ``stale_base``."""
     edge, fixture_validator, root = network_env
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     genesis = validator.ensure_genesis(spec)
     slow, slower, fast = (_trainer(edge, root, name) for name in ("slow", "slower", "fast"))
@@ -226,8 +225,7 @@ def test_a_silent_lease_holds_each_experiments_window_only_until_its_deadline(
     """Two experiments on one validator, a squatter holding a lease in each that never delivers:
     each window closes at its own adaptive deadline (not at the lease TTL)."""
     edge, fixture_validator, root = network_env
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     specs = [validator.network.experiment(key) for key in (BASELINE, LOW_LR)]
     worker, squatter = _trainer(edge, root, "worker"), _trainer(edge, root, "squatter")
     for spec in specs:
@@ -281,10 +279,11 @@ def edge_head(validator: Validator, spec: ExperimentSpec) -> HeadDescriptor:
     return head
 
 
-def _validator_with(validator: Validator, edge: BackgroundEdge, dataset_root: Path, clock: ManualClock) -> Validator:
-    return Validator(
-        validator.learners, validator.network, validator.storage, edge.url, dataset_root, ValidatorConfig(clock=clock)
-    )
+def _validator_with(validator: Validator, edge: BackgroundEdge, dataset_root: Path) -> tuple[Validator, ManualClock]:
+    """``validator`` again, on a manual clock (deadlines pass when a test says so), and that clock."""
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    config = ValidatorConfig(clock=clock)
+    return Validator(validator.learners, validator.network, validator.storage, edge.url, dataset_root, config), clock
 
 
 def test_validator_state_survives_restart(
@@ -315,8 +314,7 @@ def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
     edge, fixture_validator, root = network_env
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
     shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
@@ -345,8 +343,7 @@ def test_a_window_squatted_whole_ends_at_its_deadline_and_the_experiment_goes_on
     """Identities that lease every shard and never deliver: the window closes empty at its deadline,
     the next head keeps the parameters under a new id, and the refused trainer trains on it."""
     edge, fixture_validator, root = network_env
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     genesis = validator.ensure_genesis(spec)
     shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
@@ -384,8 +381,7 @@ def test_a_window_nobody_leased_waits_for_its_first_trainer(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
     edge, fixture_validator, _ = network_env
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = _validator_with(fixture_validator, edge, dataset_root, clock)
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     genesis = validator.ensure_genesis(spec)
     validator.poll(spec)
