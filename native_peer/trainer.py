@@ -477,7 +477,11 @@ class Trainer:
                     raise
                 work.refused = True  # the next window is full: wait for its head, then ask again
                 return False
-            check_lease(grant.lease, work.after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
+            try:
+                check_lease(grant.lease, work.after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
+            except NoWindow:  # heads moved on by more than one: the next window starts from the current head
+                work.refused = True
+                return False
             work.ahead = _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))
         ahead = work.ahead
         xb, yb = self._loader(experiment).batches(ahead.x, ahead.y, epoch_seed(ahead.grant.lease, ahead.epochs))
@@ -517,13 +521,14 @@ class Trainer:
                     break
                 busy = self._can_train_ahead(experiment)
                 try:
-                    wait_s = 0.0 if busy else poll_s / len(experiments)
-                    outcomes.append(self.train_window_once(experiment, wait_s=wait_s))
-                    backoff.reset()
-                except WindowUnavailable as exc:
-                    log.debug("%s: %s", experiment.key, exc)
-                    if busy:
-                        self.train_ahead_once(experiment)
+                    try:
+                        wait_s = 0.0 if busy else poll_s / len(experiments)
+                        outcomes.append(self.train_window_once(experiment, wait_s=wait_s))
+                        backoff.reset()
+                    except WindowUnavailable as exc:
+                        log.debug("%s: %s", experiment.key, exc)
+                        if busy:
+                            self.train_ahead_once(experiment)
                 except (httpx.TransportError, EdgeRequestError) as exc:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)

@@ -493,3 +493,25 @@ def test_the_edge_takes_only_verdicts_the_canonical_lineage_bears_out(
     standing = validator.edge._request("GET", f"/v1/experiments/{BASELINE}/credit/{trainer.peer_id}").json()
     assert standing["accepted"] == 1 and standing["rejected"] == 0, standing
     trainer.close()
+
+
+def test_a_continuous_trainer_two_heads_behind_starts_again_from_the_current_head(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """Asked for the window after a head two heads old, the edge leases the current window: the trainer
+    leaves it for its next window on the current head instead of taking it as the next window's."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    behind, other = _trainer(edge, root, "behind", continuous=True), _trainer(edge, root, "other")
+    experiment = behind.experiment(*BASELINE.parts)
+    behind.train_window_once(experiment)
+    assert validator.poll(spec) is not None  # window 0 closes with its candidate
+    other.train_window_once(experiment)
+    latest = validator.poll(spec)  # window 1 closes without the trainer that is behind
+    assert latest is not None and latest.head.window == 2
+    assert not behind.train_ahead_once(experiment)  # no lease of window 1 to be had: none taken as such
+    outcome = behind.train_window_once(experiment)
+    assert outcome.base_head_id == latest.head.head_id
+    for node in (behind, other):
+        node.close()
