@@ -40,6 +40,8 @@ from protocol.signing import PureSigner, b64encode
 from .conftest import REPO
 from .support import now_ms
 
+pytestmark = pytest.mark.slow  # nginx, the edge and a validator as processes, Chromium
+
 PYTHON = sys.executable
 EXPERIMENT = "study/mnist/rev-1"
 OTHER_EXPERIMENT = "study/mnist-low-lr/rev-1"
