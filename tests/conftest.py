@@ -1,8 +1,18 @@
-"""Shared fixtures: the prepared MNIST dataset (real data, prepared once per session)."""
+"""Shared fixtures: the prepared MNIST dataset (real data, prepared once per session).
+
+The tiers (Makefile): ``make test-fast`` runs ``pytest -m "not slow"``, ``make test`` both tiers. A test
+that starts a browser, nginx, PostgreSQL or Redis belongs to the slow tier: started from any other
+test, the program is refused and the test fails, naming the mark it needs (``SLOW_PROGRAMS``).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +21,48 @@ from datasets.layout import read_train_manifest
 from protocol.manifests import FetchManifest
 
 REPO = Path(__file__).resolve().parent.parent
+SLOW_PROGRAMS = frozenset({"chromium", "nginx", "npx", "node", "initdb", "pg_ctl", "postgres", "redis-server"})
+
+_fast_test: list[str] = []  # the node id of the fast test being set up or run, if any
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_refuse_slow_programs)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with _watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with _watching(item):
+        return (yield)
+
+
+@contextmanager
+def _watching(item: pytest.Item) -> Iterator[None]:
+    """While a fast test (no ``slow`` mark) is set up or runs, ``_refuse_slow_programs`` refuses for it."""
+    fast = item.get_closest_marker("slow") is None
+    if fast:
+        _fast_test.append(item.nodeid)
+    try:
+        yield
+    finally:
+        if fast:
+            _fast_test.pop()
+
+
+def _refuse_slow_programs(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook: fails the fast test that is starting one of ``SLOW_PROGRAMS``."""
+    if event != "subprocess.Popen" or not _fast_test:
+        return
+    argv = args[1]  # (executable, args as a list, cwd, env)
+    program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
+    if program in SLOW_PROGRAMS:
+        pytest.fail(f"{_fast_test[-1]} starts {program}: it belongs to the slow tier (@pytest.mark.slow)")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ from lab.attacks import (
     scorecard_table,
 )
 
+pytestmark = pytest.mark.slow  # the whole planned scorecard: minutes of real MNIST training
+
 WINDOWS = 4
 # attack classes the default preset must never accept, at any fraction and in any setting
 HARD_REJECT = (

@@ -110,6 +110,7 @@ def test_an_edge_reads_through_to_the_bucket_and_checks_what_it_gets(s3_env: str
     assert not (tmp_path / "b" / "sha256" / forged[7:9] / forged[9:]).exists()
 
 
+@pytest.mark.slow
 def test_two_edges_on_one_store_and_one_bucket_serve_each_others_artifacts(
     s3_env: str, private_postgres: Any, tmp_path: Path, dataset_root: Path
 ) -> None:

@@ -11,6 +11,7 @@ import lab.demo
 from lab.demo import BrowserUnavailable, browser_problem, run_demo, summary_markdown
 
 
+@pytest.mark.slow
 def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     summary = run_demo(tmp_path / "demo", max_minutes=8, browser=True, target_accuracy=0.95)
     assert summary == json.loads((tmp_path / "demo" / "summary.json").read_text())

@@ -38,6 +38,8 @@ from .test_scale_out import start_edge
 
 __all__ = ["private_postgres", "private_redis"]  # fixtures, used by name
 
+pytestmark = pytest.mark.slow  # nginx, two edge processes, PostgreSQL, Redis, Chromium
+
 BASE = f"/v1/experiments/{BASELINE}"
 
 

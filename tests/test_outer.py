@@ -148,6 +148,7 @@ def _current(edge: BackgroundEdge) -> HeadDescriptor:
     return HeadDescriptor.from_wire(httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/head").json())
 
 
+@pytest.mark.slow
 def test_a_quorum_runs_diloco_and_a_validator_without_its_disk_rejoins(tmp_path: Path, dataset_root: Path) -> None:
     identities = [NodeIdentity.load_or_create(tmp_path / f"validator-{i}" / "identity.key") for i in range(3)]
     base_network = mnist_network(identities[0].public_key)

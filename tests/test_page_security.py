@@ -150,6 +150,7 @@ def test_an_aborted_upload_logs_one_line_and_the_edge_carries_on(
     assert [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.slow
 def test_honest_trainers_at_the_demos_fastest_window_rate_are_never_rate_limited(edge: BackgroundEdge) -> None:
     """A trainer of both experiments leases and uploads once per window of each, windows closing every
     ``DEMO_FASTEST_WINDOW_S``, for longer than any burst allowance lasts: no request is refused."""

@@ -108,6 +108,7 @@ def _next_head(env: Env, validators: list[Validator], spec: ExperimentSpec, afte
     raise AssertionError(f"no head after window {after}")
 
 
+@pytest.mark.slow
 def test_a_head_is_canonical_only_with_a_quorum_and_trainers_check_it(quorum_env: Env, dataset_root: Path) -> None:
     edge, network, _, _, _ = quorum_env
     first, second = (
@@ -134,6 +135,7 @@ def test_a_head_is_canonical_only_with_a_quorum_and_trainers_check_it(quorum_env
     trainer.close()
 
 
+@pytest.mark.slow
 def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_root: Path) -> None:
     edge, network, _, _, _ = quorum_env
     alive = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (0, 1)]  # validator 2 never runs
@@ -158,6 +160,7 @@ def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_ro
     trainer.close()
 
 
+@pytest.mark.slow
 def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, dataset_root: Path) -> None:
     edge, network, _, _, _ = quorum_env
     byzantine = _validator(quorum_env, 0, ByzantineValidator, dataset_root=dataset_root)

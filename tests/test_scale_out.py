@@ -3,7 +3,8 @@ processes, a private PostgreSQL cluster and redis-server on loopback (``deploy.s
 with the reason when they cannot run here, failed under CI).
 
 The hub's fan-out and the rate limits are also checked on their own, against every implementation
-where the contract applies (in-process and Redis)."""
+where the contract applies (in-process and Redis). The in-process cases are in the fast tier, the rest
+in the slow one."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _fanout(kind: str, redis_url: str | None) -> Fanout:
     return RedisFanout(redis_url)
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["local", pytest.param("redis", marks=pytest.mark.slow)])
 def fanout_kind(request: pytest.FixtureRequest) -> Iterator[tuple[str, str | None]]:
     url = request.getfixturevalue("private_redis").url if request.param == "redis" else None
     yield request.param, url
@@ -121,6 +122,7 @@ def test_activity_wakes_a_waiting_validator_for_what_can_decide_a_window_here_an
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_hubs_on_one_redis_share_events_wakeups_relay_messages_and_sessions(private_redis: Any) -> None:
     from server.hub_redis import RedisFanout
 
@@ -187,6 +189,7 @@ def test_a_limiter_allows_its_burst_then_refuses_and_refills(fanout_kind: tuple[
         limiter.check("client")
 
 
+@pytest.mark.slow
 def test_edges_on_one_redis_draw_on_one_budget(private_redis: Any) -> None:
     a, b = _limiters("redis", private_redis.url, rate_per_s=0.01, burst=6)
     for limiter in (a, b, a, b, a, b):
@@ -250,6 +253,7 @@ def edges(
         yield Edges(fleet, urls, str(shared["store-url"]), root / "blobs")
 
 
+@pytest.mark.slow
 def test_edges_on_one_store_sign_with_one_key_and_serve_one_head(edges: Edges) -> None:
     with edges.http("a") as a, edges.http("b") as b:
         assert a.get("/v1/network").json()["edge_key"] == b.get("/v1/network").json()["edge_key"]
@@ -259,6 +263,7 @@ def test_edges_on_one_store_sign_with_one_key_and_serve_one_head(edges: Edges) -
         assert artifact.status_code == 200 and artifact.headers["etag"] == f'"{head["head_id"]}"'
 
 
+@pytest.mark.slow
 def test_a_thousand_concurrent_lease_requests_across_two_edges_never_share_a_shard(
     edges: Edges, train_manifest: Any
 ) -> None:
@@ -296,6 +301,7 @@ def test_a_thousand_concurrent_lease_requests_across_two_edges_never_share_a_sha
     assert sorted(lease["lease_id"] for lease in listed) == sorted(lease.lease_id for lease in granted)
 
 
+@pytest.mark.slow
 def test_per_peer_limits_count_requests_to_every_edge(edges: Edges) -> None:
     """480 per minute (8 per second), burst 120: a peer alternating between the edges is answered
     about 120 times, not 240 (every shard is leased already: each answer is a 409)."""
@@ -310,6 +316,7 @@ def test_per_peer_limits_count_requests_to_every_edge(edges: Edges) -> None:
     assert statuses.count(409) <= 120 + refilled < 180, (statuses.count(409), refilled)
 
 
+@pytest.mark.slow
 def test_events_relay_messages_and_long_polls_cross_edges(edges: Edges) -> None:
     a_ws, b_ws = (url.replace("http://", "ws://") for url in (edges.urls["a"], edges.urls["b"]))
     x, y = PureSigner(b"\x31" * 32), PureSigner(b"\x32" * 32)

@@ -1,6 +1,6 @@
 """One contract, every store engine: the same tests against SQLite (the embedded default) and
 PostgreSQL (a private cluster on loopback, ``deploy.services``; skipped with the reason when it
-cannot run here, failed under CI)."""
+cannot run here, failed under CI). SQLite's cases are in the fast tier, PostgreSQL's in the slow one."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ _databases = itertools.count()
 Opener = Callable[[], EdgeStore]  # another store on the same database
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     opened: list[EdgeStore] = []
     if request.param == "sqlite":
@@ -293,6 +293,7 @@ def test_an_unreachable_postgres_is_a_clear_error() -> None:
         PostgresStore("postgresql://dtn:secret@127.0.0.1:1/none")
 
 
+@pytest.mark.slow
 def test_operators_manage_tokens_in_a_postgresql_store(private_postgres: Any, tmp_path: Path) -> None:
     """``python -m tools token`` works on the store several edges share, not only on SQLite."""
     url = private_postgres.create_database("tokens")
@@ -304,6 +305,7 @@ def test_operators_manage_tokens_in_a_postgresql_store(private_postgres: Any, tm
     assert "shared" not in tools_output(["token", "list", "--store-url", url])
 
 
+@pytest.mark.slow
 def test_an_edge_on_postgresql_answers_503_while_it_is_down_and_goes_on_after_its_restart(
     private_postgres: Any, tmp_path: Path, dataset_root: Path
 ) -> None:
@@ -357,6 +359,7 @@ def test_credit_is_tallied_from_signed_verdicts_as_they_arrive_alike_on_every_ed
         assert book.standing(EXPERIMENT, alice).rejected == 1
 
 
+@pytest.mark.slow
 def test_reads_in_arrival_order_use_an_index_on_postgresql(private_postgres: Any) -> None:
     """``rowid > ?`` (candidates followed by cursor, the credit tally's new verdicts) is a range scan on
     PostgreSQL as it is in SQLite, where the rowid is the table's key: every table's rowid is indexed."""

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_accepted, browser_problem
 from lab.stack import Fleet, free_port, prepare_network
@@ -320,6 +321,7 @@ def test_native_trainers_and_validators_stage_candidates_heads_and_outer_states(
         validator.close()
 
 
+@pytest.mark.slow
 def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame_limit(
     tmp_path: Path, dataset_root: Path
 ) -> None:
