@@ -30,7 +30,6 @@ from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
 from protocol.screening import PRESETS
-from protocol.window import lease_window
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
@@ -258,11 +257,7 @@ def _summarize(
             lineage_ok &= content_id(data) == head.head_id
             lineage_ok &= head.parent == (None if previous is None else previous.head_id)
             lineage_ok &= head.window == (0 if previous is None else previous.window + 1)
-            granted = [
-                *edge.leases(spec.key, head.head_id),
-                *(edge.leases(spec.key, head.parent) if head.parent else []),
-            ]
-            shard_sets = [set(lease.shard_ids) for lease in granted if lease_window(lease, head)]  # ahead ones too
+            shard_sets = [set(lease.shard_ids) for lease in edge.window_leases(spec.key, head)]  # ahead ones too
             distinct_ok &= sum(len(s) for s in shard_sets) == len(set().union(*shard_sets)) if shard_sets else True
             previous = head
         lineage[spec.key] = [

@@ -39,6 +39,7 @@ from protocol.messages import (
 )
 from protocol.signing import Signer
 from protocol.uploads import STAGE_MISSING, UPLOAD_CHUNK_BYTES, UPLOAD_HEADER, content_range, upload_path
+from protocol.window import lease_window
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
 
@@ -166,6 +167,12 @@ class EdgeClient:
     def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:
         response = self._request("GET", f"{self._experiment_path(key)}/leases", params={"base_head": base_head})
         return [Lease.from_wire(lease) for lease in response.json()]
+
+    def window_leases(self, key: ExperimentKey, head: HeadDescriptor) -> list[Lease]:
+        """The leases of the window on ``head``: those granted on it for its window, and those granted
+        ahead on its parent (``protocol.window.lease_window``)."""
+        granted = [*self.leases(key, head.head_id), *(self.leases(key, head.parent) if head.parent else [])]
+        return [lease for lease in granted if lease_window(lease, head)]
 
     def lease(self, lease_id: LeaseId) -> Lease | None:
         try:

@@ -97,7 +97,6 @@ from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
 from protocol.updates import decode_update
-from protocol.window import lease_window
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
@@ -440,11 +439,7 @@ class Validator:
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
             return None  # nothing can close it yet: spare the edge the lease query
         now_ms = self.clock.now_ms()
-        granted = [
-            *self.edge.leases(spec.key, head.head_id),
-            *(self.edge.leases(spec.key, head.parent) if head.parent else []),
-        ]
-        leases = [lease for lease in granted if lease_window(lease, head)]
+        leases = self.edge.window_leases(spec.key, head)
         if not leases and not window:  # an idle window: its deadline counts from its first lease
             self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())
             return None

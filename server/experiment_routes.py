@@ -263,7 +263,7 @@ async def get_lease(lease_id: str, state: State, request: Request) -> JSON:
 @router.post(
     f"{EXPERIMENT}/verdicts",
     status_code=201,
-    responses=documented(*_UPLOAD),
+    responses=documented(*_UPLOAD, Conflict),
     openapi_extra=body_doc("application/json", "a Verdict signed by a validator of the network"),
 )
 async def publish_verdict(key: Experiment, state: State, request: Request) -> JSON:
@@ -276,7 +276,7 @@ async def publish_verdict(key: Experiment, state: State, request: Request) -> JS
 @router.post(
     f"{EXPERIMENT}/verdict-batches",
     status_code=201,
-    responses=documented(*_UPLOAD),
+    responses=documented(*_UPLOAD, Conflict),
     openapi_extra=body_doc("application/json", f"a list of at most {VERDICT_BATCH} validator-signed Verdicts"),
 )
 async def publish_verdicts(key: Experiment, state: State, request: Request) -> JSON:
