@@ -50,11 +50,8 @@ def main() -> None:
     base = learner.to_tensors(learner.init(jax.random.PRNGKey(0)))
     head = "sha256:" + "0" * 64
 
-    def own(part: str) -> dict[str, np.ndarray]:
-        index = reference_batches(head, len(rx), 62, 2 * spec.batch_size, part=part)
-        return engine.fresh_window(base, rx[index], ry[index])
-
-    anchor, participant = own("anchor"), own("participant")
+    index = reference_batches(head, len(rx), 62, 2 * spec.batch_size)
+    anchor = engine.fresh_window(base, rx[index], ry[index])
 
     def evaluate(params: object) -> dict[str, float]:
         return evaluator(learner.from_tensors(params), hx, hy)
@@ -77,7 +74,7 @@ def main() -> None:
             started = time.perf_counter()
             decision = judge_window(
                 learner.model, base, base_metrics, subs, policy, evaluate,
-                reference=anchor, participant=participant, salt=b"bench",
+                reference=anchor, salt=b"bench",
             )  # fmt: skip
             times.append(time.perf_counter() - started)
         accepted = len(decision.accepted)

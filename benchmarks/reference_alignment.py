@@ -3,14 +3,14 @@ finished run (``python -m lab workloads``, or any run directory with an edge sto
 
 At each chosen head of the experiment: ``--honest`` honest-like updates (``--examples`` fresh training
 examples each, the experiment's batch size, one window of Adam steps at the head's scheduled rate), the
-validator's anchor exactly as it computes it (the first half of its ``reference`` split,
+validator's anchor exactly as it computes it (its ``reference`` split,
 ``protocol.judging.reference_batches``, ``REFERENCE_BATCH_FACTOR`` × the batch), and, as the baseline of
 the same run, the same procedure on fresh training examples the head never saw. Prints the mean cosine
 of the honest updates to one another and to each, and their norms (the anchored screen bounds an
 update's norm by a multiple of the anchor's). An anchor that falls towards or below zero while the
 baseline stays with the honest updates no longer measures direction, and one whose norm falls below
-theirs no longer measures size: its examples have been fitted by the heads (as when the anchor itself took part in every anchored merge, before the validator's
-participant update moved to the split's other half).
+theirs no longer measures size: its examples have been fitted by the heads (as when the validator's
+own updates took part in every anchored merge; they no longer do).
 
 First, from the run's own signed verdicts, per ten windows: the mean (min, max) cosine of the
 candidates to the reference the validator used, and how much each screened-in candidate alone moved
@@ -105,9 +105,7 @@ def main() -> None:
         for _ in range(args.honest):
             index = rng.choice(len(train_x), (steps, spec.batch_size), replace=False)
             honest.append(_update(engine, tensors, rate, train_x[index], train_y[index]))
-        index = reference_batches(
-            head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part="anchor"
-        )
+        index = reference_batches(head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
         reference = _update(engine, tensors, rate, ref_x[index], ref_y[index])
         index = rng.choice(len(train_x), (steps, REFERENCE_BATCH_FACTOR * spec.batch_size), replace=False)
         baseline = _update(engine, tensors, rate, train_x[index], train_y[index])

@@ -10,11 +10,11 @@ Honest peers train real updates (JAX, Adam, kept optimizer state); attackers tra
 attackers on poisoned data), then craft what they submit from their own update or the honest ones
 (which they are assumed to see). Every submission is a real signed ``Candidate`` with a real
 edge-signed ``Lease`` and goes through ``protocol.judging.precheck`` and ``judge_window`` (with a
-``TrustBook``), exactly as a validator runs them, and with the validator's **own updates**: each
-window the suite, as the validator, trains the base head for a trainer's number of steps on each half
-of its reference examples, which no trainer gets (``REFERENCE``, disjoint from the ``HOLDOUT`` it
-judges on): the anchor that screens and the participant that joins the merge, and passes both to
-``judge_window``; the tie-break salt is drawn from the closed window.
+``TrustBook``), exactly as a validator runs them, and with the validator's **own update**: each
+window the suite, as the validator, trains the base head for a trainer's number of steps on its
+reference examples, which no trainer gets (``REFERENCE``, disjoint from the ``HOLDOUT`` it judges
+on): the anchor that screens (it never joins a merge), passed to ``judge_window`` with the lineage's
+step size as the heads record it; the tie-break salt is drawn from the closed window.
 
 The scorecard reports harm, not only acceptance, per setting × attack × fraction × preset: malicious
 acceptance rate, benign false rejection rate, final head test accuracy and its difference to the
@@ -78,8 +78,8 @@ BATCH = 64
 SHARD_EXAMPLES = 1000
 STEPS = SHARD_EXAMPLES // BATCH  # a trainer's optimizer steps per window
 HOLDOUT = 5000  # what the validator judges candidates and heads on (never a trainer's)
-REFERENCE = 4000  # what the validator trains its own updates on (never a trainer's): anchor and participant halves
-REFERENCE_BATCH = 2 * BATCH  # 2 x the trainers' batch, their step count: what validators do (Validator._references)
+REFERENCE = 4000  # what the validator trains its own update on (never a trainer's)
+REFERENCE_BATCH = 2 * BATCH  # 2 x the trainers' batch, their step count: what validators do (Validator._reference)
 # a 12-pixel patch in the top-left corner that no MNIST training image lights (tests check it)
 TRIGGER_PIXELS = tuple(r * 28 + c for r in range(4) for c in range(4) if r < 2 or c < 2)
 TARGET = 0
@@ -357,13 +357,12 @@ class Suite:
         pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
         return self._train_x[pick], self._train_y[pick]
 
-    def own_update(self, base: Params, head_id: str, part: str) -> Params:
-        """One of the validator's two updates for the window on ``head_id`` (``part``: the ``anchor``
-        or the ``participant``): a fresh optimizer from the base head, a trainer's number of steps on
-        its half of the reference examples (never a trainer's), batches of ``REFERENCE_BATCH`` drawn
-        by ``protocol.judging.reference_batches``."""
+    def own_update(self, base: Params, head_id: str) -> Params:
+        """The validator's update for the window on ``head_id``, the anchor that screens: a fresh
+        optimizer from the base head, a trainer's number of steps on the reference examples (never a
+        trainer's), batches of ``REFERENCE_BATCH`` drawn by ``protocol.judging.reference_batches``."""
         x, y = self.data.reference
-        index = reference_batches(head_id, len(x), STEPS, REFERENCE_BATCH, part=part)
+        index = reference_batches(head_id, len(x), STEPS, REFERENCE_BATCH)
         return self.engine.fresh_window(base, x[index], y[index])
 
     def run(
@@ -379,6 +378,7 @@ class Suite:
         tally = Tally()
         base = self.warm
         base_metrics = self.evaluate(base, self.data.holdout)
+        step: dict[str, float] = {}  # the lineage's step size, as the heads record it
         states = list(self.warm_states[:peers])
         old_artifacts = [encode_tensors(u) for u in self.warm_updates]
         judged: set[str] = {content_id(a) for a in old_artifacts}
@@ -433,14 +433,14 @@ class Suite:
                             screen,
                         )
                     )
-            # the validator, once the window is closed: its own updates and the tie-break salt
+            # the validator, once the window is closed: its own update and the tie-break salt
             salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c, _ in candidates)).encode()).digest()
             decision = judge_window(
-                self.learner.model, base, {"loss": base_metrics["loss"]}, submissions, policy,
+                self.learner.model, base, base_metrics | step, submissions, policy,
                 lambda p: self.evaluate(p, self.data.holdout), trust,
-                reference=self.own_update(base, head_id, "anchor") if use_reference else None,
-                participant=self.own_update(base, head_id, "participant") if use_reference else None, salt=salt,
+                reference=self.own_update(base, head_id) if use_reference else None, salt=salt,
             )  # fmt: skip
+            step = {} if decision.update_norm is None else {"update_norm": decision.update_norm}
             trust = decision.trust
             tally.promoted += int(decision.promoted)
             for sub, bad in zip(submissions, is_malicious, strict=True):

@@ -163,22 +163,23 @@ class Evaluator:
         self.chunk = max(1, chunk // positions)
 
         @jax.jit
-        def batch_metrics(params: PyTree, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def batch_metrics(params: PyTree, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
             logits = learner.apply(params, x)
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            return losses.sum(), (logits.argmax(axis=-1) == y).sum()
+            return losses.sum(), (losses**2).sum(), (logits.argmax(axis=-1) == y).sum()
 
         self._batch_metrics = batch_metrics
         # (id(x), id(y)) -> the arrays themselves (so that their ids stay theirs) and their device chunks
         self._device: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list[tuple[jax.Array, jax.Array]]]] = {}
 
     def __call__(self, params: PyTree, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        total_loss, correct = 0.0, 0
+        total_loss, squared_loss, correct = 0.0, 0.0, 0
         for xc, yc in self._chunks(x, y):
-            loss, hits = self._batch_metrics(params, xc, yc)
+            loss, squared, hits = self._batch_metrics(params, xc, yc)
             total_loss += float(loss)
+            squared_loss += float(squared)
             correct += int(hits)
-        return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)))
+        return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)), squared_loss)
 
     def _chunks(self, x: np.ndarray, y: np.ndarray) -> list[tuple[jax.Array, jax.Array]]:
         """(x, y) in device chunks, copied once per array pair: a validator evaluates the same splits

@@ -258,6 +258,11 @@ def _unnamed(split: str, metrics: dict[str, float]) -> dict[str, float]:
     return {name.removeprefix(f"{split}_"): value for name, value in metrics.items() if name.startswith(f"{split}_")}
 
 
+def _lineage_step(head: HeadDescriptor) -> dict[str, float]:
+    """``{"update_norm": …}``: the step size ``head`` records (``WindowDecision.update_norm``), if any."""
+    return {"update_norm": head.metrics["update_norm"]} if "update_norm" in head.metrics else {}
+
+
 def share_principal_weight(
     prechecked: Sequence[tuple[Submission, str | None]], policy: ScreeningPolicy
 ) -> list[Submission]:
@@ -312,9 +317,9 @@ class Validator:
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
         self._disputed: set[str] = set()  # proposals of others this validator computed differently
         self._engines: dict[str, TrainEngine] = {}  # experiment -> training for its reference updates
-        # experiment -> (head id, its reference updates): computed once the head is current, before
+        # experiment -> (head id, its reference update): computed once the head is current, before
         # the window's candidates arrive (``warm``)
-        self._reference_cache: dict[str, tuple[HeadId, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]] = {}
+        self._reference_cache: dict[str, tuple[HeadId, dict[str, np.ndarray]]] = {}
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
         self._due: dict[str, float] = {}  # experiment -> when its open window's deadline (this validator's turn) falls
@@ -357,9 +362,11 @@ class Validator:
         steps: int,
         validation: dict[str, float],
         outer_state: ContentId | None = None,
+        update_norm: float | None = None,
     ) -> tuple[HeadDescriptor, bytes]:
         """The signed head for ``params``; ``validation`` is their already measured validation result,
-        ``outer_state`` the id of the outer optimizer's state after it (stored by the caller)."""
+        ``outer_state`` the id of the outer optimizer's state after it (stored by the caller),
+        ``update_norm`` the lineage's step size after it (``WindowDecision.update_norm``)."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
             self.learner(spec).to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
@@ -373,7 +380,9 @@ class Validator:
             merged=tuple(sorted(merged)),  # type: ignore[arg-type]
             validator_key=self.identity.public_key,
             created_at_ms=self.clock.now_ms(),
-            metrics=_named("val", validation) | _named("test", self._evaluate(spec, params, "test")),
+            metrics=_named("val", validation)
+            | _named("test", self._evaluate(spec, params, "test"))
+            | ({} if update_norm is None else {"update_norm": update_norm}),
             outer_state=outer_state,
         ).signed(self.identity)
         return head, artifact
@@ -481,17 +490,15 @@ class Validator:
         val_x, val_y = self._split(spec, "holdout")
         base = self._head_params(head)
         learner = self.learner(spec)
-        anchor, participant = self._references(spec, head, base) if policy.anchored else (None, None)
         decision = judge_window(
             learner.model,
             base,
-            {"loss": head.metrics["val_loss"]},
+            _unnamed("val", head.metrics) | _lineage_step(head),
             share_principal_weight([self._precheck(spec, head, base, c) for c in window], policy),
             policy,
             lambda params: self._evaluators[spec.model](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
-            reference=anchor,
-            participant=participant,
+            reference=self._reference(spec, head, base) if policy.anchored else None,
             # robust rules break ties by a salt no submitter knows before the window's set is closed
             salt=hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest(),
             outer=spec.outer,
@@ -509,7 +516,14 @@ class Validator:
             outer_state = ContentId(content_id(state))
             write_atomic(self.storage.head_path(outer_state), state)
         promoted, artifact = self._sign_head(
-            spec, learner.from_tensors(merged), head, decision.accepted, steps, validation, outer_state
+            spec,
+            learner.from_tensors(merged),
+            head,
+            decision.accepted,
+            steps,
+            validation,
+            outer_state,
+            decision.update_norm,
         )
         return promoted, artifact, decision
 
@@ -521,15 +535,15 @@ class Validator:
         data = self.edge.artifact(head.outer_state, self.storage.head_path(head.outer_state))
         return decode_state(self.learner(self.network.experiment(head.experiment)).model, data)
 
-    def _references(
+    def _reference(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """This validator's own two updates from ``base`` on its ``reference`` split (data no trainer
-        gets), as trained parameters: the trust anchor on the split's first half and the participant
-        that joins the merge on the second, so the heads are never fitted to the anchor's examples.
-        Each takes as many optimizer steps as a trainer's window, batches of ``REFERENCE_BATCH_FACTOR``
-        × the experiment's drawn by ``protocol.judging.reference_batches`` from the head id, a fresh
-        optimizer: the same bytes at every validator holding the same prepared dataset."""
+    ) -> dict[str, np.ndarray]:
+        """This validator's own update from ``base`` on its ``reference`` split (data no trainer gets),
+        as trained parameters: the trust anchor that screens and bounds the window's candidates and
+        never enters a head. It takes as many optimizer steps as a trainer's window, batches of
+        ``REFERENCE_BATCH_FACTOR`` × the experiment's drawn by ``protocol.judging.reference_batches``
+        from the head id, a fresh optimizer: the same bytes at every validator holding the same
+        prepared dataset."""
         cached_head, cached = self._reference_cache.get(spec.key, (None, None))
         if cached_head == head.head_id and cached is not None:
             return cached
@@ -537,24 +551,19 @@ class Validator:
         steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))
         if spec.key not in self._engines:
             self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
-        engine = self._engines[spec.key]
-
-        def update(part: str) -> dict[str, np.ndarray]:
-            index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size, part=part)
-            return engine.fresh_window(base, x[index], y[index], spec.learning_rate_at(head.window))
-
-        references = update("anchor"), update("participant")
-        self._reference_cache[spec.key] = (head.head_id, references)
-        return references
+        index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
+        reference = self._engines[spec.key].fresh_window(base, x[index], y[index], spec.learning_rate_at(head.window))
+        self._reference_cache[spec.key] = (head.head_id, reference)
+        return reference
 
     def warm(self, spec: ExperimentSpec) -> None:
         """Work that depends only on the current head, done before its window's candidates arrive:
-        the reference updates of an anchored experiment."""
+        the reference update of an anchored experiment."""
         head = self._current.get(spec.key)
         if head is None or not PRESETS[spec.screening].anchored:
             return
         if self._reference_cache.get(spec.key, (None, None))[0] != head.head_id:
-            self._references(spec, head, self._head_params(head))
+            self._reference(spec, head, self._head_params(head))
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)

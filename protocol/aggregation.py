@@ -18,8 +18,8 @@ sample weights (examples, capped per peer kind) and returns a ``[d]`` vector. Th
                            centre (the validator's reference update, else 0), fixed radius τ
     fltrust                Cao et al. 2021: trust tᵢ = ReLU(cos(Δᵢ, Δ_ref)), each Δᵢ rescaled to ‖Δ_ref‖,
                            Σ tᵢ wᵢ Δ̂ᵢ / Σ tᵢ wᵢ  (needs the reference update)
-    fltrust_trimmed_mean   FLTrust's trust and rescaling, near-duplicate directions sharing one vote,
-                           the reference as one more participant, then a weighted coordinate-wise
+    fltrust_trimmed_mean   FLTrust's trust, each Δᵢ clipped to ‖Δ_ref‖, near-duplicate directions
+                           sharing one vote, a no-change vote, then a weighted coordinate-wise
                            trimmed mean (the default preset's rule when a reference is given)
 
 Inputs are ordered by content id before stacking, accumulation is float64, and every tie is broken
@@ -46,6 +46,7 @@ __all__ = [
     "Aggregator",
     "bulyan",
     "centered_clipping",
+    "clipped",
     "coordinate_median",
     "duplicate_groups",
     "flatten",
@@ -75,18 +76,14 @@ class AggregationContext:
     row order). ``reference``: the validator's own update Δ_ref (``None`` when it has none).
     ``byzantine_fraction``: the share of rows a rule must tolerate (f = ⌊β n⌋ for Krum and Bulyan,
     the trim of the trimmed means). ``clip_radius``: centered clipping's τ in units of ‖Δ_ref‖;
-    ``clip_tau``: its τ in parameter units when there is no reference. ``participant``: the
-    validator's update that joins ``fltrust_trimmed_mean`` as one more participant (``None``: Δ_ref
-    itself); ``reference_weight``: its weight there, in units of the median candidate weight;
+    ``clip_tau``: its τ in parameter units when there is no reference.
     ``trust_floor``: the least trust it gives a row screening let through (0: FLTrust's ReLU)."""
 
     tie_keys: tuple[bytes, ...] = ()
     reference: Vector | None = None
-    participant: Vector | None = None
     byzantine_fraction: float = 0.2
     clip_radius: float = 1.0
     clip_tau: float = 1.0
-    reference_weight: float = 1.0
     trust_floor: float = 0.0
 
 
@@ -158,7 +155,8 @@ def _sorted_columns(values: Vector, ranks: npt.NDArray[np.int64]) -> tuple[Vecto
 
 def trimmed_mean(deltas: Vector, weights: Vector, *, trim: int, ranks: npt.NDArray[np.int64] | None = None) -> Vector:
     """Per coordinate, drop the ``trim`` smallest and ``trim`` largest values; weighted mean of the
-    rest (``weights`` all equal: the unweighted trimmed mean of Yin et al. 2018)."""
+    rest (``weights`` all equal: the unweighted trimmed mean of Yin et al. 2018; where every kept
+    value weighs 0, their plain mean)."""
     n = len(deltas)
     if not 0 <= 2 * trim < n:
         raise ValueError(f"cannot trim {trim} from each end of {n} values")
@@ -166,7 +164,9 @@ def trimmed_mean(deltas: Vector, weights: Vector, *, trim: int, ranks: npt.NDArr
     values, order = _sorted_columns(deltas, ranks)
     w = np.asarray(weights, np.float64)[order]
     kept, kept_w = values[trim : n - trim], w[trim : n - trim]
-    return np.asarray((kept * kept_w).sum(axis=0) / kept_w.sum(axis=0))
+    total = kept_w.sum(axis=0)
+    weighted = (kept * kept_w).sum(axis=0) / np.where(total > 0, total, 1.0)
+    return np.asarray(np.where(total > 0, weighted, kept.mean(axis=0)))
 
 
 # -- Krum, multi-Krum, Bulyan ------------------------------------------------------------------
@@ -296,16 +296,21 @@ def duplicate_groups(deltas: Vector, threshold: float = DUPLICATE_COSINE) -> npt
     return np.asarray([roots.count(r) for r in roots], np.int64)
 
 
+def clipped(deltas: Vector, radius: float) -> Vector:
+    """Each row scaled down to norm at most ``radius`` (never up; zero rows stay zero)."""
+    norms = np.linalg.norm(deltas, axis=1)
+    scale = np.minimum(1.0, radius / np.maximum(norms, 1e-300))
+    return np.asarray(deltas * scale[:, None])
+
+
 def fltrust_trimmed_mean(
     deltas: Vector,
     weights: Vector,
     *,
     reference: Vector,
     trim_fraction: float = 0.2,
-    reference_weight: float = 1.0,
     ranks: npt.NDArray[np.int64] | None = None,
     trust_floor: float = 0.0,
-    participant: Vector | None = None,
 ) -> Vector:
     """The default preset's rule when the validator has a reference update Δ_ref:
 
@@ -313,29 +318,29 @@ def fltrust_trimmed_mean(
        The floor is for rows screening let through although their cosine is near zero (near
        convergence honest updates are nearly orthogonal to any reference: their trust carries no
        information, and a floor keeps them from being ignored all together);
-    2. each trusted Δᵢ is rescaled to ‖Δ_ref‖ (a boosted update gains nothing);
+    2. each trusted Δᵢ is clipped to ‖Δ_ref‖ (``clipped``: a boosted update gains nothing, and a
+       converged trainer's small step stays small: the step size follows the trainers, FLTrust's
+       rescaling up to ‖Δ_ref‖ made it the fresh-optimizer reference's);
     3. weight tᵢ · wᵢ, shared among near-copies (cos ≥ ``DUPLICATE_COSINE``): identities that send
        one direction many times get one vote;
-    4. the validator's ``participant`` update (default Δ_ref; validators pass their update on
-       reference examples the anchor never uses, so that no merge fits the heads to the anchor's
-       examples) joins as one more participant, rescaled to ‖Δ_ref‖, trust 1, weight
-       ``reference_weight`` × the median candidate weight (so a cohort of one or two still has a
-       majority that is not the attacker);
-    5. per coordinate, the k smallest and k largest values of the m participants are dropped,
-       k = max(1, ⌊``trim_fraction`` · m⌋) once m ≥ 3, and the rest averaged with their weights.
+    4. a no-change vote (a zero row, weight 0) joins the m rows: it takes a place in each coordinate's
+       order and adds nothing to the mean, so nothing the validator trained enters a head, and a
+       coordinate where it alone survives the trim does not move;
+    5. per coordinate, the k smallest and k largest of the m values are dropped, k = max(1,
+       ⌊``trim_fraction`` · m⌋) once m ≥ 3, and the rest averaged with their weights.
 
-    Step 5 is what stops a trigger backdoor: it lives on coordinates (input pixels honest data never
-    lights) where every honest update and the reference are exactly zero."""
+    Steps 4 and 5 are what stop a trigger backdoor: it lives on coordinates (input pixels honest data
+    never lights) where every honest update is exactly zero, and with the no-change vote even one
+    honest update beside one attacker outvotes it there (a median of three). A lone candidate is
+    merged as it is, clipped (FedAvg of one)."""
     trust = trust_scores(deltas, reference, trust_floor)
     keep = np.flatnonzero(trust > 0)
     if len(keep) == 0:
         return np.zeros_like(reference)
-    rows = rescaled(deltas[keep], reference)
+    rows = clipped(deltas[keep], float(np.linalg.norm(reference)))
     w = trust[keep] * np.asarray(weights, np.float64)[keep] / duplicate_groups(rows)
-    ref_w = reference_weight * float(np.median(np.asarray(weights, np.float64)[keep]))
-    own = np.asarray(reference if participant is None else participant, np.float64)[None, :]
-    values = np.concatenate([rows, rescaled(own, reference)])
-    all_w = np.concatenate([w, [ref_w]])
+    values = np.concatenate([rows, np.zeros((1, rows.shape[1]))])
+    all_w = np.concatenate([w, [0.0]])
     row_ranks = np.arange(len(deltas), dtype=np.int64) if ranks is None else ranks
     all_ranks = np.concatenate([row_ranks[keep], [len(deltas)]]).astype(np.int64)
     return trimmed_mean(values, all_w, trim=_trim_count(len(values), trim_fraction), ranks=all_ranks)
@@ -395,10 +400,8 @@ def _fltrust_trimmed_mean(d: Vector, w: Vector, c: AggregationContext) -> Vector
         w,
         reference=_need_reference(c),
         trim_fraction=c.byzantine_fraction,
-        reference_weight=c.reference_weight,
         ranks=_ranks(c.tie_keys, len(d)),
         trust_floor=c.trust_floor,
-        participant=c.participant,
     )
 
 

@@ -4,7 +4,7 @@ Validators do the I/O-side checks first (signature, lease, artifact download) an
 candidate as a ``Submission`` with that ``precheck``; ``judge_window`` then applies, in order:
 quarantine, one candidate per peer and lease window, schema and finiteness, screening (against the validator's
 reference update when it passes one, else against the cohort), the per-candidate leave-one-out
-validation-loss check, weight caps per peer kind (a delayed update's discounted: ``staleness_weight``),
+validation-loss check, weight caps per peer kind (a delayed update discounted: ``staleness_weight``),
 the preset's aggregator and the promotion rule.
 It is pure: the trust book it is given is not changed, the decision carries the next one. The
 attack suite calls the same function, so what it scores is what runs.
@@ -24,8 +24,8 @@ from .aggregation import (
     NEEDS_REFERENCE,
     AggregationContext,
     Vector,
+    clipped,
     flatten,
-    rescaled,
     tie_keys,
     unflatten,
 )
@@ -80,7 +80,7 @@ def staleness(base_head: str, current: HeadDescriptor) -> int | None:
 
 
 def staleness_weight(windows_behind: int) -> float:
-    """The merge weight factor of a delayed update: FedBuff's polynomial staleness discount
+    """The factor a delayed update is scaled by in the merge: FedBuff's polynomial staleness discount
     1/√(1 + τ) (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous Aggregation")."""
     return float(1.0 / np.sqrt(1.0 + windows_behind))
 
@@ -131,7 +131,7 @@ class Submission:
     precheck: Screen
     windows: float = 1.0  # the windows' worth of optimizer steps it declares (``screen_reference``)
     lease_window: int = 0  # the window its lease was for: one candidate per peer and lease window
-    windows_behind: int = 0  # 0, or 1 for a delayed update (``staleness``), merged at ``staleness_weight``
+    windows_behind: int = 0  # 0, or 1 for a delayed update (``staleness``), merged scaled by ``staleness_weight``
 
 
 @dataclass(frozen=True)
@@ -146,49 +146,40 @@ class WindowDecision:
     reference_cosines: dict[str, float] = field(default_factory=dict)  # cos(Δ, Δ_ref) per screened candidate
     marginal_losses: dict[str, float] = field(default_factory=dict)  # val loss with it − without it
     outer_state: Vector | None = None  # the outer optimizer's state after this window (``protocol.outer``)
+    update_norm: float | None = None  # the lineage's step size: accepted updates' median norm (the base's if none)
 
     @property
     def promoted(self) -> bool:
         return self.merged is not None
 
 
-REFERENCE_PARTS = ("anchor", "participant")
-REFERENCE_BATCH_FACTOR = 2  # the validator's own updates' batches: this × the trainers', same step count
+REFERENCE_BATCH_FACTOR = 2  # the validator's own update's batches: this × the trainers', same step count
 
 
 def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
-    """Optimizer steps of each of the validator's own updates in a window of ``spec``: as many as one
-    trainer window takes (a lease's examples × ``local_epochs`` / ``batch_size``)."""
+    """Optimizer steps of the validator's own update in a window of ``spec``: as many as one trainer
+    window takes (a lease's examples × ``local_epochs`` / ``batch_size``)."""
     per_shard = sum(s.examples for s in manifest.shards) // max(len(manifest.shards), 1)
     return max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
 
 
 def validator_examples(spec: ExperimentSpec, manifest: FetchManifest) -> int:
-    """Examples a validator trains on per window of an anchored experiment: its two own updates
-    (``REFERENCE_PARTS``), ``reference_steps`` each at ``REFERENCE_BATCH_FACTOR`` × the batch."""
-    return len(REFERENCE_PARTS) * reference_steps(spec, manifest) * REFERENCE_BATCH_FACTOR * spec.batch_size
+    """Examples a validator trains on per window of an anchored experiment: its own update,
+    ``reference_steps`` at ``REFERENCE_BATCH_FACTOR`` × the batch (it screens, it never enters a head)."""
+    return reference_steps(spec, manifest) * REFERENCE_BATCH_FACTOR * spec.batch_size
 
 
-def reference_batches(
-    base_head: str, examples: int, steps: int, batch_size: int, *, part: str
-) -> npt.NDArray[np.int64]:
-    """Indices ``[steps, batch_size]`` into the validator's reference split of ``examples`` for one of
-    its two updates in the window on ``base_head``: ``anchor`` (screening, trust and rescaling) draws
-    from the split's first half, ``participant`` (the update that joins the merge) from the second,
-    so no merge ever trains the heads on the anchor's examples. Shuffled epochs of the half, seeded by
-    the part and the head id: every validator of a quorum that holds the same split draws the same
-    batches."""
-    if part not in REFERENCE_PARTS:
-        raise ValueError(f"reference part must be one of {REFERENCE_PARTS}, not {part!r}")
-    half = examples // 2
-    if half < 1 or steps < 1 or batch_size < 1:
-        raise ValueError("reference batches need two or more examples, steps and a batch size")
-    seed = hashlib.sha256(f"dtn-reference/{part}/{base_head}".encode()).digest()[:8]
+def reference_batches(base_head: str, examples: int, steps: int, batch_size: int) -> npt.NDArray[np.int64]:
+    """Indices ``[steps, batch_size]`` into the validator's reference split of ``examples`` for its
+    update in the window on ``base_head``: shuffled epochs of the split, seeded by the head id, so
+    every validator of a quorum that holds the same split draws the same batches."""
+    if examples < 1 or steps < 1 or batch_size < 1:
+        raise ValueError("reference batches need examples, steps and a batch size")
+    seed = hashlib.sha256(f"dtn-reference/{base_head}".encode()).digest()[:8]
     rng = np.random.default_rng(int.from_bytes(seed))
     needed = steps * batch_size
-    order = np.concatenate([rng.permutation(half) for _ in range(-(-needed // half))])
-    offset = 0 if part == "anchor" else half
-    return np.asarray(order[:needed].reshape(steps, batch_size) + offset, np.int64)
+    order = np.concatenate([rng.permutation(examples) for _ in range(-(-needed // examples))])
+    return np.asarray(order[:needed].reshape(steps, batch_size), np.int64)
 
 
 def judge_window(
@@ -201,7 +192,6 @@ def judge_window(
     trust: TrustBook = FRESH_TRUST,
     *,
     reference: Mapping[str, np.ndarray] | None = None,
-    participant: Mapping[str, np.ndarray] | None = None,
     salt: bytes = b"",
     outer: OuterOptimizer = FEDAVG,
     momentum: Vector | None = None,
@@ -209,36 +199,34 @@ def judge_window(
     """Screens for every submission, the merged parameters when the window promotes, the next trust book.
 
     ``base_metrics["loss"]`` is the base head's loss on the validator's evaluation split (the
-    ``holdout``); ``evaluate`` measures parameters on that same split (``{"loss", "accuracy"}``).
+    ``holdout``), ``base_metrics["loss_se"]`` its standard error when known, and
+    ``base_metrics["update_norm"]`` the lineage's step size when known (``WindowDecision.update_norm``
+    of the window that made the base head); ``evaluate`` measures parameters on that same split
+    (``{"loss", "accuracy"}``, and ``"loss_se"``).
 
     ``reference`` is the trust anchor: the validator's own update from this base on data no trainer
     gets, given as the trained parameters θ_ref (Δ_ref = θ_ref − base). The validator computes it as
     a trainer computes a window: start from ``base`` (the current head) with the experiment's
     optimizer (fresh state, or state kept across windows as a trainer keeps it; the attack suite
     uses a fresh one), take the same number of optimizer steps as one trainer window (leased
-    examples × ``local_epochs`` / ``batch_size``), on the first half of the prepared dataset's
-    ``reference`` split (validators only, never served, disjoint from the ``holdout`` that
-    ``evaluate`` uses), in batches drawn with ``reference_batches(base head id, ..., part="anchor")``.
-    A batch 2× the trainers' gives a steadier direction at the same step count (validators: 4000
-    examples per half on MNIST, the attack suite 2000; batch 128; at 4× the reference drifts away
+    examples × ``local_epochs`` / ``batch_size``), on the prepared dataset's ``reference`` split
+    (validators only, never served, disjoint from the ``holdout`` that ``evaluate`` uses), in batches
+    drawn with ``reference_batches(base head id, ...)``. A batch 2× the trainers' gives a steadier
+    direction at the same step count (``REFERENCE_BATCH_FACTOR``; at 4× the reference drifts away
     from honest updates whose optimizers carry state over many windows, at 1× label-skewed updates
-    are rejected more often); with a half so small that batches would cycle through it many times
-    (500 examples), use the trainers' batch size: a reference overfit to few examples rescales every
-    update to the wrong size. ``participant`` is the validator's update that joins the anchored merge
-    (rescaled to ‖Δ_ref‖; ``None``: the anchor itself): the same procedure on the split's other half
-    (``part="participant"``). Kept apart, no merge ever fits the heads to the anchor's examples. When
-    the anchor itself joined every merge, a CNN run fitted the heads to it window after window: honest
-    updates fell from cos +0.24 to −0.07 to it while they agreed with the same procedure on unseen
-    examples, and its norm fell to a quarter of theirs, so the norm bound rejected and quarantined every
-    honest trainer (``benchmarks/reference_alignment.py``). Every validator of a quorum must pass the
-    same bytes (the same prepared copy, ``reference_batches`` and deterministic training, or the
-    proposer's published updates).
+    are rejected more often). The anchor screens and bounds; it never enters a merge: a validator
+    update merged into every head fits the heads to the same few thousand examples window after
+    window (a lone trainer's run stalled at 0.95 test accuracy with its holdout loss climbing and
+    its merges blocked). Every validator of a quorum must pass the same bytes (the same prepared
+    copy, ``reference_batches`` and deterministic training, or the proposer's published update).
 
     With a reference and an ``anchored`` preset, candidates are screened against it (norm bounds
     relative to ‖Δ_ref‖, FLTrust trust ReLU(cos(Δ, Δ_ref)): trust 0 is ``untrusted_direction``),
     whatever the cohort's size or who controls most identities, and the merge uses
-    ``policy.anchored_aggregator``. With ``None`` the cohort rules apply (``screen_cohort`` and
-    ``policy.aggregator``), which need an honest majority of identities.
+    ``policy.anchored_aggregator``. The free-rider bound follows the trainers: ``min_reference_ratio``
+    × the smaller of ‖Δ_ref‖ and the lineage's step size, because a fresh-optimizer reference keeps
+    its step size while converged trainers' steps shrink. With ``None`` the cohort rules apply
+    (``screen_cohort`` and ``policy.aggregator``), which need an honest majority of identities.
 
     ``salt`` breaks ties in the robust rules (``tie_keys``): the same at every validator and unknown
     to submitters until the window is closed (e.g. derived from the closed window's candidate set and
@@ -246,14 +234,16 @@ def judge_window(
 
     Each screened-in candidate is then checked leave-one-out: it is rejected (``regression``) when
     the linear merge of the screened-in updates (``_Merge.probe``: the example-weighted mean, of the
-    updates rescaled to ‖Δ_ref‖ and the participant when anchored) has a validation loss higher with it
-    than without it by more than ``policy.candidate_margin`` (a single candidate is compared with not
-    merging). A label-skewed honest update is judged by what it adds to the merge, not by how it
-    does alone; the linear merge keeps the comparison free of the robust rule's own jumps (a
-    trimmed mean of three participants is a median, of two a mean). If the merged
-    head's loss rises past ``policy.promotion_margin``, the merge is blocked; candidates whose
-    removal would have lowered the linear merge's loss by more than half the candidate margin share
-    the blame (``regression``, a half strike), the others are ``merge_blocked`` (no strike).
+    updates clipped to ‖Δ_ref‖ when anchored) has a validation loss higher with it than without it by
+    more than ``policy.candidate_margin`` (a single candidate is compared with not merging). A
+    label-skewed honest update is judged by what it adds to the merge, not by how it does alone; the
+    linear merge keeps the comparison free of the robust rule's own jumps (a trimmed mean of three
+    participants is a median, of two a mean). If the merged head's loss rises past the promotion
+    margin (``promotion_margin``, or ``policy.noise_z`` standard errors of the two holdout losses when
+    that is more: a rise the holdout cannot tell from noise never blocks), the merge is blocked;
+    candidates whose removal would have lowered the linear merge's loss by more than half the
+    candidate margin share the blame (``regression``, a half strike), the others are
+    ``merge_blocked`` (no strike).
 
     The merged parameters are the ``outer`` optimizer's step from ``base`` with the merge rule's
     update (``protocol.outer``: FedAvg takes it as it is, DiLoCo's Nesterov step uses ``momentum``,
@@ -285,12 +275,11 @@ def judge_window(
     cosines: dict[str, float] = {}
     if anchored:
         assert reference is not None
-        for own in (reference, participant) if participant is not None else (reference,):
-            checked = screen_schema(spec, own)
-            if not checked.accepted:
-                raise ValueError(f"the validator's own update is not usable: {checked}")
+        checked = screen_schema(spec, reference)
+        if not checked.accepted:
+            raise ValueError(f"the validator's own update is not usable: {checked}")
         cohort_screens, cosine_list = screen_reference(
-            spec, base, cohort, reference, policy, [s.windows for s in valid]
+            spec, base, cohort, reference, policy, [s.windows for s in valid], base_metrics.get("update_norm")
         )
         cosines = {s.candidate_id: c for s, c in zip(valid, cosine_list, strict=True)}
     else:
@@ -306,7 +295,7 @@ def judge_window(
         if screen.accepted:
             metrics[sub.candidate_id] = alone if alone is not None else evaluate(_params(sub))
             trusted.append(sub)
-    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None, participant)
+    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
     marginal: dict[str, float] = {}
     accepted = list(trusted)
     merged: Params | None = None
@@ -328,7 +317,7 @@ def judge_window(
         merged = unflatten(spec, stepped)
         merged_metrics = evaluate(merged)
     if merged is not None and merged_metrics is not None:
-        outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin)
+        outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin, policy.noise_z)
         if not outcome.accepted:
             for sub in accepted:
                 harm = marginal.get(sub.candidate_id, 0.0)
@@ -343,6 +332,9 @@ def judge_window(
         (sub.peer_id, screens[sub.candidate_id].accepted and promoted, screens[sub.candidate_id].reason)
         for sub in sorted(submissions, key=lambda s: s.candidate_id)
     )
+    step = base_metrics.get("update_norm")
+    if promoted:
+        step = merge.median_norm([trusted.index(s) for s in accepted])
     return WindowDecision(
         screens=screens,
         accepted=tuple(s.candidate_id for s in accepted) if promoted else (),
@@ -354,6 +346,7 @@ def judge_window(
         reference_cosines=cosines,
         marginal_losses=marginal,
         outer_state=next_momentum,
+        update_norm=step,
     )
 
 
@@ -387,46 +380,41 @@ class _Merge:
         rule: str,
         salt: bytes,
         reference: Mapping[str, np.ndarray] | None,
-        participant: Mapping[str, np.ndarray] | None,
     ) -> None:
         self.spec, self.policy, self.rule = spec, policy, AGGREGATORS[rule]
         self.base = flatten(spec, base)
         caps = dict(policy.max_examples_by_kind)
+        # a delayed update counts as s(τ)·Δ (FedBuff's server step: the discount shrinks the update
+        # itself, so a lone late update is discounted too, not only relative to the others)
         self.deltas = (
-            np.stack([flatten(spec, _params(s)) - self.base for s in trusted])
+            np.stack([(flatten(spec, _params(s)) - self.base) * staleness_weight(s.windows_behind) for s in trusted])
             if trusted
             else np.zeros((0, len(self.base)))
         )
-        self.weights = np.array(
-            [min(s.examples, caps.get(s.peer_kind, s.examples)) * staleness_weight(s.windows_behind) for s in trusted],
-            np.float64,
-        )
+        self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
         self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
         self.reference = None if reference is None else flatten(spec, reference) - self.base
-        self.participant = None
-        if self.reference is not None:  # what joins the merge, at the anchor's norm
-            own = self.reference if participant is None else flatten(spec, participant) - self.base
-            self.participant = rescaled(own[None, :], self.reference)[0]
         # the linear merge the leave-one-out check probes, as running sums (one row out costs O(D))
-        self._rows, extra, extra_weight = self.deltas, np.zeros(len(self.base)), 0.0
-        if self.reference is not None and self.participant is not None and len(trusted):
-            self._rows = rescaled(self.deltas, self.reference)
-            extra = self.participant
-            extra_weight = self.policy.reference_weight * float(np.median(self.weights))
-        self._sum = (self.weights[:, None] * self._rows).sum(axis=0) + extra_weight * extra
-        self._total = float(self.weights.sum()) + extra_weight
+        self._rows = self.deltas
+        if self.reference is not None:
+            self._rows = clipped(self.deltas, float(np.linalg.norm(self.reference)))
+        self._sum = (self.weights[:, None] * self._rows).sum(axis=0)
+        self._total = float(self.weights.sum())
 
     def probe(self, without: int | None = None) -> Params:
         """The linear merge the leave-one-out check compares, of every screened-in update or of all
-        but row ``without``: the example-weighted mean of the updates, each rescaled to ‖Δ_ref‖ and
-        with the validator's participant update as one more (weight ``reference_weight`` × the median
-        weight of all screened-in candidates) when anchored. Running sums minus one row: O(D) a
-        probe, so a window's n probes cost O(n·D), not O(n²·D)."""
+        but row ``without``: the example-weighted mean of the updates, each clipped to ‖Δ_ref‖ when
+        anchored. Running sums minus one row: O(D) a probe, so a window's n probes cost O(n·D), not
+        O(n²·D)."""
         total, weighted = self._sum, self._total
         if without is not None:
             total = total - self.weights[without] * self._rows[without]
             weighted -= float(self.weights[without])
         return unflatten(self.spec, self.base + total / weighted)
+
+    def median_norm(self, rows: Sequence[int]) -> float:
+        """The median norm of the updates ``rows`` before clipping (a delayed one discounted)."""
+        return float(np.median(np.linalg.norm(self.deltas[list(rows)], axis=1)))
 
     def update(self, rows: Sequence[int] | range) -> Vector:
         """The merge rule's update Δ over ``rows`` (the outer optimizer turns it into a step)."""
@@ -434,11 +422,9 @@ class _Merge:
         context = AggregationContext(
             tie_keys=tuple(self.keys[i] for i in index),
             reference=self.reference,
-            participant=self.participant,
             byzantine_fraction=self.policy.byzantine_fraction,
             clip_radius=self.policy.clip_radius,
             clip_tau=self.policy.clip_tau,
-            reference_weight=self.policy.reference_weight,
             trust_floor=self.policy.trust_floor,
         )
         return self.rule(self.deltas[index], self.weights[index], context)

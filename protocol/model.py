@@ -232,10 +232,16 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[np.nd
     return np.log(total[:, 0]) - shifted[np.arange(len(index)), index], exp / total
 
 
-def evaluation_metrics(spec: ModelSpec, total_loss: float, correct: int, positions: int) -> dict[str, float]:
-    """Mean loss and accuracy per predicted position; ``bits_per_char`` too for a next-token model."""
+def evaluation_metrics(
+    spec: ModelSpec, total_loss: float, correct: int, positions: int, squared_loss: float | None = None
+) -> dict[str, float]:
+    """Mean loss and accuracy per predicted position; ``loss_se``, the standard error of the mean loss,
+    when the sum of squared losses is given; ``bits_per_char`` too for a next-token model."""
     n = max(positions, 1)
     metrics = {"loss": total_loss / n, "accuracy": correct / n}
+    if squared_loss is not None:
+        variance = max(squared_loss / n - metrics["loss"] ** 2, 0.0)
+        metrics["loss_se"] = math.sqrt(variance / n)
     if spec.objective == "next-token":
         metrics["bits_per_char"] = metrics["loss"] / math.log(2)
     return metrics
@@ -245,12 +251,13 @@ def evaluate(
     spec: ModelSpec, params: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, batch_size: int = 256
 ) -> dict[str, float]:
     """``evaluation_metrics`` over ``(x, y)``, the loss accumulated in float64."""
-    total_loss, correct, positions = 0.0, 0, 0
+    total_loss, squared_loss, correct, positions = 0.0, 0.0, 0, 0
     for start in range(0, len(x), batch_size):
         logits = forward(spec, params, x[start : start + batch_size]).astype(np.float64)
         labels = np.asarray(y[start : start + batch_size], np.int64)
         losses, _ = softmax_cross_entropy(logits, labels)
         total_loss += float(losses.sum())
+        squared_loss += float((losses**2).sum())
         correct += int((logits.argmax(axis=-1) == labels).sum())
         positions += labels.size
-    return evaluation_metrics(spec, total_loss, correct, positions)
+    return evaluation_metrics(spec, total_loss, correct, positions, squared_loss)

@@ -98,7 +98,7 @@ class ScreeningPolicy:
     byzantine_fraction: float = 0.2  # f = ⌊fraction × n⌋ for Krum / Bulyan, the trim of the trimmed means
     clip_radius: float = 1.0  # centered clipping: τ = radius × ‖Δ_ref‖
     clip_tau: float = 1.0  # centered clipping without a reference: τ in parameter units
-    reference_weight: float = 1.0  # fltrust_trimmed_mean: the reference's weight, × the median candidate weight
+    noise_z: float = 3.0  # promotion: a rise within this many standard errors of the holdout losses never blocks
 
     def merge_rule(self, anchored: bool) -> str:
         """The aggregator's name, with or without a reference update."""
@@ -111,8 +111,8 @@ PRESETS: dict[str, ScreeningPolicy] = {
         "minimal", "weighted_mean", np.inf, 0.0, -np.inf, np.inf, 1e-9, candidate_margin=np.inf, anchored=False
     ),
     # the default. With the validator's reference update: FLTrust trust (ReLU cos) and norm bounds
-    # against the reference, FLTrust rescaling, then a trust-weighted coordinate-wise trimmed mean with
-    # the reference as one participant. Without: cohort screening and a weighted trimmed mean.
+    # against the reference, each update clipped to its norm, then a trust-weighted coordinate-wise
+    # trimmed mean with a no-change vote. Without: cohort screening and a weighted trimmed mean.
     "balanced": ScreeningPolicy(
         "balanced", "trimmed_mean", 3.0, 0.1, 0.2, 0.5, 1e-6, anchored_aggregator="fltrust_trimmed_mean"
     ),
@@ -204,37 +204,54 @@ def screen_reference(
     reference: Mapping[str, np.ndarray],
     policy: ScreeningPolicy,
     windows: Sequence[float] | None = None,
+    lineage_step: float | None = None,
 ) -> tuple[list[Screen], list[float]]:
     """Screen each schema-valid candidate against the validator's reference update alone: norm
-    within [``min_reference_ratio``, ``max_reference_ratio`` × w] × ‖Δ_ref‖, cos(Δ, Δ_ref) above
+    within [``min_reference_ratio`` × s, ``max_reference_ratio`` × w × ‖Δ_ref‖], cos(Δ, Δ_ref) above
     ``min_trust``. Returns the screens and each candidate's cosine to the reference.
+
+    s, the scale of the free-rider bound, is the smaller of ‖Δ_ref‖ and ``lineage_step`` (the median
+    norm of the updates the lineage last merged): a fresh-optimizer reference keeps its step size
+    while converged trainers' steps shrink (measured: 241 of 246 honest candidates near convergence
+    refused as free riders against ‖Δ_ref‖ alone), and what honest trainers' updates measured in the
+    last merge is what a trainer's next one is comparable with.
 
     ``windows`` holds how many windows' worth of optimizer steps each candidate declares (the
     reference takes one window's): a continuous trainer's update carries its speculative epoch, or a
     window a newer head overtook, and late in a decayed schedule those steps point the same way, so its
     norm grows with them (measured: 3.0–3.4 × the reference's on the CNN, every such update refused).
     w is that count, at least 1 and at most ``max_declared_windows``: steps are declared, not
-    checked, so a liar gains at most that factor on the upper bound, and the merge rescales every
+    checked, so a liar gains at most that factor on the upper bound, and the merge clips every
     update to ‖Δ_ref‖ anyway."""
     base_vector = flatten(spec, base)
     ref = flatten(spec, reference) - base_vector
     ref_norm = float(np.linalg.norm(ref))
     if not np.isfinite(ref_norm) or ref_norm == 0.0:
         raise ValueError("the reference update must be finite and non-zero")
+    floor_scale = ref_norm if lineage_step is None or not lineage_step > 0 else min(ref_norm, lineage_step)
     screens, cosines = [], []
     for params, declared in zip(cohort, windows or [1.0] * len(cohort), strict=True):
         delta = flatten(spec, params) - base_vector
         norm = float(np.linalg.norm(delta))
         cosine = float(delta @ ref) / (norm * ref_norm) if norm > 0 else 0.0
         counted = min(max(declared, 1.0), policy.max_declared_windows)
-        screen = _norm_screen(
-            norm, ref_norm, policy.max_reference_ratio * counted, policy.min_reference_ratio, "reference"
-        )
-        if screen.accepted and cosine <= policy.min_trust:
+        if norm > policy.max_reference_ratio * counted * ref_norm:
+            screen = Screen(
+                Reason.NORM_TOO_LARGE,
+                f"update norm {norm:.4g} > {policy.max_reference_ratio * counted:g} x reference {ref_norm:.4g}",
+            )
+        elif norm <= policy.min_reference_ratio * floor_scale or norm == 0.0:
+            screen = Screen(
+                Reason.FREE_RIDER,
+                f"update norm {norm:.4g} <= {policy.min_reference_ratio} x the lineage's step {floor_scale:.4g}",
+            )
+        elif cosine <= policy.min_trust:
             screen = Screen(
                 Reason.UNTRUSTED_DIRECTION,
                 f"cosine {cosine:.3f} to the validator's reference update <= {policy.min_trust}",
             )
+        else:
+            screen = ACCEPT
         screens.append(screen)
         cosines.append(cosine)
     return screens, cosines
@@ -248,8 +265,16 @@ def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: flo
     return ACCEPT
 
 
-def judge_promotion(current: Mapping[str, float], merged: Mapping[str, float], margin: float) -> Screen:
-    """Accept unless ``merged``'s validation loss exceeds ``current``'s by more than ``margin``."""
-    if merged["loss"] > current["loss"] + margin:
-        return Screen(Reason.REGRESSION, f"val loss {merged['loss']:.4f} > {current['loss']:.4f} + {margin}")
+def judge_promotion(
+    current: Mapping[str, float], merged: Mapping[str, float], margin: float, noise_z: float = 0.0
+) -> Screen:
+    """Accept unless ``merged``'s validation loss exceeds ``current``'s by more than ``margin``, or by
+    more than ``noise_z`` standard errors of the difference when both carry one (``loss_se``,
+    independent errors: σ = √(se₁² + se₂²)) and that is the larger: on a small holdout a rise its
+    own noise explains never blocks a merge."""
+    allowed = margin
+    if "loss_se" in current and "loss_se" in merged:
+        allowed = max(margin, noise_z * float(np.hypot(current["loss_se"], merged["loss_se"])))
+    if merged["loss"] > current["loss"] + allowed:
+        return Screen(Reason.REGRESSION, f"val loss {merged['loss']:.4f} > {current['loss']:.4f} + {allowed:.4f}")
     return ACCEPT

@@ -13,6 +13,7 @@ from protocol.aggregation import (
     AggregationContext,
     bulyan,
     centered_clipping,
+    clipped,
     coordinate_median,
     duplicate_groups,
     flatten,
@@ -220,7 +221,7 @@ def test_fltrust_formula() -> None:
 
 def test_fltrust_trimmed_mean_zeroes_what_only_an_attacker_touches() -> None:
     """One honest update, one attacker that also writes to coordinates nobody else touches (a
-    trigger's input pixels), the reference: per coordinate the attacker's value is trimmed."""
+    trigger's input pixels), and the no-change vote: per coordinate the attacker's value is trimmed."""
     reference = np.array([1.0, 1.0, 1.0, 0.0, 0.0])
     honest = np.array([1.2, 0.8, 1.0, 0.0, 0.0])
     attacker = np.array([1.0, 1.0, 0.9, 0.7, 0.7])
@@ -229,22 +230,39 @@ def test_fltrust_trimmed_mean_zeroes_what_only_an_attacker_touches() -> None:
     assert fltrust(np.stack([honest, attacker]), np.ones(2), reference=reference)[3] > 0.1  # FLTrust alone leaks
 
 
+def test_fltrust_trimmed_mean_clips_and_never_merges_the_reference() -> None:
+    """A lone candidate is merged as it is when within ‖Δ_ref‖ (a converged trainer's small step stays
+    small) and clipped to it when larger; the reference's own values never enter the result."""
+    reference = np.array([3.0, 4.0])  # norm 5
+    small = np.array([[0.3, 0.1]])
+    np.testing.assert_allclose(fltrust_trimmed_mean(small, np.ones(1), reference=reference), small[0], rtol=1e-12)
+    np.testing.assert_allclose(
+        fltrust_trimmed_mean(small * 100, np.ones(1), reference=reference), [4.74341649, 1.58113883]
+    )
+    np.testing.assert_allclose(clipped(np.array([[6.0, 8.0], [0.0, 1.0], [0.0, 0.0]]), 5.0), [[3, 4], [0, 1], [0, 0]])
+    # two updates on either side of the reference on a coordinate: the no-change vote is the median there
+    pair = np.array([[1.0, 2.0], [2.0, -0.5]])
+    np.testing.assert_allclose(fltrust_trimmed_mean(pair, np.ones(2), reference=reference), [1.0, 0.0])
+
+
 def test_fltrust_trimmed_mean_matches_its_definition() -> None:
     rng = np.random.default_rng(5)
     reference = rng.normal(0.5, 1.0, 12)
     deltas = np.concatenate([reference + rng.normal(0, 1.0, (6, 12)), -reference[None, :]])  # the last: trust 0
+    deltas[0] *= 0.1  # a small step: kept as it is
     weights = np.array([1000.0, 800.0, 1000.0, 1200.0, 1000.0, 900.0, 1000.0])
     trust = np.maximum(deltas @ reference / np.linalg.norm(deltas, axis=1) / np.linalg.norm(reference), 0)
     assert trust[-1] == 0.0 and (trust[:-1] > 0).all()
-    rows = deltas[:-1] * (np.linalg.norm(reference) / np.linalg.norm(deltas[:-1], axis=1))[:, None]
-    values = np.concatenate([rows, reference[None, :]])
-    w = np.append(trust[:-1] * weights[:-1], 2.0 * np.median(weights[:-1]))
+    norms = np.linalg.norm(deltas[:-1], axis=1)
+    rows = deltas[:-1] * np.minimum(1.0, np.linalg.norm(reference) / norms)[:, None]
+    values = np.concatenate([rows, np.zeros((1, 12))])  # the no-change vote, weight 0
+    w = np.append(trust[:-1] * weights[:-1], 0.0)
     k = 1  # max(1, floor(0.2 * 7))
     expected = np.empty(12)
     for c in range(12):
         order = np.argsort(values[:, c], kind="stable")[k : len(values) - k]
-        expected[c] = (values[order, c] * w[order]).sum() / w[order].sum()
-    result = fltrust_trimmed_mean(deltas, weights, reference=reference, reference_weight=2.0, trim_fraction=0.2)
+        expected[c] = (values[order, c] * w[order]).sum() / w[order].sum() if w[order].sum() else 0.0
+    result = fltrust_trimmed_mean(deltas, weights, reference=reference, trim_fraction=0.2)
     np.testing.assert_allclose(result, expected, rtol=1e-12)
 
 
@@ -254,9 +272,11 @@ def test_near_copies_share_one_vote() -> None:
     sybil = np.array([1.0, 0.0, 0.9])
     copies = np.stack([sybil * s for s in (0.25, 0.26, 0.27, 0.28)])
     assert duplicate_groups(np.concatenate([honest, copies])).tolist() == [1, 1, 4, 4, 4, 4]
-    once = fltrust_trimmed_mean(np.concatenate([honest, sybil[None]]), np.ones(3), reference=reference, trim_fraction=0)
+    # one identity sending their mean weighs what the four do together
+    once = np.concatenate([honest, copies.mean(axis=0, keepdims=True)])
+    merged_once = fltrust_trimmed_mean(once, np.ones(3), reference=reference, trim_fraction=0)
     many = fltrust_trimmed_mean(np.concatenate([honest, copies]), np.ones(6), reference=reference, trim_fraction=0)
-    np.testing.assert_allclose(many, once, rtol=1e-12)  # four identities bought nothing
+    np.testing.assert_allclose(many, merged_once, rtol=1e-12)  # four identities bought nothing
 
 
 def test_the_named_trimmed_mean_is_weighted_by_examples_and_trims_at_least_one() -> None:

@@ -155,20 +155,15 @@ def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: 
     assert not again.promoted and again.screens["sha256:" + "f" * 64].reason is Reason.QUARANTINED
 
 
-def test_reference_batches_are_seeded_by_the_head_and_cover_their_half_of_the_split() -> None:
-    first = reference_batches(HEAD, 1000, 15, 256, part="anchor")
+def test_reference_batches_are_seeded_by_the_head_and_cover_the_split() -> None:
+    first = reference_batches(HEAD, 1000, 15, 256)
     assert first.shape == (15, 256) and first.dtype == np.int64
-    np.testing.assert_array_equal(first, reference_batches(HEAD, 1000, 15, 256, part="anchor"))  # every validator
-    assert not np.array_equal(first, reference_batches(HeadId(content_id(b"next head")), 1000, 15, 256, part="anchor"))
+    np.testing.assert_array_equal(first, reference_batches(HEAD, 1000, 15, 256))  # every validator
+    assert not np.array_equal(first, reference_batches(HeadId(content_id(b"next head")), 1000, 15, 256))
     flat = first.ravel()
-    assert sorted(flat[:500]) == list(range(500))  # whole epochs of the first half: each once before any twice
-    participant = reference_batches(HEAD, 1000, 15, 128, part="participant").ravel()
-    assert sorted(participant[:500]) == list(range(500, 1000))  # the merge's examples: never the anchor's
-    assert set(flat).isdisjoint(participant)
+    assert sorted(flat[:1000]) == list(range(1000))  # whole epochs of the split: each once before any twice
     with pytest.raises(ValueError):
-        reference_batches(HEAD, 1, 15, 256, part="anchor")  # no half to draw from
-    with pytest.raises(ValueError):
-        reference_batches(HEAD, 1000, 15, 256, part="both")
+        reference_batches(HEAD, 0, 15, 256)  # nothing to draw from
 
 
 def test_judge_window_with_a_reference_update(dataset_root) -> None:  # type: ignore[no-untyped-def]
@@ -213,39 +208,18 @@ def test_judge_window_with_a_reference_update(dataset_root) -> None:  # type: ig
     again = judge(list(reversed(subs)))
     assert again.merged is not None
     assert all(decision.merged[k].tobytes() == again.merged[k].tobytes() for k in SPEC.shapes)
-    # a participant on other examples joins the merge in the anchor's place, at the anchor's norm
-    participant = {k: v + 3.0 * (0.5 * direction[k] + 0.002 * rng.standard_normal(v.shape).astype(np.float32))
-                   for k, v in base.items()}  # fmt: skip
-    with_participant = judge_window(
-        SPEC, base, evaluate(SPEC, base, x, y), subs, PRESETS["balanced"],
-        lambda p: evaluate(SPEC, p, x, y), TrustBook(), reference=reference, participant=participant, salt=b"window salt",
-    )  # fmt: skip
-    assert with_participant.reference_cosines == decision.reference_cosines  # screening: the anchor's alone
-    assert with_participant.merged is not None
-    own = flatten(SPEC, participant) - flat_base
-    anchor = flatten(SPEC, reference) - flat_base
-    np.testing.assert_allclose(
-        flatten(SPEC, with_participant.merged) - flat_base,
-        fltrust_trimmed_mean(
-            np.stack([flatten(SPEC, p) - flat_base for p in honest]), np.full(4, 1000.0), reference=anchor,
-            participant=own * np.linalg.norm(anchor) / np.linalg.norm(own),
-        ),
-        atol=1e-6,
-    )  # fmt: skip
-    assert not np.allclose(flatten(SPEC, with_participant.merged), flatten(SPEC, decision.merged), atol=1e-6)
     wrong = {"dense0.kernel": np.zeros((2, 2), np.float32)}
-    for own_updates in ({"reference": wrong}, {"reference": reference, "participant": wrong}):
-        with pytest.raises(ValueError):  # the validator's own updates must be this model's
-            judge_window(
-                SPEC, base, evaluate(SPEC, base, x, y), subs, PRESETS["balanced"],
-                lambda p: evaluate(SPEC, p, x, y), **own_updates,
-            )  # fmt: skip
+    with pytest.raises(ValueError):  # the validator's own update must be this model's
+        judge_window(
+            SPEC, base, evaluate(SPEC, base, x, y), subs, PRESETS["balanced"],
+            lambda p: evaluate(SPEC, p, x, y), reference=wrong,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("anchored", [False, True])
 def test_leave_one_out_probes_from_running_sums_equal_the_merge_rebuilt_without_each_update(anchored: bool) -> None:
     """The O(n·D) probes compute what rebuilding the linear merge from the n − 1 others computed."""
-    from protocol.aggregation import rescaled, weighted_mean
+    from protocol.aggregation import clipped, weighted_mean
     from protocol.judging import _Merge
 
     rng = np.random.default_rng(7)
@@ -260,15 +234,14 @@ def test_leave_one_out_probes_from_running_sums_equal_the_merge_rebuilt_without_
     ]  # fmt: skip
     reference = {k: v + 0.01 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}
     policy = PRESETS["balanced"]
-    merge = _Merge(SPEC, base, subs, policy, "weighted_mean", b"", reference if anchored else None, None)
+    merge = _Merge(SPEC, base, subs, policy, "weighted_mean", b"", reference if anchored else None)
     deltas = np.stack([flatten(SPEC, s.params) - flat for s in subs])  # type: ignore[arg-type]
     weights = np.array([s.examples for s in subs])
     ref = flatten(SPEC, reference) - flat
     for i in [None, *range(len(subs))]:
         keep = [j for j in range(len(subs)) if j != i]
-        if anchored:  # the rows at the anchor's norm, and the anchor itself at its share of the median weight
-            rows = np.concatenate([rescaled(deltas[keep], ref), ref[None, :]])
-            expected = weighted_mean(rows, np.append(weights[keep], policy.reference_weight * np.median(weights)))
+        if anchored:  # the rows clipped to the anchor's norm; the anchor itself takes no part
+            expected = weighted_mean(clipped(deltas[keep], float(np.linalg.norm(ref))), weights[keep])
         else:
             expected = weighted_mean(deltas[keep], weights[keep])
         np.testing.assert_allclose(flatten(SPEC, merge.probe(without=i)), flat + expected, rtol=1e-6, atol=1e-7)

@@ -18,7 +18,7 @@ from protocol.errors import InvalidMessage
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
 from protocol.reasons import Reason
-from protocol.screening import ACCEPT, PRESETS, ScreeningPolicy
+from protocol.screening import ACCEPT, PRESETS, ScreeningPolicy, judge_promotion
 from protocol.trust import TrustBook
 
 TINY = mlp("tiny", (3, 2))
@@ -55,9 +55,10 @@ def _judge(
     *,
     reference: np.ndarray | None = None,
     evaluate=_loss_by_offset,  # type: ignore[no-untyped-def]
+    base_metrics: Mapping[str, float] | None = None,
 ) -> WindowDecision:
     ref = None if reference is None else _params(reference)
-    return judge_window(TINY, BASE, {"loss": 1.0}, subs, policy, evaluate, trust, reference=ref)
+    return judge_window(TINY, BASE, base_metrics or {"loss": 1.0}, subs, policy, evaluate, trust, reference=ref)
 
 
 def _merged_delta(decision: WindowDecision) -> np.ndarray:
@@ -235,6 +236,39 @@ def test_a_clearly_opposed_direction_is_untrusted_and_free_riders_are_relative_t
     assert Reason.UNTRUSTED_DIRECTION.strike_weight == 0.5 and Reason.UNTRUSTED_DIRECTION.value == "untrusted_direction"
     published = _judge(subs, replace(PRESETS["fltrust"], **NO_LOSS_CHECKS), reference=REFERENCE)
     assert published.screens[_id(2)].reason is Reason.UNTRUSTED_DIRECTION  # FLTrust as published: trust 0
+
+
+def test_the_free_rider_bound_follows_the_lineage_step_not_a_fresh_reference() -> None:
+    """Converged trainers take steps far smaller than a fresh-optimizer reference: the bound is
+    0.1 × the smaller of ‖Δ_ref‖ and the step the lineage last merged (its heads' ``update_norm``)."""
+    policy = replace(PRESETS["balanced"], **NO_LOSS_CHECKS)
+    small = [_sub(1, 0.0009 * UNIT), _sub(2, 0.0011 * (UNIT + 0.2 * ORTHO)), _sub(3, 0.0013 * UNIT)]  # ~0.1 x ‖Δ_ref‖
+    fresh = _judge(small, policy, reference=REFERENCE)
+    assert fresh.screens[_id(1)].reason is Reason.FREE_RIDER and fresh.update_norm is not None
+    converged = _judge(small, policy, reference=REFERENCE, base_metrics={"loss": 1.0, "update_norm": 0.002})
+    assert all(converged.screens[_id(i)].accepted for i in (1, 2, 3))
+    norms = sorted(float(np.linalg.norm(flatten(TINY, s.params) - flatten(TINY, BASE))) for s in small)  # type: ignore[arg-type]
+    assert converged.update_norm == pytest.approx(norms[1])  # the median accepted step, the next head records
+    np.testing.assert_allclose(np.linalg.norm(_merged_delta(converged)), 0.0011, rtol=0.1)  # not scaled up to 0.01
+    # a lineage step above the reference's norm does not raise the bound past 0.1 x ‖Δ_ref‖
+    large = _judge(
+        [_sub(4, 0.0011 * UNIT)], policy, reference=REFERENCE, base_metrics={"loss": 1.0, "update_norm": 1.0}
+    )
+    assert large.screens[_id(4)].accepted
+    nothing = _judge(
+        [_sub(5, -0.01 * UNIT)], policy, reference=REFERENCE, base_metrics={"loss": 1.0, "update_norm": 0.002}
+    )
+    assert not nothing.promoted and nothing.update_norm == 0.002  # a window that merges nothing carries it on
+
+
+def test_a_rise_the_holdouts_own_noise_explains_never_blocks() -> None:
+    """The promotion margin is at least ``noise_z`` standard errors of the two holdout losses."""
+    base, merged = {"loss": 1.0, "loss_se": 0.02}, {"loss": 1.06, "loss_se": 0.02}
+    assert judge_promotion(base, merged, 0.05, 3.0).accepted  # 0.06 < 3 x 0.028
+    assert judge_promotion(base, merged, 0.05).reason is Reason.REGRESSION  # no noise allowance
+    precise = {"loss": 1.06, "loss_se": 0.002}
+    assert judge_promotion({"loss": 1.0, "loss_se": 0.002}, precise, 0.05, 3.0).reason is Reason.REGRESSION
+    assert judge_promotion({"loss": 1.0}, merged, 0.05, 3.0).reason is Reason.REGRESSION  # one error unknown
 
 
 def test_an_opposed_update_that_lowers_the_holdout_loss_passes_at_the_trust_floor() -> None:
