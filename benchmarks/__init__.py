@@ -11,6 +11,17 @@ from protocol.manifests import ExperimentSpec, NetworkManifest
 BENCH_EXPERIMENT = ExperimentKey.parse("bench/mnist/rev-1")
 
 
-def bench_network(validator_key: bytes, shards_per_lease: int) -> NetworkManifest:
-    spec = ExperimentSpec(BENCH_EXPERIMENT, DatasetId("mnist"), "mnist-mlp", 1e-3, 64, 1, shards_per_lease)
+def bench_network(
+    validator_key: bytes, shards_per_lease: int, max_shards_per_lease: int | None = None
+) -> NetworkManifest:
+    spec = ExperimentSpec(
+        BENCH_EXPERIMENT,
+        DatasetId("mnist"),
+        "mnist-mlp",
+        1e-3,
+        64,
+        1,
+        shards_per_lease,
+        max_shards_per_lease=max_shards_per_lease,
+    )
     return NetworkManifest("bench", (validator_key,), (spec,))

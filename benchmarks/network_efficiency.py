@@ -7,24 +7,28 @@ the network against a centralized loop, in one run.
                   trainers, each its own process (``lab.stack``), one experiment, until a head's test
                   accuracy (measured by the validator) reaches the target or time runs out
 
-Configurations: ``fedavg-idle-fp32`` (what the network did before: FedAvg, trainers wait while a
-window is judged, fp32 candidates) and ``diloco-continuous-int8`` (the outer Nesterov step, continuous
-trainers, int8 candidates); ``--configs`` picks others (outer ∈ fedavg|diloco, trainers ∈
-idle|continuous, codec ∈ fp32|fp16|int8).
+Configurations ``<outer>-<trainers>-<codec>``: outer ∈ ``fedavg`` | ``diloco`` (the outer Nesterov
+step at DiLoCo's 0.7 / 0.9) | ``diloco:<lr>:<momentum>``; trainers ∈ ``idle`` (they wait while a
+window is judged) | ``continuous`` (they train the next window's lease meanwhile, 4 shards a lease) |
+``adaptive`` (continuous, sizing their leases up to ``ADAPTIVE_MAX_SHARDS``: ``protocol.lease_size``);
+codec ∈ fp32 | fp16 | int8. Defaults: ``fedavg-idle-fp32`` and ``diloco-continuous-int8``.
 
-Reported per configuration: samples trained on until the target head (the trainers' candidates'
-examples, rejected ones too, plus the steps they carried, and the validator's own updates) and its
-ratio to the centralized loop's samples; the trainers'
-compute utilization (seconds in training steps / wall seconds, from each one's first to last
-window); candidate bytes per window vs fp32; wall seconds from genesis to the target head.
+Reported per configuration, median and spread (min–max) over ``--runs``: samples trained on until the
+target head — every example each trainer trained on before it (``trained_samples`` of its outcomes:
+its windows, work carried over or dropped, rejected work too) plus the validator's own updates — and
+their ratio to the centralized loop's samples; wall seconds from genesis to the target head; honest
+work refused: the share of candidates not accepted (every trainer here is honest) and the count per
+reason; the trainers' compute utilization (seconds in training steps / wall seconds, from each one's
+first to last window); candidate bytes per window vs fp32.
 
-    python -m benchmarks.network_efficiency [--trainers 3] [--target 0.97] [--max-s 300]
+    python -m benchmarks.network_efficiency [--trainers 3] [--target 0.97] [--max-s 300] [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -35,7 +39,7 @@ import jax
 import numpy as np
 
 from datasets.layout import load_split, load_train
-from lab.efficiency import fp32_bytes, samples_until, utilization, validator_samples
+from lab.efficiency import fp32_bytes, samples_until, trained_samples_until, utilization, validator_samples
 from lab.stack import Fleet, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import Evaluator, TrainEngine
@@ -53,6 +57,7 @@ from . import BENCH_EXPERIMENT, bench_network
 EVERY_STEPS = 20
 BATCH = 64
 LEARNING_RATE = 2e-3  # the demo baseline's
+ADAPTIVE_MAX_SHARDS = 16  # the demo baseline's max_shards_per_lease
 
 
 @dataclass(frozen=True)
@@ -61,13 +66,31 @@ class Config:
     outer: str  # fedavg | nesterov
     continuous: bool
     codec: str
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    max_shards: int | None = None  # adaptive leases up to this many shards
 
     @classmethod
     def parse(cls, name: str) -> Config:
         outer, trainers, codec = name.split("-")
-        if outer not in ("fedavg", "diloco") or trainers not in ("idle", "continuous"):
-            raise SystemExit(f"unknown configuration {name!r}: <fedavg|diloco>-<idle|continuous>-<codec>")
-        return cls(name, "nesterov" if outer == "diloco" else "fedavg", trainers == "continuous", codec)
+        kind, *numbers = outer.split(":")
+        if kind not in ("fedavg", "diloco") or len(numbers) not in (0, 2) or trainers not in TRAINER_MODES:
+            raise SystemExit(
+                f"unknown configuration {name!r}: <fedavg|diloco[:lr:momentum]>-<idle|continuous|adaptive>-<codec>"
+            )
+        lr, momentum = (float(n) for n in numbers) if numbers else (0.7, 0.9)
+        return cls(
+            name,
+            "nesterov" if kind == "diloco" else "fedavg",
+            trainers != "idle",
+            codec,
+            lr,
+            momentum,
+            ADAPTIVE_MAX_SHARDS if trainers == "adaptive" else None,
+        )
+
+
+TRAINER_MODES = ("idle", "continuous", "adaptive")
 
 
 def centralized_samples(datasets: Path, target: float, spec: Any) -> int | None:
@@ -99,9 +122,14 @@ def _outcomes(storage: Path) -> list[dict[str, Any]]:
 
 def run_network(root: Path, datasets: Path, config: Config, trainers: int, target: float, max_s: float) -> dict:
     def network(key: bytes) -> NetworkManifest:
-        manifest = bench_network(key, 4)
+        manifest = bench_network(key, 4, config.max_shards)
         spec = replace(
-            manifest.experiments[0], learning_rate=LEARNING_RATE, codec=config.codec, outer_optimizer=config.outer
+            manifest.experiments[0],
+            learning_rate=LEARNING_RATE,
+            codec=config.codec,
+            outer_optimizer=config.outer,
+            outer_learning_rate=config.outer_lr,
+            outer_momentum=config.outer_momentum,
         )
         return replace(manifest, experiments=(spec,))
 
@@ -144,18 +172,32 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
     outcomes = [_outcomes(root / name) for name in names]
     sizes = [o["candidate_bytes"] for records in outcomes for o in records]
+    until = reached or (heads[-1] if heads else None)
+    window = until.window if until else 0
+    trained = sum(trained_samples_until(records, until.created_at_ms) for records in outcomes) if until else 0
+    refused: dict[str, int] = {}
+    for verdict in verdicts:
+        if not verdict.accepted:
+            refused[str(verdict.reason)] = refused.get(str(verdict.reason), 0) + 1
     return {
         "config": config.name,
         "reached": reached is not None,
         "target_window": reached.window if reached else None,
         "best_test_accuracy": max((h.metrics["test_accuracy"] for h in heads), default=0.0),
-        "samples": samples_until(candidates, heads, reached.window if reached else len(heads), BATCH)
-        + validator_samples(heads, reached.window if reached else len(heads), per_window),
+        "samples": max(trained, samples_until(candidates, heads, window, BATCH))
+        + validator_samples(heads, window, per_window),
         "wall_s": round((reached.created_at_ms - heads[0].created_at_ms) / 1000, 1) if reached else None,
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
-        "accepted": f"{sum(v.accepted for v in verdicts)}/{len(verdicts)}",
+        "verdicts": len(verdicts),
+        "refused": refused,
         "bytes_vs_fp32": float(np.mean(sizes)) / fp32_bytes(MODELS["mnist-mlp"]) if sizes else None,
     }
+
+
+def _spread(values: list[float], form: str = "{:.2f}") -> str:
+    if not values:
+        return "n/a"
+    return f"{form.format(statistics.median(values))} ({form.format(min(values))}–{form.format(max(values))})"
 
 
 def main() -> None:
@@ -163,6 +205,7 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--max-s", type=float, default=300.0)
+    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--configs", nargs="+", default=["fedavg-idle-fp32", "diloco-continuous-int8"])
     args = parser.parse_args()
     configs = [Config.parse(name) for name in args.configs]
@@ -172,16 +215,30 @@ def main() -> None:
     spec = replace(probe.network.experiments[0], learning_rate=LEARNING_RATE)
     baseline = centralized_samples(datasets, args.target, spec)
     print(f"centralized optax loop (batch 64, Adam 2e-3): {baseline} samples to {args.target} test accuracy")
-    results = [run_network(root / c.name, datasets, c, args.trainers, args.target, args.max_s) for c in configs]
-    print(f"\n{args.trainers} native trainers, 4 shards a lease, 1 epoch a window; validator: balanced preset")
-    for r in results:
-        ratio = f"{r['samples'] / baseline:.2f}x" if baseline and r["reached"] else "n/a"
-        util = ", ".join(f"{u:.2f}" for u in r["utilization"]) or "n/a"
+    results = [
+        run_network(root / f"{c.name}-{i}", datasets, c, args.trainers, args.target, args.max_s)
+        for i in range(args.runs)
+        for c in configs  # interleaved, so drift in the machine hits every configuration alike
+    ]
+    print(f"\n{args.trainers} native trainers, 1 epoch a window; validator: balanced preset; {args.runs} runs each")
+    print(
+        "| trainers | configuration | reached | samples × centralized | wall s | honest refused | refused by reason |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in configs:
+        mine = [r for r in results if r["config"] == c.name]
+        ratios = [r["samples"] / baseline for r in mine if baseline and r["reached"]]
+        walls = [r["wall_s"] for r in mine if r["wall_s"] is not None]
+        refused = [sum(r["refused"].values()) / max(r["verdicts"], 1) for r in mine]
+        reasons: dict[str, int] = {}
+        for r in mine:
+            for reason, count in r["refused"].items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        total = sum(r["verdicts"] for r in mine)
+        by_reason = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"
         print(
-            f"  {r['config']:<26} reached {args.target}: {'yes' if r['reached'] else 'no'}"
-            f" (window {r['target_window']}, best {r['best_test_accuracy']:.4f})\n"
-            f"      samples {r['samples']:,} = {ratio} centralized; wall {r['wall_s']} s;"
-            f" utilization {util}; candidate bytes {r['bytes_vs_fp32']:.3f} x fp32; accepted {r['accepted']}"
+            f"| {args.trainers} | {c.name} | {sum(r['reached'] for r in mine)}/{len(mine)} | {_spread(ratios)} "
+            f"| {_spread(walls, '{:.1f}')} | {_spread(refused, '{:.3f}')} | {by_reason} (of {total}) |"
         )
     print(json.dumps({"centralized_samples": baseline, "runs": results}))
 

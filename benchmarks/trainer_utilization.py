@@ -11,9 +11,11 @@ lease). Per run, for ``--seconds`` after the trainer's first window:
     cpu           the trainer process's CPU seconds (all its threads) / wall seconds
     windows/min   heads the validator promoted per minute
 
-Configurations: ``idle`` (the trainer waits for each window to be judged: the baseline) and
-``continuous`` (it leases and trains the next window at once). Each runs ``--runs`` times; the table
-gives the median and the spread (min–max), and the ratio continuous / idle of the medians.
+Configurations: ``idle`` (the trainer waits for each window to be judged: the baseline),
+``continuous`` (it leases and trains the next window at once, 4 shards a lease) and ``adaptive``
+(continuous, sizing its leases to the window period: ``protocol.lease_size``, up to
+``ADAPTIVE_MAX_SHARDS``). Each runs ``--runs`` times; the table gives the median and the spread
+(min–max), and each configuration's ratio to idle of the medians.
 
     python -m benchmarks.trainer_utilization [--runs 3] [--seconds 30] [--out docs/results]
 """
@@ -38,7 +40,8 @@ from native_peer.storage import StorageConfig
 
 from . import BENCH_EXPERIMENT, bench_network
 
-CONFIGS = ("idle", "continuous")
+CONFIGS = ("idle", "continuous", "adaptive")
+ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge grants at most half the free ones)
 TRAINER_CORE, SERVICE_CORE = "1", "0"
 
 
@@ -105,7 +108,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate:
             fleet.start("edge", [*pin, *local.edge_argv(port)])
             fleet.wait_ready(f"{url}/healthz")
             fleet.start("validator", [*pin, *local.validator_argv(url)])
-            idle = ["--idle-between-windows"] if config == "idle" else []
+            idle = ["--idle-between-windows"] if config == "idle" else []  # adaptive: the network's bound
             fleet.start("trainer", ["taskset", "-c", TRAINER_CORE, *trainer_argv, *idle])
             pid = fleet.processes["trainer"].pid
             while not _outcomes(root / "trainer"):  # compiled and through its first window
@@ -158,7 +161,8 @@ def main() -> None:
         for config in CONFIGS:  # interleaved, so drift in the machine hits both alike
             rates.append(standalone_rate(datasets))
             root = base / f"{config}-{i}"
-            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4))
+            most = ADAPTIVE_MAX_SHARDS if config == "adaptive" else None
+            local = prepare_network(root, datasets=datasets, network=lambda key, most=most: bench_network(key, 4, most))
             runs.append(run_once(local, root, config, args.seconds, rates[-1]))
             print(f"  {runs[-1]}")
     lines = [
@@ -175,7 +179,9 @@ def main() -> None:
             f"| {config} | {_spread([r.utilization for r in mine])} | {_spread([r.cpu for r in mine])} "
             f"| {_spread([r.windows_per_min for r in mine])} |"
         )
-    lines += ["", f"continuous / idle utilization (medians): {medians['continuous'] / medians['idle']:.2f} x"]
+    lines += [""] + [
+        f"{config} / idle utilization (medians): {medians[config] / medians['idle']:.2f} x" for config in CONFIGS[1:]
+    ]
     print("\n".join(lines))
     if args.out is not None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)

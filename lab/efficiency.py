@@ -19,7 +19,7 @@ from typing import Any
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import ModelSpec
 
-__all__ = ["fp32_bytes", "samples_until", "utilization", "validator_samples"]
+__all__ = ["fp32_bytes", "samples_until", "trained_samples_until", "utilization", "validator_samples"]
 
 
 def samples_until(
@@ -33,6 +33,19 @@ def samples_until(
         for c in candidates
         if window_of.get(c.base_head, window) < window
     )
+
+
+def trained_samples_until(outcomes: Sequence[dict[str, Any]], at_ms: int) -> int:
+    """Every example one trainer trained on (``trained_samples``: its windows, work carried over or
+    dropped) by its last outcome at or before ``at_ms``, summed over its process's restarts."""
+    total, previous = 0, 0
+    for record in outcomes:
+        if record["at_ms"] > at_ms:
+            break
+        if record["trained_samples"] < previous:  # a restarted process counts from zero again
+            total += previous
+        previous = record["trained_samples"]
+    return total + previous
 
 
 def validator_samples(heads: Sequence[HeadDescriptor], window: int, per_window: int) -> int:

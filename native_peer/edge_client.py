@@ -239,11 +239,20 @@ class EdgeClient:
 
     # -- writes -----------------------------------------------------------------------------
     def request_lease(
-        self, key: ExperimentKey, signer: Signer, peer_kind: str, *, after: HeadId | None = None
+        self,
+        key: ExperimentKey,
+        signer: Signer,
+        peer_kind: str,
+        *,
+        after: HeadId | None = None,
+        shards: int | None = None,
     ) -> LeaseGrant:
-        """A lease in the current window, or ``after`` the current head: in the next (``server.leasing``)."""
+        """A lease in the current window, or ``after`` the current head: in the next (``server.leasing``);
+        of ``shards`` shards when given (the edge bounds it by the experiment's)."""
         proof = PeerProof("lease", signer.public_key, peer_kind, "-", self._clock.now_ms()).signed(signer)
-        params = {} if after is None else {"after": after}
+        params: dict[str, str | int] = {} if after is None else {"after": after}
+        if shards is not None:
+            params["shards"] = shards
         return LeaseGrant.from_wire(
             self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire(), params=params).json()
         )

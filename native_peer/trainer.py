@@ -28,7 +28,9 @@ head + (θ_now − θ_published)), finishes the lease's epochs and publishes an 
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
 for that head (never two windows ahead). Work on a head that moved on while training is carried
-over the same way instead of dropped. A candidate claims only the examples of its own lease. Each
+over the same way instead of dropped. A candidate claims only the examples of its own lease. A
+continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
+waits for heads, within the experiment's ``max_shards_per_lease``, fewer when its work comes late. Each
 outcome records the trainer's compute and wall seconds, so its utilization can be measured.
 """
 
@@ -52,6 +54,7 @@ from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
+from protocol.lease_size import next_lease_shards
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor, LeaseGrant
 from protocol.updates import encode_update
@@ -236,6 +239,8 @@ class Trainer:
         self._full_windows: dict[str, tuple[HeadId, float]] = {}
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
+        self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
+        self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head since the last lease sized
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         self.trained_samples = 0  # every example trained on since spawn, whatever became of the work
@@ -307,7 +312,9 @@ class Trainer:
             wait_s = min(wait_s, retry_at - time.monotonic())
         head = self.edge.current_head(experiment.key)
         if head is not None and head.head_id in done and wait_s > 0:
+            waited = time.perf_counter()
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
+            self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
         last = head.head_id if head is not None and head.head_id in done else None
         return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
 
@@ -328,7 +335,9 @@ class Trainer:
         """A lease in the window on ``head``; ``WindowUnavailable`` when every shard of it is leased
         (asked again at the next head, or when the edge says its leases lapse)."""
         try:
-            return self.edge.request_lease(experiment.key, self.identity, self.peer_kind)
+            return self.edge.request_lease(
+                experiment.key, self.identity, self.peer_kind, shards=self._lease_shards.get(experiment.key)
+            )
         except EdgeRequestError as exc:
             if exc.status != 409:
                 raise
@@ -386,6 +395,7 @@ class Trainer:
         if latest is None or latest.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
             if self.train_ahead:  # nothing of it reached the network: carry all of it over
+                self._size_leases(experiment, len(lease.shard_ids), 0.0, late=True)
                 self._carry[experiment.key] = _Carry(head, base, params, all_steps)
                 raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
@@ -412,6 +422,7 @@ class Trainer:
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
         self._save(experiment, opt_state, state)
         if self.train_ahead:
+            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds)
             self._carry[experiment.key] = _Carry(head, trained, params, published=candidate.candidate_id)
         outcome = WindowOutcome(
             experiment=experiment.key,
@@ -453,6 +464,16 @@ class Trainer:
         )
         return outcome
 
+    def _size_leases(self, experiment: Experiment, shards: int, train_s: float, *, late: bool = False) -> None:
+        """Size the next lease (``protocol.lease_size``) after one of ``shards`` shards that trained in
+        ``train_s`` seconds, from the time waited for heads since the last one was sized."""
+        spec = experiment.spec
+        idle_s = self._idle_s.pop(experiment.key, 0.0)
+        most = spec.max_shards_per_lease or spec.shards_per_lease
+        self._lease_shards[experiment.key] = next_lease_shards(
+            shards, train_s, idle_s, least=spec.shards_per_lease, most=most, late=late
+        )
+
     def _loader(self, experiment: Experiment) -> BatchLoader:
         return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
 
@@ -471,7 +492,13 @@ class Trainer:
         work = self._carry[experiment.key]
         if work.ahead is None:
             try:
-                grant = self.edge.request_lease(experiment.key, self.identity, self.peer_kind, after=work.after.head_id)
+                grant = self.edge.request_lease(
+                    experiment.key,
+                    self.identity,
+                    self.peer_kind,
+                    after=work.after.head_id,
+                    shards=self._lease_shards.get(experiment.key),
+                )
             except EdgeRequestError as exc:
                 if exc.status != 409:
                     raise
@@ -480,6 +507,7 @@ class Trainer:
             try:
                 check_lease(grant.lease, work.after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
             except NoWindow:  # heads moved on by more than one: the next window starts from the current head
+                self._size_leases(experiment, len(grant.lease.shard_ids), 0.0, late=True)
                 work.refused = True
                 return False
             work.ahead = _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))

@@ -670,8 +670,8 @@ class Validator:
         names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
+        manifest = self.edge.fetch_manifest(spec.dataset_id)
         if lease is not None:
-            manifest = self.edge.fetch_manifest(lease.dataset_id)
             leased = sum(manifest.shard(s).examples for s in lease.shard_ids) * spec.local_epochs
         behind = staleness(candidate.base_head, head)
         own_base = head if behind == 0 else self._head(spec, candidate.base_head) if behind == 1 else None
@@ -700,7 +700,6 @@ class Validator:
                     }
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
-        window_steps = max(1, leased // spec.batch_size)  # what a window's lease takes, and the reference
         submission = Submission(
             candidate.candidate_id,
             candidate.peer_id,
@@ -708,7 +707,7 @@ class Validator:
             float(candidate.examples),
             tensors,
             screen,
-            candidate.steps / window_steps,
+            candidate.steps / reference_steps(spec, manifest),  # in windows of the reference's steps
             lease_window=-1 if lease is None else lease.window,
             windows_behind=behind or 0,
         )

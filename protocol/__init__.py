@@ -17,6 +17,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     model        model specs (input shape, layers, objective), MODELS, the reference forward and evaluation
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
+    lease_size   how many shards a continuous trainer asks for: enough to fill the window period
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
     aggregation  merge rules (FedAvg and robust aggregators)

@@ -76,7 +76,8 @@ class AggregationContext:
     row order). ``reference``: the validator's own update Δ_ref (``None`` when it has none).
     ``byzantine_fraction``: the share of rows a rule must tolerate (f = ⌊β n⌋ for Krum and Bulyan,
     the trim of the trimmed means). ``clip_radius``: centered clipping's τ in units of ‖Δ_ref‖;
-    ``clip_tau``: its τ in parameter units when there is no reference.
+    ``clip_tau``: its τ in parameter units when there is no reference. ``clip_scales``: per row, the
+    factor on ‖Δ_ref‖ that ``fltrust_trimmed_mean`` clips it to (empty: 1 for every row).
     ``trust_floor``: the least trust it gives a row screening let through (0: FLTrust's ReLU)."""
 
     tie_keys: tuple[bytes, ...] = ()
@@ -85,6 +86,7 @@ class AggregationContext:
     clip_radius: float = 1.0
     clip_tau: float = 1.0
     trust_floor: float = 0.0
+    clip_scales: tuple[float, ...] = ()
 
 
 Aggregator = Callable[[Vector, Vector, AggregationContext], Vector]
@@ -296,10 +298,11 @@ def duplicate_groups(deltas: Vector, threshold: float = DUPLICATE_COSINE) -> npt
     return np.asarray([roots.count(r) for r in roots], np.int64)
 
 
-def clipped(deltas: Vector, radius: float) -> Vector:
-    """Each row scaled down to norm at most ``radius`` (never up; zero rows stay zero)."""
+def clipped(deltas: Vector, radius: float | Vector) -> Vector:
+    """Each row scaled down to norm at most ``radius`` (one for all rows, or one per row; never up,
+    zero rows stay zero)."""
     norms = np.linalg.norm(deltas, axis=1)
-    scale = np.minimum(1.0, radius / np.maximum(norms, 1e-300))
+    scale = np.minimum(1.0, np.asarray(radius, np.float64) / np.maximum(norms, 1e-300))
     return np.asarray(deltas * scale[:, None])
 
 
@@ -311,6 +314,7 @@ def fltrust_trimmed_mean(
     trim_fraction: float = 0.2,
     ranks: npt.NDArray[np.int64] | None = None,
     trust_floor: float = 0.0,
+    clip_scales: Vector | None = None,
 ) -> Vector:
     """The default preset's rule when the validator has a reference update Δ_ref:
 
@@ -318,9 +322,10 @@ def fltrust_trimmed_mean(
        The floor is for rows screening let through although their cosine is near zero (near
        convergence honest updates are nearly orthogonal to any reference: their trust carries no
        information, and a floor keeps them from being ignored all together);
-    2. each trusted Δᵢ is clipped to ‖Δ_ref‖ (``clipped``: a boosted update gains nothing, and a
-       converged trainer's small step stays small: the step size follows the trainers, FLTrust's
-       rescaling up to ‖Δ_ref‖ made it the fresh-optimizer reference's);
+    2. each trusted Δᵢ is clipped to ‖Δ_ref‖ × ``clip_scales``ᵢ (default 1; validators pass √ of the
+       windows of steps a candidate declares, ``protocol.screening.counted_windows``) (``clipped``: a
+       boosted update gains nothing, and a converged trainer's small step stays small: the step size
+       follows the trainers, FLTrust's rescaling up to ‖Δ_ref‖ made it the fresh-optimizer reference's);
     3. weight tᵢ · wᵢ, shared among near-copies (cos ≥ ``DUPLICATE_COSINE``): identities that send
        one direction many times get one vote;
     4. a no-change vote (a zero row, weight 0) joins the m rows: it takes a place in each coordinate's
@@ -337,7 +342,8 @@ def fltrust_trimmed_mean(
     keep = np.flatnonzero(trust > 0)
     if len(keep) == 0:
         return np.zeros_like(reference)
-    rows = clipped(deltas[keep], float(np.linalg.norm(reference)))
+    scales = np.ones(len(deltas)) if clip_scales is None else np.asarray(clip_scales, np.float64)
+    rows = clipped(deltas[keep], float(np.linalg.norm(reference)) * scales[keep])
     w = trust[keep] * np.asarray(weights, np.float64)[keep] / duplicate_groups(rows)
     values = np.concatenate([rows, np.zeros((1, rows.shape[1]))])
     all_w = np.concatenate([w, [0.0]])
@@ -402,6 +408,7 @@ def _fltrust_trimmed_mean(d: Vector, w: Vector, c: AggregationContext) -> Vector
         trim_fraction=c.byzantine_fraction,
         ranks=_ranks(c.tie_keys, len(d)),
         trust_floor=c.trust_floor,
+        clip_scales=np.asarray(c.clip_scales, np.float64) if c.clip_scales else None,
     )
 
 

@@ -39,6 +39,7 @@ from .screening import (
     ACCEPT,
     Screen,
     ScreeningPolicy,
+    counted_windows,
     judge_promotion,
     screen_cohort,
     screen_reference,
@@ -394,10 +395,14 @@ class _Merge:
         self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
         self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
         self.reference = None if reference is None else flatten(spec, reference) - self.base
+        # each update's clip radius in units of ‖Δ_ref‖: √ of the windows of steps it declares (an
+        # update's norm grows about as the square root of its steps: benchmarks/update_norms.py)
+        self.clip_scales = tuple(float(np.sqrt(counted_windows(policy, s.windows))) for s in trusted)
         # the linear merge the leave-one-out check probes, as running sums (one row out costs O(D))
         self._rows = self.deltas
         if self.reference is not None:
-            self._rows = clipped(self.deltas, float(np.linalg.norm(self.reference)))
+            radius = float(np.linalg.norm(self.reference)) * np.asarray(self.clip_scales, np.float64)
+            self._rows = clipped(self.deltas, radius)
         self._sum = (self.weights[:, None] * self._rows).sum(axis=0)
         self._total = float(self.weights.sum())
 
@@ -426,5 +431,6 @@ class _Merge:
             clip_radius=self.policy.clip_radius,
             clip_tau=self.policy.clip_tau,
             trust_floor=self.policy.trust_floor,
+            clip_scales=tuple(self.clip_scales[i] for i in index),
         )
         return self.rule(self.deltas[index], self.weights[index], context)

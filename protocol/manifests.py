@@ -133,6 +133,12 @@ class ExperimentSpec:
 
     ``window_timeout_s`` is an upper bound: validators close a window as soon as every lease issued
     for it has a candidate, and otherwise after the deadline derived from observed window times.
+
+    A lease holds ``shards_per_lease`` shards unless its trainer asks for more, up to
+    ``max_shards_per_lease`` (``None``: exactly ``shards_per_lease``): a fast trainer sizes its
+    leases to keep its core busy while the validator judges (``protocol.lease_size``). The
+    validator's own update always takes one ``shards_per_lease`` window of steps
+    (``protocol.judging.reference_steps``), whatever the trainers lease.
     """
 
     key: ExperimentKey
@@ -143,6 +149,7 @@ class ExperimentSpec:
     local_epochs: int
     shards_per_lease: int
     min_candidates: int = 1
+    max_shards_per_lease: int | None = None
     window_timeout_s: float = 60.0
     screening: str = "balanced"
     codec: str = "fp32"  # how candidates carry their update (``protocol.updates``)
@@ -165,6 +172,14 @@ class ExperimentSpec:
             raise InvalidMessage("a cosine learning-rate schedule needs lr_decay_windows of 1 or more")
         if not 0.0 <= self.lr_min_factor <= 1.0:
             raise InvalidMessage(f"lr_min_factor {self.lr_min_factor} is not within [0, 1]")
+        if self.max_shards_per_lease is not None and self.max_shards_per_lease < self.shards_per_lease:
+            raise InvalidMessage("max_shards_per_lease must be at least shards_per_lease")
+
+    def lease_shards(self, requested: int | None) -> int:
+        """How many shards a lease asked for ``requested`` holds: within [``shards_per_lease``,
+        ``max_shards_per_lease``], ``shards_per_lease`` when not asked."""
+        most = self.max_shards_per_lease or self.shards_per_lease
+        return min(max(requested or self.shards_per_lease, self.shards_per_lease), most)
 
     def learning_rate_at(self, window: int) -> float:
         """The inner learning rate of the window trained on the head of ``window`` (every peer alike)."""
@@ -193,6 +208,9 @@ class ExperimentSpec:
             local_epochs=read_int(d, "local_epochs", low=1, high=1000),
             shards_per_lease=read_int(d, "shards_per_lease", low=1, high=256),
             min_candidates=read_int(d, "min_candidates", low=1, high=10_000),
+            max_shards_per_lease=read_int(d, "max_shards_per_lease", low=1, high=256)
+            if d.get("max_shards_per_lease") is not None
+            else None,
             window_timeout_s=read_float(d, "window_timeout_s"),
             screening=read_str(d, "screening", max_len=32),
             codec=read_str(d, "codec", max_len=8) if "codec" in d else "fp32",

@@ -47,6 +47,7 @@ __all__ = [
     "PRESETS",
     "Screen",
     "ScreeningPolicy",
+    "counted_windows",
     "judge_promotion",
     "screen_cohort",
     "screen_reference",
@@ -155,6 +156,12 @@ PRESETS: dict[str, ScreeningPolicy] = {
 }
 
 
+def counted_windows(policy: ScreeningPolicy, declared: float) -> float:
+    """The windows of steps a candidate's declaration counts for: at least 1, at most
+    ``policy.max_declared_windows`` (declared, not checked: a liar gains at most that)."""
+    return min(max(declared, 1.0), policy.max_declared_windows)
+
+
 def screen_schema(spec: ModelSpec, params: Mapping[str, np.ndarray]) -> Screen:
     """Names, shapes and dtype per the model spec, and every value finite."""
     try:
@@ -234,7 +241,7 @@ def screen_reference(
         delta = flatten(spec, params) - base_vector
         norm = float(np.linalg.norm(delta))
         cosine = float(delta @ ref) / (norm * ref_norm) if norm > 0 else 0.0
-        counted = min(max(declared, 1.0), policy.max_declared_windows)
+        counted = counted_windows(policy, declared)
         if norm > policy.max_reference_ratio * counted * ref_norm:
             screen = Screen(
                 Reason.NORM_TOO_LARGE,

@@ -217,9 +217,12 @@ async def request_lease(
     issuer: Issuer,
     request: Request,
     after: Annotated[str | None, Query(max_length=80)] = None,
+    shards: Annotated[int | None, Query(ge=1, le=256)] = None,
 ) -> JSON:
     """Lease shards for the current window, or with ``after=<current head id>`` for the window after
     it, before its head exists (``server.leasing``); the body is a ``PeerProof`` with purpose ``lease``.
+    ``shards=N`` asks for N shards, within the experiment's ``shards_per_lease`` and
+    ``max_shards_per_lease``.
 
     The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
     token = state.admission.check_header(request.headers.get("authorization"), "lease")
@@ -235,6 +238,7 @@ async def request_lease(
         proof.peer_kind,
         state.admission.principal(token),
         after=None if after is None else HeadId(after),
+        shards=shards,
     )
     return JSON(grant.to_wire())
 

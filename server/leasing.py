@@ -2,8 +2,9 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``). A trainer that just published may ask for the next
-window's lease (``after`` the current head) before the next head exists, so it never waits for one;
+holds (``protocol.leases.assign_shards``), ``shards_per_lease`` of them, or as many as it asks for
+up to the experiment's ``max_shards_per_lease`` and half the shards still free. A trainer that just
+published may ask for the next window's lease (``after`` the current head) before the next head exists, so it never waits for one;
 such a lease is granted on the current head for the next window number and belongs to that window
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
 its leases, whichever head they were granted on. When every shard is held there is no lease: 409
@@ -62,6 +63,7 @@ class LeaseIssuer:
         principal: str | None = None,
         *,
         after: HeadId | None = None,
+        shards: int | None = None,
     ) -> LeaseGrant:
         """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
         ``peer_id`` (its proof or its join): a trainer kind, a known experiment, the peer's rate limit
@@ -70,7 +72,7 @@ class LeaseIssuer:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {peer_kind}")
         self.state.experiment(experiment)  # before the rate limit: a made-up experiment gets no budget of its own
         check_peer_rate(self.state, peer_id, experiment)
-        return await self.issue(experiment, peer_id, principal, peer_kind=peer_kind, after=after)
+        return await self.issue(experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards)
 
     async def issue(
         self,
@@ -80,10 +82,13 @@ class LeaseIssuer:
         *,
         peer_kind: str | None = None,
         after: HeadId | None = None,
+        shards: int | None = None,
     ) -> LeaseGrant:
         """The peer's lease in the current window, or with ``after`` the current head's id, in the
         window after it, before its head exists (a lease granted ahead: ``protocol.window.lease_window``);
-        ``after`` an older head asks for the current window. ``peer_kind``: remember the peer as seen,
+        ``after`` an older head asks for the current window. ``shards``: how many shards the peer asks
+        for (``ExperimentSpec.lease_shards`` bounds it; fewer when fewer are free); a peer asking again
+        in the same window gets its lease as granted. ``peer_kind``: remember the peer as seen,
         in the same write. The store's write runs in a worker thread: on a shared store it may wait for
         other edges' writes, and the event loop must not wait with it."""
         spec = self.state.experiment(experiment)
@@ -101,8 +106,12 @@ class LeaseIssuer:
                     return lease
             taken = {shard for lease in live for shard in lease.shard_ids}
             seed = f"{head.head_id}/ahead" if ahead else head.head_id  # not the shards it drew on this head
-            shards = assign_shards(seed, peer_id, manifest.shard_ids, taken, spec.shards_per_lease)
-            if not shards:
+            # more than ``shards_per_lease`` only out of half the free shards: peers that size their
+            # leases up (``protocol.lease_size``) never leave a window without shards for the others
+            free = len(manifest.shard_ids) - len(taken)
+            count = min(spec.lease_shards(shards), max(spec.shards_per_lease, free // 2))
+            chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count)
+            if not chosen:
                 lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))
                 raise Conflict(
                     f"every shard of window {window} is leased; ask again at the next head or in {lapse_s} s",
@@ -115,7 +124,7 @@ class LeaseIssuer:
                 base_head=head.head_id,
                 window=window,
                 dataset_id=spec.dataset_id,
-                shard_ids=shards,
+                shard_ids=chosen,
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + int(min(self.state.settings.lease_ttl_s, spec.window_timeout_s) * 1000),
                 principal=principal,

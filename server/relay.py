@@ -14,7 +14,8 @@ until it is closed (``ConnectionState.CLOSED``).
     edge → {"type": "welcome", "peer_id", "network", "max_frame_bytes"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
-            "after"?: <current head id: the next window's lease>}
+            "after"?: <current head id: the next window's lease>,
+            "shards"?: <how many shards, within the experiment's bounds>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
     peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
@@ -57,7 +58,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError
-from protocol.fields import opt, read_list, read_object, read_str
+from protocol.fields import opt, read_int, read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
@@ -332,8 +333,14 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         state.admission.check(connection.token, "lease")
         key = ExperimentKey.parse(data.get("experiment"))
         after = opt(data, "after", lambda m, k: HeadId(read_str(m, k, max_len=80)))
+        shards = opt(data, "shards", lambda m, k: read_int(m, k, low=1, high=256))
         grant = await issuer.grant(
-            key, PeerId(connection.peer_id), connection.kind, state.admission.principal(connection.token), after=after
+            key,
+            PeerId(connection.peer_id),
+            connection.kind,
+            state.admission.principal(connection.token),
+            after=after,
+            shards=shards,
         )
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()

@@ -498,6 +498,32 @@ def test_the_edge_takes_only_verdicts_the_canonical_lineage_bears_out(
     trainer.close()
 
 
+def test_a_continuous_trainer_that_waits_for_heads_asks_for_larger_leases(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """Its next window's lease trained, a continuous trainer waits for the head; the next lease it asks
+    for fills that wait (``protocol.lease_size``), within the experiment's ``max_shards_per_lease``."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    assert spec.max_shards_per_lease is not None and spec.max_shards_per_lease > spec.shards_per_lease
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "sizing", continuous=True)
+    experiment = trainer.experiment(*BASELINE.parts)
+    trainer.train_window_once(experiment)
+    assert trainer.train_ahead_once(experiment) and not trainer.train_ahead_once(experiment)
+    first = trainer._carry[experiment.key].ahead
+    assert first is not None and len(first.grant.lease.shard_ids) == spec.shards_per_lease
+    judged = threading.Timer(1.0, validator.poll, (spec,))  # the head comes a second later
+    judged.start()
+    outcome = trainer.train_window_once(experiment, wait_s=10.0)  # waits for it, then publishes
+    judged.join()
+    assert outcome.lease_id == first.grant.lease.lease_id
+    assert trainer.train_ahead_once(experiment)
+    second = trainer._carry[experiment.key].ahead
+    assert second is not None and spec.shards_per_lease < len(second.grant.lease.shard_ids) <= spec.max_shards_per_lease
+    trainer.close()
+
+
 def test_a_continuous_trainer_two_heads_behind_starts_again_from_the_current_head(
     network_env: tuple[BackgroundEdge, Validator, Path],
 ) -> None:

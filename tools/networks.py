@@ -4,7 +4,7 @@ network, ``networks/mnist.toml``) and ``write_network`` (validator identities pl
 A config file (TOML, or JSON when it ends in ``.json``) holds one thing, ``experiments``: a list of
 tables, each one ``ExperimentSpec`` by its field names (``protocol.manifests``: key, dataset_id,
 model, learning_rate, batch_size, local_epochs, codec, outer_optimizer, outer_learning_rate,
-outer_momentum, shards_per_lease, min_candidates, window_timeout_s, screening). Fields with a
+outer_momentum, shards_per_lease, max_shards_per_lease, min_candidates, window_timeout_s, screening). Fields with a
 default there may be left out; anything else wrong (an unknown field, a value out of range, an
 unknown model or screening preset, a key twice) is a ``NetworkConfigError`` naming the file, the
 experiment and the field. Config files live in ``networks/`` at the top of the repository, next to

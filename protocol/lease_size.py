@@ -1,0 +1,35 @@
+"""How many shards a continuous trainer asks for: enough to keep its core busy while windows are judged.
+
+A continuous trainer trains the next window's lease while the last window is judged (decision 0011).
+Once that lease is trained it can only wait for the next head: the wait is compute the network did not
+get. ``next_lease_shards`` sizes the next lease from the last one, its training time t and the wait w
+that followed it: to fill the window period it saw, ``n × (t + w) / t`` shards, within the experiment's
+bounds (``ExperimentSpec.lease_shards``). When it did not wait (it was the one the window waited for)
+it gives one shard back, and when its work came too late for its window (a newer head arrived while it
+trained) it halves: so a fleet of trainers settles on windows the validator's pace (or the slowest
+trainer's lease) sets, instead of ratcheting them up to the bound on measurement noise. Pure: every
+trainer, native or browser, computes the same sizes from the same measurements.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["IDLE_SLACK", "next_lease_shards"]
+
+IDLE_SLACK = 0.05  # a wait under this share of the training time counts as none (measurement noise)
+
+
+def next_lease_shards(shards: int, train_s: float, idle_s: float, *, least: int, most: int, late: bool = False) -> int:
+    """The next lease's shard count after one of ``shards`` shards trained in ``train_s`` seconds and
+    followed by ``idle_s`` seconds of waiting for the next head; ``late``: the work missed its window.
+    Always within [``least``, ``most``]."""
+    if late:
+        size = shards // 2
+    elif train_s <= 0.0:
+        size = shards
+    elif idle_s > IDLE_SLACK * train_s:
+        size = math.ceil(shards * (train_s + idle_s) / train_s)
+    else:
+        size = shards - 1
+    return min(max(size, least), most)
