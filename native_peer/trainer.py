@@ -314,7 +314,9 @@ class Trainer:
         if head is not None and head.head_id in done and wait_s > 0:
             waited = time.perf_counter()
             head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
-            self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
+            work = self._carry.get(experiment.key)
+            if work is not None and work.ahead is not None:  # its lease trained, idle: a larger one would fit
+                self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
         last = head.head_id if head is not None and head.head_id in done else None
         return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
 
