@@ -28,7 +28,8 @@ shards_per_lease = 3
 
 def _old_preset(key: bytes) -> NetworkManifest:
     """The demo's network as ``tools.networks`` wrote it in code before it became a file, but for the
-    baseline's outer momentum: 0.5 since windows overlap (docs/results/2026-12-pipeline.md)."""
+    baseline's outer momentum (0.5 since windows overlap: docs/results/2026-12-pipeline.md) and its
+    lease bound (16 shards since continuous trainers size their leases: decision 0014)."""
 
     def spec(experiment: ExperimentKey, learning_rate: float) -> ExperimentSpec:
         return ExperimentSpec(
@@ -36,7 +37,9 @@ def _old_preset(key: bytes) -> NetworkManifest:
             min_candidates=1, window_timeout_s=30.0, screening="balanced",
         )  # fmt: skip
 
-    baseline = replace(spec(BASELINE, 2e-3), outer_optimizer="nesterov", outer_momentum=0.5, codec="int8")
+    baseline = replace(
+        spec(BASELINE, 2e-3), outer_optimizer="nesterov", outer_momentum=0.5, codec="int8", max_shards_per_lease=16
+    )
     return NetworkManifest("demo", (key,), (baseline, spec(LOW_LR, 2e-5)))
 
 
