@@ -104,6 +104,17 @@ class BatchLoader:
         return make_batches(x, y, self.batch_size, seed)
 
 
+SCAN_STEPS = 32  # the longest compiled run of optimizer steps
+
+
+def scan_lengths(steps: int) -> list[int]:
+    """``steps`` as runs of ``SCAN_STEPS``, then the rest in powers of two: at most six lengths are
+    ever compiled, whatever the step counts."""
+    runs = [SCAN_STEPS] * (steps // SCAN_STEPS)
+    rest = steps % SCAN_STEPS
+    return runs + [1 << bit for bit in reversed(range(rest.bit_length())) if rest & (1 << bit)]
+
+
 class TrainEngine:
     """Compiled training and evaluation for one learner and one optimizer."""
 
@@ -134,8 +145,16 @@ class TrainEngine:
     def train_epoch(
         self, params: PyTree, opt_state: PyTree, xb: np.ndarray, yb: np.ndarray
     ) -> tuple[PyTree, PyTree, float]:
-        params, opt_state, loss = self._epoch(params, opt_state, jnp.asarray(xb), jnp.asarray(yb))
-        return params, opt_state, float(loss)
+        """One optimizer step per batch of ``xb``, ``yb`` ([steps, batch, ...]); the mean loss. The steps
+        run in compiled runs of ``scan_lengths(steps)``: a scan's length is part of what is compiled, and
+        leases of many sizes (``protocol.lease_size``) must not each cost a compilation."""
+        total, start = 0.0, 0
+        for length in scan_lengths(len(xb)):
+            part = slice(start, start + length)
+            params, opt_state, loss = self._epoch(params, opt_state, jnp.asarray(xb[part]), jnp.asarray(yb[part]))
+            total += float(loss) * length
+            start += length
+        return params, opt_state, total / max(len(xb), 1)
 
     def fresh_window(
         self, tensors: Mapping[str, np.ndarray], xb: np.ndarray, yb: np.ndarray, learning_rate: float | None = None

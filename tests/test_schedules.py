@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from native_peer.learner import TrainEngine, adam, at_learning_rate, spec_learner
+from native_peer.learner import TrainEngine, adam, at_learning_rate, scan_lengths, spec_learner
 from protocol.errors import InvalidMessage
 from protocol.manifests import ExperimentSpec
 from protocol.model import MODELS
@@ -58,3 +58,19 @@ def test_the_default_native_optimizer_follows_the_schedule_and_is_adam_at_that_r
         np.testing.assert_allclose(np.asarray(ours[name]), np.asarray(theirs[name]), rtol=1e-5, atol=1e-7)  # float32
     custom = optax.sgd(0.1).init(params)  # a user's own optax chain keeps its own schedule
     assert at_learning_rate(custom, 1.0) is custom
+
+
+def test_an_epoch_runs_in_a_few_compiled_lengths_and_trains_as_one_scan() -> None:
+    """Leases of any size cost at most six compiled scan lengths, and the runs give the bytes one scan
+    over every step gives (validators of a quorum must agree on their reference update)."""
+    assert scan_lengths(77) == [32, 32, 8, 4, 1] and scan_lengths(64) == [32, 32] and scan_lengths(0) == []
+    assert {n for steps in range(1, 500) for n in scan_lengths(steps)} == {32, 16, 8, 4, 2, 1}
+    learner = spec_learner(MODELS["mnist-mlp"])
+    engine = TrainEngine(learner, adam(experiment_spec()))
+    params = learner.init(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    xb, yb = rng.random((37, 8, 784), dtype=np.float32), rng.integers(0, 10, (37, 8)).astype(np.int32)
+    runs, _, loss = engine.train_epoch(params, engine.init_optimizer(params), xb, yb)
+    whole, _, whole_loss = engine._epoch(params, engine.init_optimizer(params), xb, yb)
+    assert all(np.array_equal(np.asarray(runs[k]), np.asarray(whole[k])) for k in runs)
+    assert loss == pytest.approx(float(whole_loss), rel=1e-6)
