@@ -7,7 +7,7 @@ Per-candidate checks, in order: schema (names, shapes, float32), finiteness, the
 
 * anchored (``screen_reference``, when the validator passes its own reference update Δ_ref and the
   preset is ``anchored``): the update norm relative to ‖Δ_ref‖ (too large: ``norm_too_large``, near
-  zero: ``free_rider``) and the cosine to Δ_ref: at or below ``min_trust`` (clearly opposed; 0, i.e.
+  zero: ``free_rider``, relative to the lineage's step when that is smaller) and the cosine to Δ_ref: at or below ``min_trust`` (clearly opposed; 0, i.e.
   FLTrust's trust 0, in the ``fltrust`` preset) is ``untrusted_direction``. Near convergence honest
   updates are nearly orthogonal to any reference (measured: cosines of −0.07 to +0.02 on MNIST at
   ≈ 0.96 test accuracy, with the trainers' updates as weakly aligned with one another), so a
@@ -229,7 +229,7 @@ def screen_reference(
     norm grows with them (measured: 3.0–3.4 × the reference's on the CNN, every such update refused).
     w is that count, at least 1 and at most ``max_declared_windows``: steps are declared, not
     checked, so a liar gains at most that factor on the upper bound, and the merge clips every
-    update to ‖Δ_ref‖ anyway."""
+    update to √w × ‖Δ_ref‖ anyway."""
     base_vector = flatten(spec, base)
     ref = flatten(spec, reference) - base_vector
     ref_norm = float(np.linalg.norm(ref))
