@@ -104,15 +104,17 @@ class BatchLoader:
         return make_batches(x, y, self.batch_size, seed)
 
 
-SCAN_STEPS = 32  # the longest compiled run of optimizer steps
+SCAN_LENGTHS = (32, 8, 1)  # the compiled runs of optimizer steps an epoch is made of, longest first
 
 
 def scan_lengths(steps: int) -> list[int]:
-    """``steps`` as runs of ``SCAN_STEPS``, then the rest in powers of two: at most six lengths are
-    ever compiled, whatever the step counts."""
-    runs = [SCAN_STEPS] * (steps // SCAN_STEPS)
-    rest = steps % SCAN_STEPS
-    return runs + [1 << bit for bit in reversed(range(rest.bit_length())) if rest & (1 << bit)]
+    """``steps`` as runs of ``SCAN_LENGTHS``, as many of the longest as fit, then of the next: three
+    lengths are ever compiled, whatever the step counts."""
+    runs: list[int] = []
+    for length in SCAN_LENGTHS:
+        runs += [length] * (steps // length)
+        steps %= length
+    return runs
 
 
 class TrainEngine:
@@ -147,7 +149,8 @@ class TrainEngine:
     ) -> tuple[PyTree, PyTree, float]:
         """One optimizer step per batch of ``xb``, ``yb`` ([steps, batch, ...]); the mean loss. The steps
         run in compiled runs of ``scan_lengths(steps)``: a scan's length is part of what is compiled, and
-        leases of many sizes (``protocol.lease_size``) must not each cost a compilation."""
+        leases of many sizes (``protocol.lease_size``) must not each cost a compilation (a scan of up
+        to 32 steps takes 0.3–1.5 s to compile on one core)."""
         total, start = 0.0, 0
         for length in scan_lengths(len(xb)):
             part = slice(start, start + length)

@@ -60,11 +60,12 @@ def test_the_default_native_optimizer_follows_the_schedule_and_is_adam_at_that_r
     assert at_learning_rate(custom, 1.0) is custom
 
 
-def test_an_epoch_runs_in_a_few_compiled_lengths_and_trains_as_one_scan() -> None:
-    """Leases of any size cost at most six compiled scan lengths, and the runs give the bytes one scan
-    over every step gives (validators of a quorum must agree on their reference update)."""
-    assert scan_lengths(77) == [32, 32, 8, 4, 1] and scan_lengths(64) == [32, 32] and scan_lengths(0) == []
-    assert {n for steps in range(1, 500) for n in scan_lengths(steps)} == {32, 16, 8, 4, 2, 1}
+def test_an_epoch_runs_in_three_compiled_lengths_and_trains_as_one_scan() -> None:
+    """Leases of any size cost three compiled scan lengths, and the runs give the bytes one scan over
+    every step gives (validators of a quorum must agree on their reference update)."""
+    assert scan_lengths(77) == [32, 32, 8, 1, 1, 1, 1, 1] and scan_lengths(64) == [32, 32] and scan_lengths(0) == []
+    assert {n for steps in range(1, 500) for n in scan_lengths(steps)} == {32, 8, 1}
+    assert all(sum(scan_lengths(steps)) == steps for steps in range(500))
     learner = spec_learner(MODELS["mnist-mlp"])
     engine = TrainEngine(learner, adam(experiment_spec()))
     params = learner.init(jax.random.PRNGKey(0))
