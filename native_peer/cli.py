@@ -43,6 +43,7 @@ from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import NetworkManifest, SupportedWorkload
 from protocol.model import MODELS
 from protocol.signing import b64encode
+from server.signatures import install_native_verifier
 
 from .edge_client import EdgeClient
 from .learner import network_learners, spec_learner
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    install_native_verifier()  # heads, leases and candidates verified at native speed, not pure Python's
     args.run(args)
 
 

@@ -1,6 +1,9 @@
 """Shards, lease by lease: downloaded with the lease, verified against the fetch-manifest, cached.
 
-A cached shard is re-verified before use, so a corrupted cache is refetched, never trained on. With
+A cached shard is re-verified before use, so a corrupted cache is refetched, never trained on. Decoded
+shards are also kept in memory (least recently used first out, ``memory_bytes`` at most), keyed by
+their manifest hash: a trainer leasing a shard again trains on the examples it verified and decoded
+before, instead of re-reading, re-hashing and re-decoding them every window. With
 ``local_datasets`` (``TrainerBuilder.with_sharded_dataset``) a leased shard is read from a prepared
 copy on disk instead (``datasets.layout``: ``<dir>/<dataset>/train/<locator>``), verified against the
 fetch-manifest the edge serves like a download; one that is missing there or differs is downloaded.
@@ -9,6 +12,8 @@ fetch-manifest the edge serves like a download; one that is missing there or dif
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,22 +28,36 @@ from protocol.shards import decode_shard, verify_shard
 from .edge_client import EdgeClient
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["ShardCache"]
+__all__ = ["MEMORY_BYTES", "Examples", "ShardCache"]
 
 log = logging.getLogger(__name__)
+
+Examples = tuple[np.ndarray, np.ndarray]  # one shard's (features, labels), decoded
+MEMORY_BYTES = 256 << 20  # decoded shards kept in memory by default
 
 
 class ShardCache:
     def __init__(
-        self, edge: EdgeClient, storage: StorageConfig, pool: ThreadPoolExecutor, local_datasets: Path | None = None
+        self,
+        edge: EdgeClient,
+        storage: StorageConfig,
+        pool: ThreadPoolExecutor,
+        local_datasets: Path | None = None,
+        *,
+        memory_bytes: int = MEMORY_BYTES,
     ) -> None:
         self.edge = edge
         self.storage = storage
         self.pool = pool
         self.local_datasets = local_datasets
-        self.hits = 0
+        self.memory_bytes = memory_bytes
+        self.hits = 0  # shards read back from the disk cache
+        self.memory_hits = 0  # shards served decoded from memory
         self.local_reads = 0
         self.downloads = 0
+        self._memory: OrderedDict[tuple[str, str], Examples] = OrderedDict()
+        self._held = 0  # bytes of decoded shards in memory
+        self._lock = threading.Lock()  # the pool's threads share the memory cache
 
     def _local_bytes(self, dataset_id: str, entry: ShardEntry) -> bytes | None:
         """The shard from the prepared copy under ``local_datasets``, if there is one, it holds the
@@ -76,12 +95,32 @@ class ShardCache:
         self.downloads += 1
         return data
 
-    def prefetch(self, grant: LeaseGrant) -> list[Future[bytes]]:
+    def _examples(self, grant: LeaseGrant, shard_id: str) -> Examples:
+        """One leased shard decoded (read-only arrays): from memory, else verified bytes decoded."""
+        entry = self.edge.fetch_manifest(grant.lease.dataset_id).shard(shard_id)
+        key = (grant.lease.dataset_id, entry.sha256)
+        with self._lock:
+            if key in self._memory:
+                self._memory.move_to_end(key)
+                self.memory_hits += 1
+                return self._memory[key]
+        x, y = decode_shard(self._shard_bytes(grant, shard_id))
+        x.flags.writeable = y.flags.writeable = False  # shared by every lease that holds the shard
+        with self._lock:
+            if key not in self._memory and x.nbytes + y.nbytes <= self.memory_bytes:
+                self._memory[key] = (x, y)
+                self._held += x.nbytes + y.nbytes
+                while self._held > self.memory_bytes:
+                    _, (old_x, old_y) = self._memory.popitem(last=False)
+                    self._held -= old_x.nbytes + old_y.nbytes
+        return x, y
+
+    def prefetch(self, grant: LeaseGrant) -> list[Future[Examples]]:
         """Start fetching the granted lease's shards in the background."""
-        return [self.pool.submit(self._shard_bytes, grant, shard_id) for shard_id in grant.lease.shard_ids]
+        return [self.pool.submit(self._examples, grant, shard_id) for shard_id in grant.lease.shard_ids]
 
     @staticmethod
-    def assemble(pending: list[Future[bytes]]) -> tuple[np.ndarray, np.ndarray]:
+    def assemble(pending: list[Future[Examples]]) -> Examples:
         """Wait for prefetched shards and concatenate them into (x, y)."""
-        parts = [decode_shard(future.result()) for future in pending]
+        parts = [future.result() for future in pending]
         return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])

@@ -446,6 +446,7 @@ class Trainer:
                 "peer_id": self.peer_id,
                 "windows_done": state["windows_done"],
                 "shard_cache_hits": self.shards.hits,
+                "shard_memory_hits": self.shards.memory_hits,
                 "shard_local_reads": self.shards.local_reads,
                 "shard_downloads": self.shards.downloads,
                 "optimizer_restored": experiment.key in self.restored_optimizers,

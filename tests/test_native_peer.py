@@ -429,6 +429,27 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
         fallback.close()
 
 
+def test_a_shard_leased_again_is_served_decoded_from_memory(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    validator.ensure_genesis(validator.network.experiment(BASELINE))
+    trainer = _trainer(edge, root, "memory")
+    grant = trainer.edge.request_lease(BASELINE, trainer.identity, "native")
+    shards = len(grant.lease.shard_ids)
+    first = ShardCache.assemble(trainer.shards.prefetch(grant))
+    assert (trainer.shards.downloads, trainer.shards.memory_hits) == (shards, 0)
+    again = ShardCache.assemble(trainer.shards.prefetch(grant))  # no read, no hash, no decode
+    assert (trainer.shards.downloads, trainer.shards.hits, trainer.shards.memory_hits) == (shards, 0, shards)
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    tight = ShardCache(trainer.edge, trainer.storage, trainer._pool, memory_bytes=1)  # no room for one shard
+    for _ in range(2):
+        ShardCache.assemble(tight.prefetch(grant))
+    assert (tight.memory_hits, tight.hits) == (0, 2 * shards)  # each use read and verified from disk
+    trainer.close()
+
+
 def test_the_edge_wakes_a_waiting_validator_when_a_candidate_arrives(
     network_env: tuple[BackgroundEdge, Validator, Path],
 ) -> None:
