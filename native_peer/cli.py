@@ -42,10 +42,10 @@ from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import NetworkManifest, SupportedWorkload
 from protocol.model import MODELS
-from protocol.signing import b64encode
-from server.signatures import install_native_verifier
+from protocol.signing import b64encode, use_verifier
 
 from .edge_client import EdgeClient
+from .identity import NodeIdentity
 from .learner import network_learners, spec_learner
 from .mnist import RELEASE
 from .storage import StorageConfig
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
-    install_native_verifier()  # heads, leases and candidates verified at native speed, not pure Python's
+    use_verifier(NodeIdentity.verify)  # heads, leases and candidates verified at native speed, not pure Python's
     args.run(args)
 
 

@@ -1,7 +1,10 @@
 """A native peer's Ed25519 identity, kept as a 32-byte seed in its storage directory.
 
 Signing uses the ``cryptography`` package (fast, constant-time); the signatures are the same
-RFC 8032 bytes the pure-Python signer in ``protocol.ed25519`` produces.
+RFC 8032 bytes the pure-Python signer in ``protocol.ed25519`` produces. ``NodeIdentity.verify`` is
+the same library's verification, which a native peer's process installs (``protocol.signing.
+use_verifier``, as the edge does with its own): a validator verifies every candidate, lease and head it
+reads, a trainer every head and lease, window after window, each milliseconds in pure Python.
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from protocol.ids import PeerId
@@ -24,6 +28,18 @@ class NodeIdentity:
     def __init__(self, seed: bytes) -> None:
         self._key = Ed25519PrivateKey.from_private_bytes(seed)
         self._public_key = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @staticmethod
+    def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+        """``protocol.signing``'s verifier interface: True when ``signature`` is ``public_key``'s over
+        ``message``; False for a bad signature or a malformed key or signature."""
+        if len(public_key) != 32 or len(signature) != 64:
+            return False
+        try:
+            Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        except (InvalidSignature, ValueError):
+            return False
+        return True
 
     @classmethod
     def load_or_create(cls, path: Path) -> NodeIdentity:

@@ -1,11 +1,8 @@
-"""Native Ed25519 verification (``cryptography``), installed process-wide at start-up by the edge and by
-native peers (``native_peer.cli``; this module imports nothing of the edge's).
+"""Native Ed25519 verification for the edge (``cryptography``), installed process-wide at start-up.
 
 The edge checks a signature on every join, lease request and upload; pure-Python verification costs
-milliseconds each, so a flood of bad signatures would cost CPU before any limit bites. A validator
-verifies every candidate, lease and head it reads, a trainer every head and lease, window after
-window. The answers are the same as ``protocol.ed25519.verify`` (tests compare both on valid,
-tampered and malformed input).
+milliseconds each, so a flood of bad signatures would cost CPU before any limit bites. The answers
+are the same as ``protocol.ed25519.verify`` (tests compare both on valid, tampered and malformed input).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import safetensors.numpy
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from native_peer.identity import NodeIdentity
 from protocol import ed25519
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope, unpack_envelope
@@ -137,7 +138,7 @@ def test_pure_ed25519_matches_cryptography() -> None:
 
 
 def test_the_edges_native_verifier_gives_the_pure_answers() -> None:
-    """The edge verifies with ``cryptography``, the browser with ``protocol.ed25519``: same verdicts on
+    """The edge and native peers verify with ``cryptography``, the browser with ``protocol.ed25519``: same verdicts on
     valid, tampered, non-canonical, small-order and malformed input."""
     seed, message = os.urandom(32), b"lease body"
     key = Ed25519PrivateKey.from_private_bytes(seed)
@@ -158,6 +159,8 @@ def test_the_edges_native_verifier_gives_the_pure_answers() -> None:
     ]
     assert [native_verify(*case) for case in cases] == [ed25519.verify(*case) for case in cases]
     assert native_verify(*cases[0]) and not native_verify(*cases[1])
+    # native peers install their own (NodeIdentity.verify): the same verdicts
+    assert [NodeIdentity.verify(*case) for case in cases] == [ed25519.verify(*case) for case in cases]
 
 
 def _candidate(signer: PureSigner) -> Candidate:
