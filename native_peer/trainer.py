@@ -470,11 +470,10 @@ class Trainer:
     def _size_leases(self, experiment: Experiment, shards: int, train_s: float, *, late: bool = False) -> None:
         """Size the next lease (``protocol.lease_size``) after one of ``shards`` shards that trained in
         ``train_s`` seconds, from the time waited for heads since the last one was sized."""
-        spec = experiment.spec
+        least, most = experiment.spec.lease_bounds
         idle_s = self._idle_s.pop(experiment.key, 0.0)
-        most = spec.max_shards_per_lease or spec.shards_per_lease
         self._lease_shards[experiment.key] = next_lease_shards(
-            shards, train_s, idle_s, least=spec.shards_per_lease, most=most, late=late
+            shards, train_s, idle_s, least=least, most=most, late=late
         )
 
     def _loader(self, experiment: Experiment) -> BatchLoader:

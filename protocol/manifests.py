@@ -175,11 +175,16 @@ class ExperimentSpec:
         if self.max_shards_per_lease is not None and self.max_shards_per_lease < self.shards_per_lease:
             raise InvalidMessage("max_shards_per_lease must be at least shards_per_lease")
 
+    @property
+    def lease_bounds(self) -> tuple[int, int]:
+        """The fewest and the most shards a lease holds."""
+        return self.shards_per_lease, self.max_shards_per_lease or self.shards_per_lease
+
     def lease_shards(self, requested: int | None) -> int:
-        """How many shards a lease asked for ``requested`` holds: within [``shards_per_lease``,
-        ``max_shards_per_lease``], ``shards_per_lease`` when not asked."""
-        most = self.max_shards_per_lease or self.shards_per_lease
-        return min(max(requested or self.shards_per_lease, self.shards_per_lease), most)
+        """How many shards a lease asked for ``requested`` holds: within ``lease_bounds``,
+        ``shards_per_lease`` when not asked."""
+        least, most = self.lease_bounds
+        return min(max(requested or least, least), most)
 
     def learning_rate_at(self, window: int) -> float:
         """The inner learning rate of the window trained on the head of ``window`` (every peer alike)."""
