@@ -5,6 +5,9 @@ Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT``
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 
@@ -14,3 +17,9 @@ BENCH_EXPERIMENT = ExperimentKey.parse("bench/mnist/rev-1")
 def bench_network(validator_key: bytes, shards_per_lease: int) -> NetworkManifest:
     spec = ExperimentSpec(BENCH_EXPERIMENT, DatasetId("mnist"), "mnist-mlp", 1e-3, 64, 1, shards_per_lease)
     return NetworkManifest("bench", (validator_key,), (spec,))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
