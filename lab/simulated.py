@@ -248,17 +248,18 @@ class SimulatedFleet:
 
     def _build(self, index: int, me: NodeIdentity, grant: LeaseGrant, head: HeadDescriptor, base: Tensors) -> bytes:
         """The signed candidate envelope of peer ``index`` (``me``) for its lease: ``base`` plus a drawn
-        update, claiming what one window of the lease takes (its examples, every epoch, in whole batches)."""
+        update, claiming what one window of the lease takes (its examples, every epoch, in whole batches;
+        a lease short of one batch, the dataset's last shard, claims one step of what it holds)."""
         lease, spec = grant.lease, self.spec
         rng = np.random.default_rng([self.seed, head.window, index])
         delta = self.bank.draw(rng)
         trained = {k: (base[k] + delta[k]).astype(np.float32) for k in base}
         tensors, _ = encode_update(MODELS[spec.model], base, trained, spec.codec)
-        examples = sum(self.manifest.shard(s).examples for s in lease.shard_ids)
-        steps = spec.local_epochs * (examples // spec.batch_size)
+        leased = spec.local_epochs * sum(self.manifest.shard(s).examples for s in lease.shard_ids)
+        steps = max(1, leased // spec.batch_size)  # a lease short of one batch (the last shard) claims one
         _, envelope = package_candidate(
             lease, head, tensors, me, peer_kind="native", model=spec.model, codec=spec.codec,
-            examples=steps * spec.batch_size, steps=steps, created_at_ms=int(time.time() * 1000), metrics={},
+            examples=min(leased, steps * spec.batch_size), steps=steps, created_at_ms=int(time.time() * 1000), metrics={},
         )  # fmt: skip
         return envelope
 
