@@ -26,6 +26,9 @@ times the recent windows' length, must fit a window of that size), then ``--wind
 every size alike. Tables: median and min–max over every measured window of every run, and the
 per-candidate time as a ratio to the smallest size's (flat is O(n)).
 
+Above about 880 accepted candidates the head's descriptor outgrows ``protocol.envelope.MAX_DESCRIPTOR_BYTES``
+and the validator exits (docs/results/2026-12-simulated-fleet.md); the benchmark then stops with its log.
+
     python -m benchmarks.simulated_fleet [--sizes 10 100 1000] [--runs 3] [--windows 3] [--bank FILE]
                                          [--profile DIR]
 """
