@@ -199,11 +199,11 @@ class SimulatedFleet:
             if after is None:
                 time.sleep(0.1)
 
-    def deliver(self, head: HeadDescriptor, peers: int | None = None) -> Delivery:
-        """The window on ``head`` for the first ``peers`` peers (default: all): each leases (all leases
-        are granted before any candidate goes up, so the window closes on the last candidate, not on
-        the first), each builds its candidate, then each uploads it."""
-        chosen = self.identities[: peers or len(self.identities)]
+    def deliver(self, head: HeadDescriptor) -> Delivery:
+        """The window on ``head``: every peer leases (all leases are granted before any candidate goes
+        up, so the window closes on the last candidate, not on the first), builds its candidate, then
+        uploads it."""
+        chosen = self.identities
         path = self.workdir / f"{head.head_id[7:]}.head"
         base, _ = decode_tensors(self.clients[0].artifact(head.head_id, path))
         started = time.monotonic()
