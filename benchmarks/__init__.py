@@ -5,6 +5,9 @@ Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT``
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 
@@ -25,3 +28,9 @@ def bench_network(
         max_shards_per_lease=max_shards_per_lease,
     )
     return NetworkManifest("bench", (validator_key,), (spec,))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -38,7 +38,7 @@ from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network
+from . import BENCH_EXPERIMENT, bench_network, cpu_seconds
 
 CONFIGS = ("idle", "continuous", "adaptive")
 ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge grants at most half the free ones)
@@ -87,11 +87,6 @@ def _standalone(datasets: Path, seconds: float) -> None:
     print(samples / (time.perf_counter() - started))
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _outcomes(storage: Path) -> list[dict[str, Any]]:
     path = StorageConfig(storage).outcomes_path
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -114,13 +109,13 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate:
             while not _outcomes(root / "trainer"):  # compiled and through its first window
                 fleet.check_alive()
                 time.sleep(0.2)
-            first, cpu0, heads0, started = _outcomes(root / "trainer")[-1], _cpu_s(pid), None, time.monotonic()
+            first, cpu0, heads0, started = _outcomes(root / "trainer")[-1], cpu_seconds(pid), None, time.monotonic()
             heads0 = len(edge.heads(BENCH_EXPERIMENT))
             while time.monotonic() - started < seconds:
                 fleet.check_alive()
                 time.sleep(0.5)
                 print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
-            last, cpu1, wall = _outcomes(root / "trainer")[-1], _cpu_s(pid), time.monotonic() - started
+            last, cpu1, wall = _outcomes(root / "trainer")[-1], cpu_seconds(pid), time.monotonic() - started
             heads1 = len(edge.heads(BENCH_EXPERIMENT))
     finally:
         edge.close()

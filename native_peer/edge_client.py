@@ -63,10 +63,13 @@ class EdgeClient:
         retries: int = 3,
         clock: Clock = SYSTEM_CLOCK,
         chunk_bytes: int = UPLOAD_CHUNK_BYTES,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``transport``: how requests travel (default: httpx's own; e.g. one bound to a source
+        address, as ``lab.simulated`` spreads its simulated trainers over loopback addresses)."""
         self.base_url = base_url.rstrip("/")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, transport=transport)
         self._retries = retries
         self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}

@@ -1,0 +1,33 @@
+"""The simulated-fleet harness (``lab.simulated``, ``benchmarks.simulated_fleet``) at a tiny size: a
+real trainer's update recorded, then simulated trainers whose windows the real validator promotes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import BENCH_EXPERIMENT
+from benchmarks.simulated_fleet import SHARD_SIZE, measure, sim_network, stack, tables
+from datasets import mnist
+from lab.simulated import UpdateBank, record_bank
+from lab.stack import prepare_network
+
+
+@pytest.mark.slow
+def test_simulated_trainers_windows_are_promoted_and_measured(tmp_path: Path) -> None:
+    mnist.prepare(tmp_path / "datasets", shard_size=SHARD_SIZE)  # the benchmark's fine shards
+    local = prepare_network(tmp_path, network=sim_network)
+    with stack(local, 5) as node:
+        bank = record_bank(local, node.fleet, node.url, BENCH_EXPERIMENT, trainers=1, windows=1)
+        windows = measure(node, bank, 5, 2)
+    assert len(bank.deltas) == 1 and all(np.abs(d).max() > 0 for d in bank.deltas[0].values())
+    bank.save(tmp_path / "bank.safetensors")
+    assert UpdateBank.load(tmp_path / "bank.safetensors").deltas[0].keys() == bank.deltas[0].keys()
+    assert [w.candidates for w in windows] == [5, 5]
+    for w in windows:
+        assert w.accepted > 0, w  # the validator merged simulated work: it took it as honest
+        assert min(w.validator_s, w.validator_cpu_s, w.edge_cpu_s, w.cycle_s, w.upload_s) > 0, w
+        assert w.validator_s < w.cycle_s
+    assert len(tables(windows)) == 7
