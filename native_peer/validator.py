@@ -91,7 +91,7 @@ from protocol.judging import (
     staleness,
 )
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Attestation, Candidate, HeadDescriptor, Verdict
+from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy
@@ -427,8 +427,10 @@ class Validator:
         self._remember(head)
         self._settle(head)
         fresh = self._unjudged(spec)
-        window = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
-        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c not in window]
+        arrived = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
+        ids = {c.candidate_id for c in arrived}
+        stale = [self._verdict(c, stale_base(c.base_head, head.head_id)) for c in fresh if c.candidate_id not in ids]
+        window = arrived[:MAX_WINDOW_CANDIDATES]  # what one head can name; the rest are judged in the next
         base, opened = self._windows.get(spec.key, (None, 0.0))
         if base != head.head_id:  # a new window of this experiment; its older one is closed
             opened = self.clock.monotonic_s()
@@ -452,7 +454,7 @@ class Validator:
         if not leases and not window:  # an idle window: its deadline counts from its first lease
             self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())
             return None
-        delivered = {c.lease_id for c in window}
+        delivered = {c.lease_id for c in arrived}
         outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered)
         progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)
         if not window_closes(progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, turn=turn):

@@ -18,7 +18,7 @@ from .signing import canonical_json
 __all__ = ["MAGIC", "MAX_DESCRIPTOR_BYTES", "pack_envelope", "unpack_envelope"]
 
 MAGIC = b"DTN1"
-MAX_DESCRIPTOR_BYTES = 64 * 1024
+MAX_DESCRIPTOR_BYTES = 512 * 1024  # a head merging ``messages.MAX_WINDOW_CANDIDATES`` candidates fits
 
 
 def pack_envelope(descriptor: object, artifact: bytes) -> bytes:

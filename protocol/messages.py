@@ -29,6 +29,7 @@ from .signing import Signer, b64decode, b64encode, canonical_json, peer_id_from_
 
 __all__ = [
     "LEASE_SECRET_HEADER",
+    "MAX_WINDOW_CANDIDATES",
     "NEXT_SINCE_HEADER",
     "PEER_KINDS",
     "READ_PROOF_HEADER",
@@ -47,6 +48,7 @@ LEASE_SECRET_HEADER = "dtn-lease-secret"
 READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
 NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from
 VERDICT_BATCH = 1024  # the most verdicts one request publishes
+MAX_WINDOW_CANDIDATES = 4096  # the most candidates a head merges and an attestation lists as considered
 PEER_KINDS = ("native", "browser", "validator", "viewer")
 TRAINER_KINDS = ("native", "browser")  # the kinds that lease shards and upload candidates
 
@@ -109,7 +111,7 @@ def _head_fields(data: Mapping[str, object]) -> dict[str, Any]:
         "head_id": HeadId(data.get("head_id")),
         "parent": None if parent is None else HeadId(parent),
         "window": read_int(data, "window"),
-        "merged": tuple(read_list(data, "merged", ContentId)),
+        "merged": tuple(read_list(data, "merged", ContentId, max_len=MAX_WINDOW_CANDIDATES)),
         "outer_state": None if data.get("outer_state") is None else ContentId(data.get("outer_state")),
     }
 
@@ -432,7 +434,7 @@ class Attestation(_Signed):
         d = read_object(value, "attestation")
         return cls(
             **_head_fields(d),
-            considered=tuple(read_list(d, "considered", ContentId)),
+            considered=tuple(read_list(d, "considered", ContentId, max_len=MAX_WINDOW_CANDIDATES)),
             validator_key=_key(d, "validator_key"),
             created_at_ms=read_int(d, "created_at_ms"),
             signature=_signature(d),

@@ -31,7 +31,7 @@ from protocol.ids import (
     StudyId,
 )
 from protocol.leases import assign_leases, assign_shards
-from protocol.messages import Candidate, HeadDescriptor
+from protocol.messages import MAX_WINDOW_CANDIDATES, Candidate, HeadDescriptor
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.signatures import native_verify
 
@@ -215,6 +215,22 @@ def test_envelope_round_trip_and_limits() -> None:
         unpack_envelope(b"XXXX" + body[4:])
     with pytest.raises(TooLarge):
         unpack_envelope(b"DTN1" + (10**6).to_bytes(4, "big"))
+
+
+def test_a_head_that_merges_a_full_window_fits_its_envelope() -> None:
+    """A head names every candidate it merged: MAX_WINDOW_CANDIDATES of them fit a descriptor (a
+    validator judged 1,000 simulated candidates and could not publish the head at 64 KiB), one more
+    is refused."""
+    signer = PureSigner(b"\x03" * 32)
+    merged = tuple(ContentId(content_id(i.to_bytes(4, "big"))) for i in range(MAX_WINDOW_CANDIDATES))
+    head = HeadDescriptor(
+        ExperimentKey.parse("s/e/r"), HeadId(content_id(b"h")), None, 0, 0, merged, signer.public_key, 1
+    ).signed(signer)
+    descriptor, _ = unpack_envelope(pack_envelope(head.to_wire(), b"artifact"))
+    assert HeadDescriptor.from_wire(descriptor).merged == merged
+    wire = head.to_wire() | {"merged": [*head.to_wire()["merged"], content_id(b"one more")]}
+    with pytest.raises(InvalidMessage):
+        HeadDescriptor.from_wire(wire)
 
 
 SHARDS = tuple(ShardId(f"train-{i:05d}") for i in range(50))
