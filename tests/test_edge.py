@@ -352,8 +352,8 @@ def test_candidate_upload_checks_hash_signature_and_size(client: httpx.Client) -
     forged = candidate.to_wire() | {"examples": 999_999}
     assert client.post(f"{BASE}/candidates", content=pack_envelope(forged, b"x")).status_code == 401
     assert client.post(f"{BASE}/candidates", content=b"\x00" * 2_000_000).status_code == 413
-    # under max_artifact_bytes (1 MB here) but over what the experiment's model (the MLP, ~0.42 MB) needs
-    assert client.post(f"{BASE}/candidates", content=b"\x00" * 600_000).status_code == 413
+    # an artifact over what the experiment's model (the MLP, ~0.42 MB) needs, with the largest descriptor
+    assert client.post(f"{BASE}/candidates", content=b"\x00" * (600_000 + MAX_DESCRIPTOR_BYTES)).status_code == 413
     assert client.post(f"{BASE}/candidates", content=b"garbage").status_code == 400
     assert client.post(f"{BASE}/candidates", content=body).status_code == 201
     assert client.post(f"{BASE}/candidates", content=body).status_code == 200
