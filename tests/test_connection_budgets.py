@@ -14,6 +14,7 @@ import socket
 import ssl
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,18 @@ def _read_until(conn: socket.socket, marker: bytes, limit: int = 1 << 16) -> byt
     return data
 
 
+def _received(conn: socket.socket) -> bytes:
+    """What a readable connection holds, without waiting (TLS: ``b"-"`` for records that carry no
+    data, such as session tickets)."""
+    conn.settimeout(0)
+    try:
+        return conn.recv(1 << 16)
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return b"-"
+    finally:
+        conn.settimeout(2)
+
+
 @dataclass
 class Flood:
     """Slow connections of one ``kind`` to ``port``, spread over ``addresses``: ``headers`` never
@@ -72,7 +85,7 @@ class Flood:
         for address in self.addresses:
             for _ in range(per_address):
                 with contextlib.suppress(OSError):
-                    conn = socket.create_connection(("127.0.0.1", self.port), timeout=10, source_address=(address, 0))
+                    conn = socket.create_connection(("127.0.0.1", self.port), timeout=2, source_address=(address, 0))
                     conn = self.wrap(conn)
                     conn.sendall(self._opening())
                     fresh.append(conn)
@@ -96,9 +109,11 @@ class Flood:
     def _join(self, conn: socket.socket) -> bool:
         """Answers the relay's challenge with a fresh identity's join; whether it was welcomed."""
         try:
-            data = _read_until(conn, b'"nonce"')
+            data = _read_until(conn, b"\r\n\r\n")
             if not data.startswith(b"HTTP/1.1 101"):
                 raise ConnectionRefusedError
+            if b'"nonce"' not in data:
+                data += _read_until(conn, b'"nonce"')
             nonce = json.loads(data[data.index(b'{"type"') :].split(b"}", 1)[0] + b"}")["nonce"]
             signer = PureSigner(os.urandom(32))
             conn.sendall(_masked_text(json.dumps({"type": "join", "proof": proof(signer, "join", nonce)})))
@@ -120,7 +135,7 @@ class Flood:
         still = []
         for conn in self.open:
             try:
-                if conn.fileno() in answered and conn.recv(1 << 16)[:1] in (b"", b"H", b"\x88"):
+                if conn.fileno() in answered and _received(conn)[:1] in (b"", b"H", b"\x88"):
                     raise ConnectionResetError  # EOF, an HTTP answer or a WebSocket close
                 if self.kind != "websockets":
                     conn.send(b"x" if self.kind == "headers" else b" ")
@@ -187,22 +202,64 @@ def flood_and_probe(flood: Flood, client: Callable[[], httpx.Client], *, first: 
     return probes
 
 
-@pytest.fixture(scope="module")
-def low_limit_edge(tmp_path_factory: pytest.TempPathFactory, dataset_root: Path) -> Iterator[str]:
-    """``python -m server`` under ``ulimit -n NOFILE`` with the default settings, its genesis head posted."""
-    root = tmp_path_factory.mktemp("budgets")
+def _edge_process(fleet: Fleet, root: Path, dataset_root: Path, *flags: str) -> str:
+    """``python -m server`` under ``ulimit -n NOFILE`` with ``flags``, its genesis head posted; its URL."""
     write_network(root / "network.json")
     port = free_port()
     argv = ["sh", "-c", f'ulimit -n {NOFILE} && exec "$@"', "sh", sys.executable, "-m", "server", "--no-access-log"]
     argv += ["--port", str(port), "--data-dir", str(root / "edge"), "--datasets-dir", str(dataset_root)]
-    argv += ["--network", str(root / "network.json"), "--pyodide-dir", str(root / "no-pyodide")]
+    argv += ["--network", str(root / "network.json"), "--pyodide-dir", str(root / "no-pyodide"), *flags]
+    fleet.start("edge", argv)
+    url = f"http://127.0.0.1:{port}"
+    fleet.wait_ready(f"{url}/livez")
+    _, genesis = head_envelope()
+    assert httpx.post(f"{url}/v1/experiments/{EXPERIMENT}/heads", content=genesis).status_code == 201
+    return url
+
+
+@pytest.fixture(scope="module")
+def low_limit_edge(tmp_path_factory: pytest.TempPathFactory, dataset_root: Path) -> Iterator[str]:
+    """The edge alone, with the default settings, under ``ulimit -n NOFILE``."""
+    root = tmp_path_factory.mktemp("budgets")
     with Fleet(root) as fleet:
-        fleet.start("edge", argv)
-        url = f"http://127.0.0.1:{port}"
-        fleet.wait_ready(f"{url}/livez")
-        _, genesis = head_envelope()
-        assert httpx.post(f"{url}/v1/experiments/{EXPERIMENT}/heads", content=genesis).status_code == 201
-        yield url
+        yield _edge_process(fleet, root, dataset_root)
+        fleet.check_alive()
+
+
+@dataclass
+class Proxied:
+    """The deploy's nginx (the rendered site) in front of one edge: its public URL and TLS context."""
+
+    public_url: str
+    tls: ssl.SSLContext
+
+    def wrap(self, conn: socket.socket) -> socket.socket:
+        return self.tls.wrap_socket(conn, server_hostname="127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def behind_nginx(tmp_path_factory: pytest.TempPathFactory, dataset_root: Path) -> Iterator[Proxied]:
+    """The edge as the deploy runs it (``dtn.env.example``: per-address cap lifted, nginx believed),
+    under ``ulimit -n NOFILE``, behind a started nginx on the rendered site."""
+    from .test_edges_behind_nginx import _nginx, _nginx_site
+
+    nginx = _nginx()
+    root = tmp_path_factory.mktemp("budgets-nginx")
+    with Fleet(root) as fleet:
+        flags = ("--max-connections-per-address", "4096", "--forwarded-allow-ips", "127.0.0.1")
+        url = _edge_process(fleet, root, dataset_root, *flags)
+        conf, public_url = _nginx_site(root, [url.removeprefix("http://")], dataset_root)
+        fleet.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent)])
+        tls = ssl.create_default_context(cafile=str(root / "tls" / "cert.pem"))
+        deadline = time.monotonic() + 20
+        while True:
+            fleet.check_alive()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{public_url}/livez", verify=tls).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "nginx did not answer"
+            time.sleep(0.1)
+        yield Proxied(public_url, tls)
         fleet.check_alive()
 
 
@@ -305,3 +362,22 @@ def test_an_ipv6_slash_64_counts_as_one_address() -> None:
     assert address_group("2001:db8:1:3::1") != address_group("2001:db8:1:2::1")
     assert address_group("::ffff:192.0.2.7") == address_group("192.0.2.7") == "192.0.2.7"
     assert address_group(None) == "" and address_group("unix") == "unix"
+
+
+@pytest.mark.slow  # nginx
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_few_addresses_cannot_stop_the_edge_behind_nginx(behind_nginx: Proxied, kind: str) -> None:
+    """The same flood on nginx's public TLS port: nginx holds slow headers and bodies itself (its own
+    connections, ``client_header_timeout``, ``client_body_timeout``) and passes at most
+    ``limit_conn`` requests and WebSockets per address to the edge; the honest client through nginx
+    is answered every time."""
+    port = int(behind_nginx.public_url.rsplit(":", 1)[1])
+    transport = httpx.HTTPTransport(local_address=HONEST, verify=behind_nginx.tls)
+
+    def honest() -> httpx.Client:
+        return httpx.Client(base_url=behind_nginx.public_url, transport=transport, timeout=10)
+
+    flood = Flood(port, kind, wrap=behind_nginx.wrap, host=f"127.0.0.1:{port}")
+    probes = flood_and_probe(flood, honest, first=150, rounds=5, more=20)
+    assert flood.opened + flood.closed >= 1000, "the flood never reached nginx: the test tests nothing"
+    assert probes.all_answered, probes.answers
