@@ -48,6 +48,9 @@ DEPLOY = Path(__file__).resolve().parent
 REPO = DEPLOY.parent
 NGINX_SITE = DEPLOY / "nginx" / "dtn.conf"
 UNITS = tuple(sorted((DEPLOY / "systemd").glob("*.service")))
+# connections per nginx worker (each proxied request or WebSocket takes two): what a few flooding
+# addresses' slow connections must not use up before nginx's timeouts close them (deploy/README.md)
+NGINX_WORKER_CONNECTIONS = 4096
 _PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _SHELL_VARIABLE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 _UPSTREAM = re.compile(r"unix:/[^\s;{}'\"]+|(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")
@@ -138,17 +141,19 @@ def exec_start(unit: Path, env: Mapping[str, str]) -> list[str]:
 
 def standalone_nginx_conf(site: Path, prefix: Path, *, workers: int = 1) -> str:
     """A complete nginx.conf running ``site`` as a plain foreground process with everything it writes
-    under ``prefix`` (the part of Debian's /etc/nginx/nginx.conf a site relies on)."""
+    under ``prefix`` (the part of Debian's /etc/nginx/nginx.conf a site relies on), with the
+    connections deploy/README.md asks of a host's nginx.conf (``NGINX_WORKER_CONNECTIONS``)."""
     temp = "\n".join(
         f"    {kind}_temp_path {prefix / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
     user = "user root;\n" if os.geteuid() == 0 else ""  # as root, workers read the test's private temp dirs
     return f"""daemon off;
 {user}worker_processes {workers};
+worker_rlimit_nofile {2 * NGINX_WORKER_CONNECTIONS};
 pid {prefix / "nginx.pid"};
 error_log {prefix / "error.log"} warn;
 events {{
-    worker_connections 1024;
+    worker_connections {NGINX_WORKER_CONNECTIONS};
 }}
 http {{
     include /etc/nginx/mime.types;

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from .app import create_app
-from .connections import guarded_http, limits_from
+from .connections import ACCEPT_BACKLOG, guarded_protocols, limits_from
 from .dataset_routes import AccelShards
 from .settings import Settings
 
@@ -74,14 +74,16 @@ def bind_unix_socket(path: Path) -> socket.socket:
 
 
 def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
+    http, ws = guarded_protocols(limits_from(settings))
     options: dict[str, object] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": "websockets-sansio",
+        "ws": ws,
         "ws_max_size": settings.max_frame_bytes,
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 20.0,
-        "http": guarded_http(limits_from(settings)),
+        "http": http,
+        "backlog": ACCEPT_BACKLOG,  # accepted in one batch: server.connections leaves descriptors for it
         "timeout_keep_alive": 5,
         "proxy_headers": False,  # edge_app applies them, trusting forwarded_allow_ips (and the unix socket)
         "log_level": "info",

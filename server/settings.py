@@ -53,9 +53,10 @@ _HELP = {
     "peer_requests_per_min": f"lease requests and candidate uploads per minute one peer may make in one experiment (burst: a quarter); the default fits an honest trainer's {REQUESTS_PER_WINDOW} per window at one window per {SHORTEST_WINDOW_S} s",
     "header_timeout_s": "a request's headers must arrive within this, however slowly they trickle",
     "body_timeout_s": "a request body must arrive within this after its headers",
-    "max_connections": "open connections (HTTP and WebSocket); lowered to what the file-descriptor limit allows",
+    "max_connections": "open connections (HTTP and WebSocket); lowered to what the file-descriptor limit allows; at the cap the address holding the most gives way to a newcomer from another",
     "allowed_origins": "browser origins (scheme://host[:port], comma-separated; * for any) that may open the WebSockets besides the edge's own (an Origin whose host[:port] is the request's Host); behind a proxy that rewrites Host, list the public origin",
-    "max_connections_per_address": "open connections from one client address (behind a proxy: set it high)",
+    "max_connections_per_address": "open connections from one client address, an IPv6 /64 counting as one (behind a proxy: set it high)",
+    "reserved_connections": "connections past max_connections on which only /healthz, /livez and /readyz are answered",
     "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "upload_chunk_bytes": "largest chunk of a staged upload (PUT /v1/experiments/<key>/uploads/<cid>, for artifacts too large for one request); larger chunks get 413",
@@ -118,6 +119,7 @@ class Settings:
     body_timeout_s: float = 120.0
     max_connections: int = 4096
     max_connections_per_address: int = 256
+    reserved_connections: int = 16
     candidate_retention_windows: int = 2
     upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
     upload_address_bytes: int = 64 * 1024 * 1024
