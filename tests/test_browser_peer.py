@@ -112,6 +112,7 @@ def test_browser_peer_reconnects_after_edge_restart(stack: LocalNetwork) -> None
     assert any(s["phase"].startswith("reconnecting") for s in bridge.statuses)
 
 
+@pytest.mark.slow  # outlives a real idle timeout, by design
 def test_browser_peer_heartbeat_outlives_the_idle_timeout(
     tmp_path: Path, dataset_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

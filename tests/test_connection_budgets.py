@@ -263,6 +263,7 @@ def behind_nginx(tmp_path_factory: pytest.TempPathFactory, dataset_root: Path) -
         fleet.check_alive()
 
 
+@pytest.mark.slow  # slow clients trickling bytes for seconds, by design
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_few_addresses_cannot_stop_the_edge(low_limit_edge: str, kind: str) -> None:
     """About 1,000 slow connections of one kind from four addresses, past the edge's cap (about 300
