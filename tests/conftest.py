@@ -23,16 +23,16 @@ from typing import Any
 
 import pytest
 
-_JAX_CACHE = tempfile.mkdtemp(prefix="dtn-jax-cache-")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
 from datasets import mnist
 from datasets.layout import read_train_manifest
 from protocol.manifests import FetchManifest
 
 REPO = Path(__file__).resolve().parent.parent
+# before any test module imports JAX (nothing imported above does)
+_JAX_CACHE = tempfile.mkdtemp(prefix="dtn-jax-cache-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 SLOW_PROGRAMS = frozenset({"chromium", "nginx", "npx", "node", "initdb", "pg_ctl", "postgres", "redis-server"})
 
 _fast_test: list[str] = []  # the node id of the fast test being set up or run, if any
