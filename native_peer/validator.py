@@ -647,7 +647,8 @@ class Validator:
 
     def _settle(self, current: HeadDescriptor) -> None:
         """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are
-        published, its trust book kept); decisions about windows now closed are dropped."""
+        published, its trust book kept, its candidates' downloaded artifacts deleted: a decided
+        candidate is never judged again); decisions about windows now closed are dropped."""
         settled = False
         for head_id, decision in list(self.state.decisions.items()):
             if decision.head.experiment != current.experiment:
@@ -655,6 +656,8 @@ class Validator:
             if head_id == current.head_id:
                 self.state.trust = decision.trust
                 self.state.record(decision.verdicts, self.config.max_judged)
+                for verdict in decision.verdicts:
+                    self._candidate_path(verdict.candidate_id).unlink(missing_ok=True)
             if head_id == current.head_id or decision.head.parent != current.head_id:
                 del self.state.decisions[head_id]
                 settled = True
@@ -688,7 +691,7 @@ class Validator:
         )
         tensors = None
         if screen.accepted and own_base is not None:
-            path = self.storage.root / "candidates" / candidate.candidate_id.removeprefix("sha256:")
+            path = self._candidate_path(candidate.candidate_id)
             model = self.learner(spec).model
             try:
                 encoded, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
@@ -714,6 +717,10 @@ class Validator:
             windows_behind=behind or 0,
         )
         return submission, None if lease is None else lease.principal
+
+    def _candidate_path(self, candidate_id: str) -> Path:
+        """Where a candidate's artifact is kept while it is judged."""
+        return self.storage.root / "candidates" / candidate_id.removeprefix("sha256:")
 
     def _head(self, spec: ExperimentSpec, head_id: HeadId) -> HeadDescriptor | None:
         """A head of ``spec``'s lineage by id (the current one, the one before it as last seen, else the

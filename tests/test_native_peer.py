@@ -93,6 +93,7 @@ def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_i
     assert declared.steps == first.steps  # its optimizer steps, those before the head too
     report = validator.poll(spec)
     assert report is not None and report.head.merged == (second.candidate_id,), [str(v.reason) for v in report.verdicts]
+    assert not list((validator.storage.root / "candidates").iterdir())  # decided: their artifacts are deleted
     record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]
     assert 0 < record["compute_s"] < record["wall_s"]
     trainer.close()
