@@ -492,11 +492,12 @@ class Validator:
         val_x, val_y = self._split(spec, "holdout")
         base = self._head_params(head)
         learner = self.learner(spec)
+        window_steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))  # candidates' steps in these
         decision = judge_window(
             learner.model,
             base,
             _unnamed("val", head.metrics) | _lineage_step(head),
-            share_principal_weight([self._precheck(spec, head, base, c) for c in window], policy),
+            share_principal_weight([self._precheck(spec, head, base, window_steps, c) for c in window], policy),
             policy,
             lambda params: self._evaluators[spec.model](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
@@ -666,13 +667,19 @@ class Validator:
             self._flush()
 
     def _precheck(
-        self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray], candidate: Candidate
+        self,
+        spec: ExperimentSpec,
+        head: HeadDescriptor,
+        base: dict[str, np.ndarray],
+        window_steps: int,
+        candidate: Candidate,
     ) -> tuple[Submission, str | None]:
         """Fetch what ``protocol.judging.precheck`` needs (lease, manifest, the candidate's base head),
         then the artifact, decoded with the experiment's update codec against its base head's
         parameters; a delayed update (on the head before ``head``) is moved onto ``base`` (the
-        head's parameters): θ = base + (θ_c − its base). With the submission, the principal its lease
-        names (its admission token's id)."""
+        head's parameters): θ = base + (θ_c − its base). The candidate's declared steps count in
+        units of ``window_steps`` (``protocol.judging.reference_steps``). With the submission, the
+        principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
         manifest = self.edge.fetch_manifest(spec.dataset_id)
@@ -712,7 +719,7 @@ class Validator:
             float(candidate.examples),
             tensors,
             screen,
-            candidate.steps / reference_steps(spec, manifest),  # in windows of the reference's steps
+            candidate.steps / window_steps,
             lease_window=-1 if lease is None else lease.window,
             windows_behind=behind or 0,
         )

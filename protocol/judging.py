@@ -313,8 +313,9 @@ def judge_window(
                 )
         accepted = [s for s in trusted if screens[s.candidate_id].accepted]
     next_momentum = momentum  # a window that merges nothing leaves the outer state as it was
+    rows = [i for i, s in enumerate(trusted) if screens[s.candidate_id].accepted]  # ``accepted``, as rows
     if accepted:
-        stepped, next_momentum = outer.step(merge.base, merge.update([trusted.index(s) for s in accepted]), momentum)
+        stepped, next_momentum = outer.step(merge.base, merge.update(rows), momentum)
         merged = unflatten(spec, stepped)
         merged_metrics = evaluate(merged)
     if merged is not None and merged_metrics is not None:
@@ -333,9 +334,7 @@ def judge_window(
         (sub.peer_id, screens[sub.candidate_id].accepted and promoted, screens[sub.candidate_id].reason)
         for sub in sorted(submissions, key=lambda s: s.candidate_id)
     )
-    step = base_metrics.get("update_norm")
-    if promoted:
-        step = merge.median_norm([trusted.index(s) for s in accepted])
+    step = merge.median_norm(rows) if promoted else base_metrics.get("update_norm")
     return WindowDecision(
         screens=screens,
         accepted=tuple(s.candidate_id for s in accepted) if promoted else (),

@@ -7,8 +7,9 @@ Per-candidate checks, in order: schema (names, shapes, float32), finiteness, the
 
 * anchored (``screen_reference``, when the validator passes its own reference update Δ_ref and the
   preset is ``anchored``): the update norm relative to ‖Δ_ref‖ (too large: ``norm_too_large``, near
-  zero: ``free_rider``, relative to the lineage's step when that is smaller) and the cosine to Δ_ref: at or below ``min_trust`` (clearly opposed; 0, i.e.
-  FLTrust's trust 0, in the ``fltrust`` preset) is ``untrusted_direction``. Near convergence honest
+  zero: ``free_rider``, relative to the lineage's step when that is smaller) and the cosine to Δ_ref:
+  at or below ``min_trust`` (clearly opposed; 0, i.e. FLTrust's trust 0, in the ``fltrust`` preset) is
+  ``untrusted_direction``. Near convergence honest
   updates are nearly orthogonal to any reference (measured: cosines of −0.07 to +0.02 on MNIST at
   ≈ 0.96 test accuracy, with the trainers' updates as weakly aligned with one another), so a
   threshold at 0 rejected every honest trainer there and quarantined them all, stalling the network;
@@ -235,40 +236,34 @@ def screen_reference(
     ref_norm = float(np.linalg.norm(ref))
     if not np.isfinite(ref_norm) or ref_norm == 0.0:
         raise ValueError("the reference update must be finite and non-zero")
-    floor_scale = ref_norm if lineage_step is None or not lineage_step > 0 else min(ref_norm, lineage_step)
+    floor = (lineage_step, "the lineage's step") if lineage_step is not None and 0 < lineage_step < ref_norm else None
     screens, cosines = [], []
     for params, declared in zip(cohort, windows or [1.0] * len(cohort), strict=True):
         delta = flatten(spec, params) - base_vector
         norm = float(np.linalg.norm(delta))
         cosine = float(delta @ ref) / (norm * ref_norm) if norm > 0 else 0.0
-        counted = counted_windows(policy, declared)
-        if norm > policy.max_reference_ratio * counted * ref_norm:
-            screen = Screen(
-                Reason.NORM_TOO_LARGE,
-                f"update norm {norm:.4g} > {policy.max_reference_ratio * counted:g} x reference {ref_norm:.4g}",
-            )
-        elif norm <= policy.min_reference_ratio * floor_scale or norm == 0.0:
-            screen = Screen(
-                Reason.FREE_RIDER,
-                f"update norm {norm:.4g} <= {policy.min_reference_ratio} x the lineage's step {floor_scale:.4g}",
-            )
-        elif cosine <= policy.min_trust:
+        most = policy.max_reference_ratio * counted_windows(policy, declared)
+        screen = _norm_screen(norm, ref_norm, most, policy.min_reference_ratio, "reference", floor)
+        if screen.accepted and cosine <= policy.min_trust:
             screen = Screen(
                 Reason.UNTRUSTED_DIRECTION,
                 f"cosine {cosine:.3f} to the validator's reference update <= {policy.min_trust}",
             )
-        else:
-            screen = ACCEPT
         screens.append(screen)
         cosines.append(cosine)
     return screens, cosines
 
 
-def _norm_screen(norm: float, reference: float, max_ratio: float, min_ratio: float, what: str) -> Screen:
+def _norm_screen(
+    norm: float, reference: float, max_ratio: float, min_ratio: float, what: str, floor: tuple[float, str] | None = None
+) -> Screen:
+    """``norm_too_large`` above ``max_ratio`` × ``reference``, ``free_rider`` at or below ``min_ratio`` ×
+    ``reference`` (or × ``floor``'s scale when given, named by it) or at zero, else accepted."""
     if norm > max_ratio * reference:
         return Screen(Reason.NORM_TOO_LARGE, f"update norm {norm:.4g} > {max_ratio} x {what} {reference:.4g}")
-    if norm <= min_ratio * reference or norm == 0.0:
-        return Screen(Reason.FREE_RIDER, f"update norm {norm:.4g} <= {min_ratio} x {what} {reference:.4g}")
+    low, low_what = floor or (reference, what)
+    if norm <= min_ratio * low or norm == 0.0:
+        return Screen(Reason.FREE_RIDER, f"update norm {norm:.4g} <= {min_ratio} x {low_what} {low:.4g}")
     return ACCEPT
 
 

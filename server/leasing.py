@@ -4,8 +4,8 @@ A window is identified by its base head. A peer asking twice in one window gets 
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
 holds (``protocol.leases.assign_shards``), ``shards_per_lease`` of them, or as many as it asks for
 up to the experiment's ``max_shards_per_lease`` and half the shards still free. A trainer that just
-published may ask for the next window's lease (``after`` the current head) before the next head exists, so it never waits for one;
-such a lease is granted on the current head for the next window number and belongs to that window
+published may ask for the next window's lease (``after`` the current head) before the next head
+exists, so it never waits for one; such a lease is granted on the current head for the next window number and belongs to that window
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
 its leases, whichever head they were granted on. When every shard is held there is no lease: 409
 with ``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head,
