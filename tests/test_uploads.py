@@ -333,7 +333,9 @@ def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with Fleet(tmp_path) as fleet:
-        fleet.start("edge", local.edge_argv(port, "--max-frame-bytes", "65536", "--upload-chunk-bytes", "32768"))
+        # every candidate artifact kept (retention 0): the accepted one is read back after more windows passed
+        flags = ("--max-frame-bytes", "65536", "--upload-chunk-bytes", "32768", "--candidate-retention-windows", "0")
+        fleet.start("edge", local.edge_argv(port, *flags))
         fleet.wait_ready(f"{url}/healthz")
         fleet.start("validator", local.validator_argv(url))
         page = f"{url}/?contribute=1&experiment={BASELINE}"
@@ -347,8 +349,9 @@ def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame
         metrics = httpx.get(f"{url}/metrics").text
         browsers = {p["peer_id"] for p in edge.peers()["known"] if p["kind"] == "browser"}
         accepted = next(v.candidate_id for v in edge.verdicts(BASELINE) if v.accepted and v.peer_id in browsers)
-        size = len(httpx.get(f"{url}/v1/artifacts/{accepted}").content)  # judged: public
+        artifact = httpx.get(f"{url}/v1/artifacts/{accepted}")  # judged: public
         edge.close()
-    assert size > 65536  # no frame could have carried it
+    assert artifact.status_code == 200, artifact.text
+    assert len(artifact.content) > 65536  # no frame could have carried it
     assert 'dtn_candidates_total{via="http"}' in metrics  # staged, then published over HTTP, not the relay
     assert 'dtn_ws_closes_total{code="1009"}' not in metrics  # never a frame over the limit
