@@ -41,8 +41,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, le
 
 from .dataset_client import ShardCache
 from .edge_client import EdgeClient, EdgeRequestError
+from .head_follower import FollowedHead, HeadFollower
 from .identity import NodeIdentity
 from .learner import BatchLoader, JaxLearner, TrainEngine, at_learning_rate
 from .storage import StorageConfig, write_atomic
@@ -123,8 +125,8 @@ class _Carry:
     training stands at ``params`` after ``steps`` optimizer steps; what it carries to the next head is
     ``params − origin``, unless that head did not merge ``published``: then the progress, made from a
     point the network turned down, is dropped and the lease trained again from the head.
-    ``ahead``: the next window's lease, once granted (``refused``: none was free, so it waits for the
-    next head)."""
+    ``ahead``: the next window's lease, once granted (``next_lease``: its request, under way;
+    ``refused``: none was free, so it waits for the next head)."""
 
     after: HeadDescriptor
     origin: dict[str, np.ndarray]
@@ -133,6 +135,7 @@ class _Carry:
     ahead: _Ahead | None = None
     refused: bool = False
     published: ContentId | None = None  # the candidate published on ``after`` (None: overtaken, unpublished)
+    next_lease: Future[_Ahead | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,14 @@ class Trainer:
             raise ValueError("the bootstrap edge serves a network with other validators than the manifest given")
         self.network = replace(network, edge_key=network.edge_key or served.edge_key)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
+        self._leaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")  # next windows' leases
+        self._write_behind = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deliver")  # in order
+        self._followers: dict[str, HeadFollower] = {}
+        self._asked: dict[
+            str, tuple[HeadId, Future[_Ahead | None]]
+        ] = {}  # experiment -> lease asked on a head's arrival
+        self._states: dict[str, dict[str, Any]] = {}  # experiment -> its state.json, as last written
+        self._residuals: dict[str, dict[str, np.ndarray] | None] = {}  # experiment -> codec error feedback
         self.shards = ShardCache(self.edge, storage, self._pool, local_datasets)
         self._engines: dict[str, TrainEngine] = {}
         self._opt_states: dict[str, Any] = {}
@@ -251,6 +262,11 @@ class Trainer:
         return self.identity.peer_id
 
     def close(self) -> None:
+        """Finish delivering published windows, then stop following heads and close the connections."""
+        self._write_behind.shutdown(wait=True)
+        for follower in self._followers.values():
+            follower.close()
+        self._leaser.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.edge.close()
 
@@ -269,7 +285,13 @@ class Trainer:
         return self.storage.experiment_dir(key) / "state.json"
 
     def state(self, key: ExperimentKey) -> dict[str, Any]:
-        return self.storage.read_json(self._state_path(key), {"windows_done": 0, "last_base_head": None})
+        """``windows_done`` and ``last_base_head``: read from disk once, then kept here (the disk copy is
+        written behind, in order, by ``_write_behind``)."""
+        if key not in self._states:
+            self._states[key] = self.storage.read_json(
+                self._state_path(key), {"windows_done": 0, "last_base_head": None}
+            )
+        return dict(self._states[key])
 
     def _engine(self, experiment: Experiment) -> TrainEngine:
         if experiment.key not in self._engines:
@@ -293,10 +315,10 @@ class Trainer:
                 return jax.tree_util.tree_unflatten(treedef, [saved[f"leaf{i:05d}"] for i in range(len(leaves))])
         return fresh
 
-    def _save(self, experiment: Experiment, opt_state: Any, state: dict[str, Any]) -> None:
-        self._opt_states[experiment.key] = opt_state
+    def _save(self, key: ExperimentKey, opt_state: Any, state: dict[str, Any]) -> None:
+        """Write the optimizer state and the window state (in the write-behind thread, in order)."""
         leaves = jax.tree_util.tree_leaves(opt_state)
-        directory = self.storage.experiment_dir(experiment.key)
+        directory = self.storage.experiment_dir(key)
         write_atomic(
             directory / "optimizer.safetensors",
             encode_tensors({f"leaf{i:05d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}),
@@ -304,34 +326,54 @@ class Trainer:
         write_atomic(directory / "state.json", json.dumps(state).encode())
 
     # -- one window -------------------------------------------------------------------------
-    def _head_to_train(self, experiment: Experiment, wait_s: float) -> HeadDescriptor:
+    def _follower(self, key: ExperimentKey) -> HeadFollower:
+        if key not in self._followers:
+            on_head = partial(self._on_head, key) if self.train_ahead else None
+            self._followers[key] = HeadFollower(self.edge, key, self.storage, on_head=on_head)
+        return self._followers[key]
+
+    def _on_head(self, key: ExperimentKey, head: HeadDescriptor) -> None:
+        """A new head arrived (in the follower's thread): a continuous trainer that has published asks
+        for the lease after it at once, while it still trains the lease of that head's window, so the
+        lease is there when that training ends (``_ask_ahead`` takes it). The edge gives a peer its
+        lease again when it asks again in that window, so no lease asked for here is left unused."""
+        work = self._carry.get(key)
+        if work is not None:
+            experiment = Experiment(key, self.network.experiment(key))
+            self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
+
+    def _head_to_train(self, experiment: Experiment, wait_s: float, refresh: bool) -> FollowedHead:
         done = {self.state(experiment.key)["last_base_head"]}
         full, retry_at = self._full_windows.get(experiment.key, (None, 0.0))
         if full is not None and time.monotonic() < retry_at:
             done.add(full)
             wait_s = min(wait_s, retry_at - time.monotonic())
-        head = self.edge.current_head(experiment.key)
-        if head is not None and head.head_id in done and wait_s > 0:
+        follower = self._follower(experiment.key)
+        followed = follower.refresh() if refresh else follower.current()
+        if followed is not None and followed.head.head_id in done and wait_s > 0:
             waited = time.perf_counter()
-            head = self.edge.current_head(experiment.key, after=head.head_id, wait_s=wait_s)
+            followed = follower.newer(followed.head.head_id, wait_s)
             work = self._carry.get(experiment.key)
             if work is not None and work.ahead is not None:  # its lease trained, idle: a larger one would fit
                 self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
+        head = followed.head if followed is not None else None
         last = head.head_id if head is not None and head.head_id in done else None
-        return head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
-
-    def _head_tensors(self, head: HeadDescriptor) -> dict[str, np.ndarray]:
-        tensors, _ = decode_tensors(self.edge.artifact(head.head_id, self.storage.head_path(head.head_id)))
-        return tensors
+        head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
+        assert followed is not None  # head_to_train raised otherwise
+        return followed
 
     def _residual(self, experiment: Experiment) -> dict[str, np.ndarray] | None:
-        """What the experiment's lossy codec dropped from this trainer's last update (error feedback)."""
-        path = self.storage.experiment_dir(experiment.key) / "residual.safetensors"
-        if experiment.spec.codec == "fp32" or not path.exists():
+        """What the experiment's lossy codec dropped from this trainer's last update (error feedback):
+        read from disk once, then kept here."""
+        if experiment.spec.codec == "fp32":
             return None
-        saved, _ = decode_tensors(path.read_bytes())
-        shapes = self.project.learner.model.shapes
-        return saved if {k: v.shape for k, v in saved.items()} == shapes else None
+        if experiment.key not in self._residuals:
+            path = self.storage.experiment_dir(experiment.key) / "residual.safetensors"
+            saved = decode_tensors(path.read_bytes())[0] if path.exists() else None
+            shapes = self.project.learner.model.shapes
+            fits = saved is not None and {k: v.shape for k, v in saved.items()} == shapes
+            self._residuals[experiment.key] = saved if fits else None
+        return self._residuals[experiment.key]
 
     def _lease(self, experiment: Experiment, head: HeadDescriptor) -> LeaseGrant:
         """A lease in the window on ``head``; ``WindowUnavailable`` when every shard of it is leased
@@ -348,14 +390,26 @@ class Trainer:
             raise WindowUnavailable(exc.detail) from None
 
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
-        """Train one window on the current head and publish the candidate.
+        """Train one window on the current head and publish the candidate (published when this returns).
 
         If this trainer already trained on the current head, waits up to ``wait_s`` for a newer one;
         raises ``WindowUnavailable`` when there is none."""
+        outcome, delivered = self._window(experiment, wait_s, refresh=True)
+        delivered.result()
+        return outcome
+
+    def _window(
+        self, experiment: Experiment, wait_s: float, *, refresh: bool = False
+    ) -> tuple[WindowOutcome, Future[None]]:
+        """One window, its candidate published and its state saved behind it (``_deliver``, in order,
+        in a thread of its own): the returned future says when. The head is the one followed in the
+        background (``refresh``: asked of the edge first). Continuous, the next window's lease is asked
+        for before the candidate is packaged."""
         started = time.perf_counter()
-        head = self._head_to_train(experiment, wait_s)
+        followed = self._head_to_train(experiment, wait_s, refresh)
+        head = followed.head
         carried = self._carry.pop(experiment.key, None)
-        ahead = carried.ahead if carried is not None else None
+        ahead = self._next_lease(carried) if carried is not None else None
         if carried is not None and carried.published is not None and carried.published not in head.merged:
             carried = None  # trained on from a candidate the network turned down: start again at the head
         if ahead is not None and lease_window(ahead.grant.lease, head):  # leased and begun before this head
@@ -366,7 +420,7 @@ class Trainer:
             check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
             pending, done = self.shards.prefetch(grant), _Ahead(grant, np.empty(0), np.empty(0))
         lease = grant.lease
-        base = self._head_tensors(head)
+        base = followed.tensors
         start = base if carried is None else self._reconciled(base, carried)
         params = self.project.learner.from_tensors(start)
         opt_state = at_learning_rate(
@@ -393,14 +447,19 @@ class Trainer:
             ex, ey = self.project.eval_loader()
             metrics.update({f"self_{k}": v for k, v in engine.evaluate(params, ex, ey).items()})
         all_steps = steps + (0 if carried is None else carried.steps)  # every optimizer step in the update
-        latest = self.edge.current_head(experiment.key)
-        if latest is None or latest.head_id != head.head_id:
+        latest = self._follower(experiment.key).current()
+        if latest is None or latest.head.head_id != head.head_id:
             self._opt_states[experiment.key] = opt_state
             if self.train_ahead:  # nothing of it reached the network: carry all of it over
                 self._size_leases(experiment, len(lease.shard_ids), 0.0, late=True)
-                self._carry[experiment.key] = _Carry(head, base, params, all_steps)
+                self._carry[experiment.key] = _Carry(
+                    head, base, params, all_steps, next_lease=self._ask_ahead(experiment, head)
+                )
                 raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
             raise WindowUnavailable("a newer head was promoted while training; dropping this window")
+        if self.train_ahead:  # the next window's lease travels while this one's candidate is packaged
+            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds)
+            next_lease = self._ask_ahead(experiment, head)
         codec = experiment.spec.codec
         trained = self.project.learner.to_tensors(params)
         tensors, residual = encode_update(self.project.learner.model, base, trained, codec, self._residual(experiment))
@@ -417,15 +476,16 @@ class Trainer:
             created_at_ms=self.clock.now_ms(),
             metrics=metrics,
         )
-        self.edge.publish_candidate(experiment.key, envelope)
         if codec != "fp32":
-            write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
+            self._residuals[experiment.key] = residual
         state = self.state(experiment.key)
         state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
-        self._save(experiment, opt_state, state)
+        self._states[experiment.key], self._opt_states[experiment.key] = state, opt_state
+        delivered = self._write_behind.submit(self._deliver, experiment, envelope, opt_state, state, residual)
         if self.train_ahead:
-            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds)
-            self._carry[experiment.key] = _Carry(head, trained, params, published=candidate.candidate_id)
+            self._carry[experiment.key] = _Carry(
+                head, trained, params, published=candidate.candidate_id, next_lease=next_lease
+            )
         outcome = WindowOutcome(
             experiment=experiment.key,
             window=head.window,
@@ -465,7 +525,63 @@ class Trainer:
             examples,
             loss,
         )
-        return outcome
+        return outcome, delivered
+
+    def _deliver(
+        self,
+        experiment: Experiment,
+        envelope: bytes,
+        opt_state: Any,
+        state: dict[str, Any],
+        residual: dict[str, np.ndarray],
+    ) -> None:
+        """Publish a window's candidate, then save what it leaves behind (residual, optimizer, state)."""
+        self.edge.publish_candidate(experiment.key, envelope)
+        if experiment.spec.codec != "fp32":
+            write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
+        self._save(experiment.key, opt_state, state)
+
+    def _ask_ahead(self, experiment: Experiment, after: HeadDescriptor) -> Future[_Ahead | None]:
+        """The next window's lease (``after`` the head just trained on) with its shards assembled, in
+        the background: asked for when ``after`` arrived (``_on_head``), or now."""
+        asked = self._asked.pop(experiment.key, None)
+        if asked is not None and asked[0] == after.head_id:
+            return asked[1]
+        return self._submit_ahead(experiment, after)
+
+    def _submit_ahead(self, experiment: Experiment, after: HeadDescriptor) -> Future[_Ahead | None]:
+        """Ask for the lease after ``after`` in the lease thread, sized by the last ``_size_leases``."""
+        return self._leaser.submit(self._lease_ahead, experiment, after, self._lease_shards.get(experiment.key))
+
+    def _lease_ahead(self, experiment: Experiment, after: HeadDescriptor, shards: int | None) -> _Ahead | None:
+        """The next window's lease with its examples; ``None`` when none is to be had: no shard of that
+        window is free (the trainer waits for its head, then asks again), or heads moved on by more
+        than one window while asking."""
+        try:
+            grant = self.edge.request_lease(
+                experiment.key, self.identity, self.peer_kind, after=after.head_id, shards=shards
+            )
+        except EdgeRequestError as exc:
+            if exc.status != 409:
+                raise
+            return None
+        try:
+            check_lease(grant.lease, after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
+        except NoWindow:
+            return None
+        return _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))
+
+    def _next_lease(self, work: _Carry) -> _Ahead | None:
+        """``work``'s next-window lease, once its request (``_ask_ahead``) has an answer; ``None``, and
+        ``work`` marked refused, when it got none. The request's error, if any, is raised here."""
+        if work.ahead is None and work.next_lease is not None:
+            future, work.next_lease = work.next_lease, None
+            waited = time.perf_counter()
+            work.ahead = future.result()
+            work.refused = work.ahead is None
+            key = work.after.experiment  # waiting for the lease is idle too: a larger lease would hide it
+            self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - waited
+        return work.ahead
 
     def _size_leases(self, experiment: Experiment, shards: int, train_s: float, *, late: bool = False) -> None:
         """Size the next lease (``protocol.lease_size``) after one of ``shards`` shards that trained in
@@ -485,35 +601,22 @@ class Trainer:
         return {name: (base[name] + (now[name] - carried.origin[name])).astype(np.float32) for name in base}
 
     def train_ahead_once(self, experiment: Experiment) -> bool:
-        """One epoch of the next window's lease while the network judges the last one: the lease is
-        asked for first (``after`` the head last published on) and its shards assembled. False when
+        """One epoch of the next window's lease while the network judges the last one: the lease, asked
+        for when the last window was published (``after`` its head), and its shards assembled. False when
         there is nothing to do (no window published yet, no shard free in the next window, or every
         epoch of its lease trained: the trainer then waits for the next head)."""
         if not self._can_train_ahead(experiment):
             return False
         work = self._carry[experiment.key]
-        if work.ahead is None:
-            try:
-                grant = self.edge.request_lease(
-                    experiment.key,
-                    self.identity,
-                    self.peer_kind,
-                    after=work.after.head_id,
-                    shards=self._lease_shards.get(experiment.key),
-                )
-            except EdgeRequestError as exc:
-                if exc.status != 409:
-                    raise
-                work.refused = True  # the next window is full: wait for its head, then ask again
-                return False
-            try:
-                check_lease(grant.lease, work.after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
-            except NoWindow:  # heads moved on by more than one: the next window starts from the current head
-                self._size_leases(experiment, len(grant.lease.shard_ids), 0.0, late=True)
-                work.refused = True
-                return False
-            work.ahead = _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))
-        ahead = work.ahead
+        if work.ahead is None and work.next_lease is None:  # its request failed: ask again
+            work.next_lease = self._ask_ahead(experiment, work.after)
+        ahead = self._next_lease(work)
+        if ahead is None:  # the next window is full: wait for its head, then ask again
+            return False
+        current = self._follower(experiment.key).current()
+        if current is not None and current.head.window > ahead.grant.lease.window:  # its window closed without it
+            work.refused = True
+            return False
         xb, yb = self._loader(experiment).batches(ahead.x, ahead.y, epoch_seed(ahead.grant.lease, ahead.epochs))
         started = time.perf_counter()
         opt_state = at_learning_rate(
@@ -541,7 +644,8 @@ class Trainer:
     ) -> list[WindowOutcome]:
         """Keep training across windows, round-robin over ``experiments``, following newer heads
         (continuous: training the next window's lease while no new head is there); while the edge is
-        unavailable, wait 0.5 s, doubling per failure up to 30 s."""
+        unavailable, wait 0.5 s, doubling per failure up to 30 s. A window's candidate is published
+        while the next one trains (a failed publication is logged); all are published on return."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
         backoff = Backoff(initial_s=0.5, max_s=30.0)
@@ -553,7 +657,9 @@ class Trainer:
                 try:
                     try:
                         wait_s = 0.0 if busy else poll_s / len(experiments)
-                        outcomes.append(self.train_window_once(experiment, wait_s=wait_s))
+                        outcome, delivered = self._window(experiment, wait_s)
+                        delivered.add_done_callback(_log_undelivered)
+                        outcomes.append(outcome)
                         backoff.reset()
                     except WindowUnavailable as exc:
                         log.debug("%s: %s", experiment.key, exc)
@@ -563,6 +669,7 @@ class Trainer:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
                     stop.wait(delay_s)
+        self._write_behind.submit(lambda: None).result()  # every window's delivery has ended
         return outcomes
 
     def _can_train_ahead(self, experiment: Experiment) -> bool:
@@ -570,3 +677,8 @@ class Trainer:
         if work is None or work.refused:
             return False
         return work.ahead is None or work.ahead.epochs < experiment.spec.local_epochs
+
+
+def _log_undelivered(delivered: Future[None]) -> None:
+    if (exc := delivered.exception()) is not None:
+        log.warning("a window's candidate was not published: %s", exc)

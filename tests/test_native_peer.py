@@ -22,6 +22,7 @@ from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
+from protocol.codec import decode_tensors
 from protocol.ids import ContentId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import Candidate, HeadDescriptor, Verdict
@@ -79,7 +80,7 @@ def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_i
     assert max(float(np.abs(v).max()) for v in progress.values()) > 0
     report = validator.poll(spec)  # the lease granted ahead is the next window's: this one is complete
     assert report is not None and report.merged
-    head_tensors = trainer._head_tensors(report.head)
+    head_tensors = _head_tensors(trainer, report.head)
     np.testing.assert_allclose(  # the next window goes on from the new head plus the progress made ahead
         trainer._reconciled(head_tensors, work)["dense0.kernel"],
         head_tensors["dense0.kernel"] + progress["dense0.kernel"],
@@ -201,12 +202,18 @@ def test_a_candidate_one_window_late_is_merged_as_a_delayed_update_and_older_one
         node.close()
 
 
+def _head_tensors(trainer: Trainer, head: HeadDescriptor) -> dict[str, np.ndarray]:
+    """``head``'s tensors, downloaded apart from the trainer's own copies (its head follower writes those)."""
+    destination = trainer.storage.root / "test-heads" / head.head_id.removeprefix("sha256:")
+    return decode_tensors(trainer.edge.artifact(head.head_id, destination))[0]
+
+
 def _late_update(trainer: Trainer, experiment: Any, head: HeadDescriptor) -> tuple[Candidate, bytes]:
     """What ``trainer`` trains honestly on a lease of the window on ``head``, with the optimizer state
     it kept (fresh if it never trained), to publish later."""
     grant = trainer.edge.request_lease(experiment.key, trainer.identity, "native")
     x, y = ShardCache.assemble(trainer.shards.prefetch(grant))
-    base = trainer._head_tensors(head)
+    base = _head_tensors(trainer, head)
     xb, yb = trainer._loader(experiment).batches(x, y, epoch_seed(grant.lease, 0))
     params = trainer.project.learner.from_tensors(base)
     params, _, _ = trainer._engine(experiment).train_epoch(params, trainer._optimizer_state(experiment, params), xb, yb)
@@ -551,22 +558,28 @@ def test_a_continuous_trainer_that_waits_for_heads_asks_for_larger_leases(
 
 
 def test_a_continuous_trainer_two_heads_behind_starts_again_from_the_current_head(
-    network_env: tuple[BackgroundEdge, Validator, Path],
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
-    """Asked for the window after a head two heads old, the edge leases the current window: the trainer
-    leaves it for its next window on the current head instead of taking it as the next window's."""
+    """A lease granted ahead whose window closed without it (at its deadline, two heads on) is not
+    trained: the trainer starts again from the current head, with a lease of the current window."""
     edge, validator, root = network_env
+    validator, clock = _validator_with(validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
     behind, other = _trainer(edge, root, "behind", continuous=True), _trainer(edge, root, "other")
     experiment = behind.experiment(*BASELINE.parts)
-    behind.train_window_once(experiment)
+    behind.train_window_once(experiment)  # published, it asked for window 1's lease at once
+    ahead = behind._next_lease(behind._carry[experiment.key])
+    assert ahead is not None and ahead.grant.lease.window == 1
     assert validator.poll(spec) is not None  # window 0 closes with its candidate
     other.train_window_once(experiment)
-    latest = validator.poll(spec)  # window 1 closes without the trainer that is behind
+    assert validator.poll(spec) is None  # the lease the trainer behind holds keeps window 1 open
+    clock.advance(spec.window_timeout_s)
+    latest = validator.poll(spec)  # window 1 closes at its deadline, without the trainer behind
     assert latest is not None and latest.head.window == 2
-    assert not behind.train_ahead_once(experiment)  # no lease of window 1 to be had: none taken as such
+    behind._follower(experiment.key).refresh()  # the trainer knows of the current head
+    assert not behind.train_ahead_once(experiment)  # window 1 is over: its lease is left untrained
     outcome = behind.train_window_once(experiment)
     assert outcome.base_head_id == latest.head.head_id
-    for node in (behind, other):
+    for node in (behind, other, validator):
         node.close()
