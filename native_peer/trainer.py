@@ -333,14 +333,16 @@ class Trainer:
         return self._followers[key]
 
     def _on_head(self, key: ExperimentKey, head: HeadDescriptor) -> None:
-        """A new head arrived (in the follower's thread): a continuous trainer that has published asks
-        for the lease after it at once, while it still trains the lease of that head's window, so the
-        lease is there when that training ends (``_ask_ahead`` takes it). The edge gives a peer its
-        lease again when it asks again in that window, so no lease asked for here is left unused."""
+        """A new head arrived (in the follower's thread). A continuous trainer still training the lease
+        of that head's window asks for the lease after it at once, so the lease is there when that
+        training ends (``_ask_ahead`` takes it); one that is done and waiting asks itself, with a lease
+        sized by its wait. The edge gives a peer its lease again when it asks again in that window, so
+        no lease asked for here is left unused."""
         work = self._carry.get(key)
-        if work is not None:
-            experiment = Experiment(key, self.network.experiment(key))
-            self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
+        experiment = Experiment(key, self.network.experiment(key))
+        if work is None or (work.ahead is not None and work.ahead.epochs >= experiment.spec.local_epochs):
+            return
+        self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
 
     def _head_to_train(self, experiment: Experiment, wait_s: float, refresh: bool) -> FollowedHead:
         done = {self.state(experiment.key)["last_base_head"]}

@@ -7,7 +7,10 @@ token whose role allows them (``admission``).
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
@@ -43,8 +46,25 @@ _GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
 _UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
 
 
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
+
+
+async def _long_poll(request: Request, waiting: Awaitable[Any]) -> None:
+    """Await ``waiting`` unless the client leaves first: a long poll whose client closed its connection
+    (a peer that stopped, or moved on) ends then, instead of holding a task for the rest of its wait."""
+    tasks = {asyncio.ensure_future(waiting), asyncio.ensure_future(_until_disconnected(request))}
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @router.get("/activity", responses=_READ)
 async def activity(
+    request: Request,
     state: State,
     since: Annotated[str | None, Query(max_length=40)] = None,
     wait_s: Annotated[float, Query(ge=0)] = 0.0,
@@ -52,12 +72,13 @@ async def activity(
     """``{"since": <token>}``, this edge's activity token (``server.hub``): with ``since=<token>&wait_s=N``
     answered once a candidate, lease, head or quorum event of any experiment moved it, or after N s.
     Validators wait here instead of polling; the token says only that something happened."""
-    token = await state.hub.wait_activity(since, min(wait_s, state.settings.max_long_poll_s))
-    return JSON({"since": token})
+    await _long_poll(request, state.hub.wait_activity(since, min(wait_s, state.settings.max_long_poll_s)))
+    return JSON({"since": state.hub.activity})
 
 
 @router.get(f"{EXPERIMENT}/head", responses=_READ)
 async def current_head(
+    request: Request,
     key: Experiment,
     state: State,
     after: Annotated[str | None, Query(max_length=80)] = None,
@@ -67,7 +88,7 @@ async def current_head(
     state.experiment(key)
     head = state.store.current_head(key)
     if after is not None and head is not None and head.head_id == after and wait_s > 0:
-        await state.hub.wait_head_change(key, min(wait_s, state.settings.max_long_poll_s))
+        await _long_poll(request, state.hub.wait_head_change(key, min(wait_s, state.settings.max_long_poll_s)))
         head = state.store.current_head(key)
     if head is None:
         raise NotFound(f"experiment {key} has no head yet")

@@ -142,6 +142,7 @@ class Hub:
         self._instance = secrets.token_hex(6)
         self._activity = 0
         self._activity_changed = asyncio.Event()
+        self._waits_ended = False
         self.events: deque[dict[str, object]] = deque(maxlen=200)
         self.viewers: set[Connection] = set()
         self._viewer_numbers = itertools.count(1)
@@ -232,7 +233,16 @@ class Hub:
         if event is not None:
             event.set()
 
+    def end_waits(self) -> None:
+        """The edge is shutting down: every long poll (head, activity) answers now, and later ones at once."""
+        self._waits_ended = True
+        for experiment in list(self._head_changed):
+            self._wake(experiment)
+        self._activity_changed.set()
+
     async def wait_head_change(self, experiment: ExperimentKey, timeout_s: float) -> None:
+        if self._waits_ended:
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._head_changed[str(experiment)].wait(), timeout_s)
 
@@ -244,7 +254,7 @@ class Hub:
     async def wait_activity(self, since: str | None, timeout_s: float) -> str:
         """The activity token once it differs from ``since`` (at once when it does already), or after
         ``timeout_s`` without a change."""
-        if since == self.activity:
+        if since == self.activity and not self._waits_ended:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._activity_changed.wait(), timeout_s)
         return self.activity

@@ -29,7 +29,7 @@ from .connections import ACCEPT_BACKLOG, guarded_protocols, limits_from
 from .dataset_routes import AccelShards
 from .settings import Settings
 
-__all__ = ["BackgroundEdge", "UnixSocketClients", "bind_unix_socket", "edge_app", "uvicorn_config"]
+__all__ = ["BackgroundEdge", "EdgeServer", "UnixSocketClients", "bind_unix_socket", "edge_app", "uvicorn_config"]
 
 UNIX_CLIENT = "unix"  # the client address of connections on the edge's unix socket
 
@@ -49,9 +49,8 @@ class UnixSocketClients:
         await self.app(scope, receive, send)
 
 
-def edge_app(settings: Settings) -> ASGIApp:
-    """The edge's ASGI app with what running behind a proxy needs (see the module's docstring)."""
-    app = create_app(settings)
+def edge_app(settings: Settings, app: ASGIApp) -> ASGIApp:
+    """The edge's app (``create_app``) with what running behind a proxy needs (see the module's docstring)."""
     # behind a proxy, plain shard requests skip the framework (dataset_routes.AccelShards)
     asgi: ASGIApp = AccelShards(app) if settings.accel_prefix else app
     trusted = [host for host in (settings.forwarded_allow_ips, UNIX_CLIENT if settings.unix_socket else "") if host]
@@ -73,7 +72,7 @@ def bind_unix_socket(path: Path) -> socket.socket:
     return sock
 
 
-def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, app: ASGIApp, **overrides: object) -> uvicorn.Config:
     http, ws = guarded_protocols(limits_from(settings))
     options: dict[str, object] = {
         "host": settings.host,
@@ -90,7 +89,22 @@ def uvicorn_config(settings: Settings, **overrides: object) -> uvicorn.Config:
         "access_log": settings.access_log,
         **overrides,
     }
-    return uvicorn.Config(edge_app(settings), **options)  # type: ignore[arg-type]
+    return uvicorn.Config(edge_app(settings, app), **options)  # type: ignore[arg-type]
+
+
+class EdgeServer(uvicorn.Server):
+    """The edge under uvicorn. As it begins to shut down it ends the long polls it holds
+    (``Hub.end_waits``), which would otherwise hold its graceful shutdown up to ``max_long_poll_s``."""
+
+    def __init__(self, settings: Settings, **overrides: object) -> None:
+        self.app = create_app(settings)
+        super().__init__(uvicorn_config(settings, self.app, **overrides))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state = getattr(self.app.state, "edge", None)  # set once the app has started
+        if state is not None:
+            state.hub.end_waits()
+        await super().shutdown(sockets)
 
 
 class BackgroundEdge:
@@ -102,7 +116,7 @@ class BackgroundEdge:
         self._socket.bind((settings.host, settings.port))
         self.settings = replace(settings, port=self._socket.getsockname()[1])
         self.url = f"http://{self.settings.host}:{self.settings.port}"
-        self._server = uvicorn.Server(uvicorn_config(self.settings, log_level="warning"))
+        self._server = EdgeServer(self.settings, log_level="warning")
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._startup_timeout_s = startup_timeout_s
 
