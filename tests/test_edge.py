@@ -566,6 +566,40 @@ def test_long_poll_returns_when_head_changes(client: httpx.Client, edge: Backgro
     assert result["head"] == head.head_id and float(result["waited"]) < 10  # type: ignore[arg-type]
 
 
+def test_a_long_poll_ends_when_its_client_leaves_and_when_the_edge_shuts_down(settings: Settings) -> None:
+    """A client that closes its connection mid long-poll frees the edge's task at once (not after
+    ``wait_s``), and an edge shutting down answers the long polls it holds instead of waiting them out."""
+    with BackgroundEdge(settings) as edge:
+        with httpx.Client(base_url=edge.url, timeout=10) as client:
+            genesis = _genesis(client)
+        tasks = edge._server.server_state.tasks
+        host, port = edge.url.removeprefix("http://").split(":")
+        leaving = socket.create_connection((host, int(port)))
+        leaving.sendall(f"GET {BASE}/head?after={genesis}&wait_s=25 HTTP/1.1\r\nhost: edge\r\n\r\n".encode())
+        deadline = time.monotonic() + 5
+        while not tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tasks) == 1  # the edge holds the long poll
+        leaving.close()
+        while tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not tasks  # ended with its client, 25 s early
+        answers: list[int] = []
+
+        def poll() -> None:
+            with httpx.Client(base_url=edge.url, timeout=30) as http:
+                answers.append(http.get(f"{BASE}/head", params={"after": genesis, "wait_s": 25}).status_code)
+
+        waiting = threading.Thread(target=poll)
+        waiting.start()
+        while not tasks and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        stopping = time.monotonic()
+    stopped_s = time.monotonic() - stopping
+    waiting.join(5)
+    assert answers == [200] and stopped_s < 3, (answers, stopped_s)
+
+
 def test_viewers_get_a_read_only_event_stream(edge: BackgroundEdge, client: httpx.Client) -> None:
     url = edge.url.replace("http", "ws") + "/v1/events"
     viewers = [_SOCKETS.enter_context(connect(url, open_timeout=5)) for _ in range(3)]
