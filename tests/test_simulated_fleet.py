@@ -21,11 +21,13 @@ def test_simulated_trainers_windows_are_promoted_and_measured(tmp_path: Path) ->
     local = prepare_network(tmp_path, network=sim_network)
     with stack(local, 5) as node:
         bank = record_bank(local, node.fleet, node.url, BENCH_EXPERIMENT, trainers=1, windows=1)
-        windows = measure(node, bank, 5, 2)
+        # one measured window: the one recorded update, replayed on head after head, compounds with the
+        # outer momentum until the holdout rightly refuses it as a regression (from the third window on)
+        windows = measure(node, bank, 5, 1)
     assert len(bank.deltas) == 1 and all(np.abs(d).max() > 0 for d in bank.deltas[0].values())
     bank.save(tmp_path / "bank.safetensors")
     assert UpdateBank.load(tmp_path / "bank.safetensors").deltas[0].keys() == bank.deltas[0].keys()
-    assert [w.candidates for w in windows] == [5, 5]
+    assert [w.candidates for w in windows] == [5]
     for w in windows:
         assert w.accepted > 0, w  # the validator merged simulated work: it took it as honest
         assert min(w.validator_s, w.validator_cpu_s, w.edge_cpu_s, w.cycle_s, w.upload_s) > 0, w
