@@ -118,8 +118,8 @@ class HeadFollower:
                 log.warning("following %s: %s; retrying in %.1f s", self._key, exc, delay_s)
                 self._stop.wait(delay_s)
                 continue
-            if head is None:
-                self._stop.wait(NO_HEAD_POLL_S)
+            if head is None or self._latest is None or self._latest.head.head_id != head.head_id:
+                self._stop.wait(NO_HEAD_POLL_S)  # no head yet, or an older one than held: asking at once would spin
 
     def _take(self, head: HeadDescriptor) -> None:
         """Make ``head`` the latest, its artifact downloaded, unless the latest is as new already."""

@@ -251,7 +251,7 @@ class Trainer:
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
-        self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head since the last lease sized
+        self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         self.trained_samples = 0  # every example trained on since spawn, whatever became of the work

@@ -55,11 +55,13 @@ async def _long_poll(request: Request, waiting: Awaitable[Any]) -> None:
     """Await ``waiting`` unless the client leaves first: a long poll whose client closed its connection
     (a peer that stopped, or moved on) ends then, instead of holding a task for the rest of its wait."""
     tasks = {asyncio.ensure_future(waiting), asyncio.ensure_future(_until_disconnected(request))}
-    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    for task in done:
+        task.result()  # a failed wait is the request's error, not a lost task exception
 
 
 @router.get("/activity", responses=_READ)
