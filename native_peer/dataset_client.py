@@ -1,8 +1,9 @@
 """Shards, lease by lease: downloaded with the lease, verified against the fetch-manifest, cached.
 
 A cached shard is re-verified before use, so a corrupted cache is refetched, never trained on. Decoded
-shards are also kept in memory (least recently used first out, ``memory_bytes`` at most), keyed by
-their manifest hash: a trainer leasing a shard again trains on the examples it verified and decoded
+shards are also kept in memory as stored, uint8 (``protocol.shards.decode_shard_stored``: the trainer's
+compiled step scales them), least recently used first out, ``memory_bytes`` at most, keyed by their
+manifest hash: a trainer leasing a shard again trains on the examples it verified and decoded
 before, instead of re-reading, re-hashing and re-decoding them every window. With
 ``local_datasets`` (``TrainerBuilder.with_sharded_dataset``) a leased shard is read from a prepared
 copy on disk instead (``datasets.layout``: ``<dir>/<dataset>/train/<locator>``), verified against the
@@ -23,7 +24,7 @@ from datasets.layout import shard_path
 from protocol.errors import IntegrityError
 from protocol.manifests import ShardEntry
 from protocol.messages import LeaseGrant
-from protocol.shards import decode_shard, verify_shard
+from protocol.shards import decode_shard_stored, verify_shard
 
 from .edge_client import EdgeClient
 from .storage import StorageConfig, write_atomic
@@ -32,7 +33,7 @@ __all__ = ["MEMORY_BYTES", "Examples", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
-Examples = tuple[np.ndarray, np.ndarray]  # one shard's (features, labels), decoded
+Examples = tuple[np.ndarray, np.ndarray]  # one shard's (features, labels), uint8 as stored
 MEMORY_BYTES = 256 << 20  # decoded shards kept in memory by default
 
 
@@ -96,15 +97,16 @@ class ShardCache:
         return data
 
     def _examples(self, grant: LeaseGrant, shard_id: str) -> Examples:
-        """One leased shard decoded (read-only arrays): from memory, else verified bytes decoded."""
-        entry = self.edge.fetch_manifest(grant.lease.dataset_id).shard(shard_id)
+        """One leased shard's uint8 arrays (read-only): from memory, else verified bytes decoded."""
+        manifest = self.edge.fetch_manifest(grant.lease.dataset_id)
+        entry = manifest.shard(shard_id)
         key = (grant.lease.dataset_id, entry.sha256)
         with self._lock:
             if key in self._memory:
                 self._memory.move_to_end(key)
                 self.memory_hits += 1
                 return self._memory[key]
-        x, y = decode_shard(self._shard_bytes(grant, shard_id))
+        x, y, _ = decode_shard_stored(self._shard_bytes(grant, shard_id), manifest.features)
         x.flags.writeable = y.flags.writeable = False  # shared by every lease that holds the shard
         with self._lock:
             if key not in self._memory and x.nbytes + y.nbytes <= self.memory_bytes:

@@ -96,7 +96,8 @@ def spec_learner(
 
 @dataclass(frozen=True)
 class BatchLoader:
-    """Turns the examples of a lease into shuffled, equal-sized batches (``protocol.batches``)."""
+    """Turns the examples of a lease into shuffled, equal-sized batches (``protocol.batches``). A
+    trainer's examples arrive as stored, uint8 features and labels (``TrainEngine`` scales them)."""
 
     batch_size: int
 
@@ -118,14 +119,23 @@ def scan_lengths(steps: int) -> list[int]:
 
 
 class TrainEngine:
-    """Compiled training and evaluation for one learner and one optimizer."""
+    """Compiled training and evaluation for one learner and one optimizer.
 
-    def __init__(self, learner: JaxLearner, optimizer: optax.GradientTransformation) -> None:
+    Batches of integer features (a shard's uint8, as stored) are read inside the compiled step as
+    float32 times ``feature_scale`` (``protocol.shards.feature_scale`` of the dataset), integer labels
+    as int32; float features are trained on as given."""
+
+    def __init__(
+        self, learner: JaxLearner, optimizer: optax.GradientTransformation, *, feature_scale: float = 1.0
+    ) -> None:
         self.learner = learner
         self.optimizer = optimizer
+        scale = np.float32(feature_scale)
 
         def loss_fn(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
-            return learner.loss(learner.apply(params, x), y)
+            if jnp.issubdtype(x.dtype, jnp.integer):
+                x = x.astype(jnp.float32) * scale
+            return learner.loss(learner.apply(params, x), y.astype(jnp.int32))
 
         def step(carry: tuple[PyTree, PyTree], batch: tuple[jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
             params, opt_state = carry

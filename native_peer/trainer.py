@@ -58,6 +58,7 @@ from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, Revisio
 from protocol.lease_size import next_lease_shards
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor, LeaseGrant
+from protocol.shards import feature_scale
 from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
@@ -296,7 +297,10 @@ class Trainer:
     def _engine(self, experiment: Experiment) -> TrainEngine:
         if experiment.key not in self._engines:
             optimizer = self.project.learner.make_optimizer(experiment.spec)
-            self._engines[experiment.key] = TrainEngine(self.project.learner, optimizer)
+            features = self.edge.fetch_manifest(experiment.spec.dataset_id).features
+            self._engines[experiment.key] = TrainEngine(
+                self.project.learner, optimizer, feature_scale=feature_scale(features)
+            )
         return self._engines[experiment.key]
 
     def _optimizer_state(self, experiment: Experiment, params: Any) -> Any:

@@ -19,8 +19,8 @@ def window_seed(lease_id: str, epoch: int) -> int:
 
 
 def make_batches(
-    x: npt.NDArray[np.float32], y: npt.NDArray[np.integer], batch_size: int, seed: int
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.integer]]:
+    x: npt.NDArray[np.generic], y: npt.NDArray[np.integer], batch_size: int, seed: int
+) -> tuple[npt.NDArray[np.generic], npt.NDArray[np.integer]]:
     """``x`` and ``y`` shuffled and reshaped to ``[n_batches, batch_size, ...]``."""
     usable = len(x) // batch_size * batch_size
     if usable == 0:

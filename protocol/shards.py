@@ -7,7 +7,10 @@ Two kinds of features (``FEATURE_KINDS``), named in the shard's metadata and in 
 - ``tokens``: tensor ``tokens``, ids read as the same integers in float32; labels ``[n]`` or, for
   next-token data, one per position (``[n, T]`` as the tokens). Metadata adds ``"features": "tokens"``.
 
-``verify_shard`` checks downloaded bytes against their ``ShardEntry`` before use.
+``verify_shard`` checks downloaded bytes against their ``ShardEntry`` before use. ``decode_shard``
+gives float32 features; ``decode_shard_stored`` the uint8 arrays as stored, for a trainer that keeps
+them so until its compiled step multiplies them by ``feature_scale`` (a quarter of the bytes to
+concatenate, shuffle and copy to the device, and the same float32 values: k / 256 is exact).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from .codec import decode_tensors, encode_tensors
 from .errors import CodecError, IntegrityError
 from .manifests import FEATURE_KINDS, ShardEntry
 
-__all__ = ["PIXEL_SCALE", "decode_shard", "encode_shard", "verify_shard"]
+__all__ = ["PIXEL_SCALE", "decode_shard", "decode_shard_stored", "encode_shard", "feature_scale", "verify_shard"]
 
 PIXEL_SCALE = 1.0 / 256.0
 _FORMAT = "dtn-shard-v1"
@@ -42,11 +45,18 @@ def encode_shard(
     return encode_tensors({_TENSOR[features_kind]: features, "labels": labels.astype(np.uint8)}, metadata)
 
 
-def decode_shard(
+def feature_scale(features_kind: str) -> float:
+    """What a stored uint8 feature is multiplied by to read it: ``PIXEL_SCALE`` for pixels, 1 for tokens."""
+    if features_kind not in FEATURE_KINDS:
+        raise CodecError(f"unknown feature kind {features_kind!r}; kinds: {FEATURE_KINDS}")
+    return PIXEL_SCALE if features_kind == "pixels" else 1.0
+
+
+def decode_shard_stored(
     data: bytes, features_kind: str | None = None
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
-    """Features as float32 (pixels in [0, 1), tokens as their ids) and labels as int32; with
-    ``features_kind`` (a manifest's), raise ``CodecError`` unless the shard holds that kind."""
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8], str]:
+    """Features and labels as stored (uint8) and the shard's feature kind; with ``features_kind`` (a
+    manifest's), raise ``CodecError`` unless the shard holds that kind."""
     tensors, metadata = decode_tensors(data)
     kind = metadata.get("features", "pixels")
     if kind not in FEATURE_KINDS or (features_kind is not None and kind != features_kind):
@@ -55,8 +65,16 @@ def decode_shard(
     if features is None or labels is None or features.dtype != np.uint8 or labels.dtype != np.uint8:
         raise CodecError(f"shard must hold uint8 {_TENSOR[kind]!r} and 'labels'")
     _check_shapes(kind, features, labels)
-    scale = np.float32(PIXEL_SCALE if kind == "pixels" else 1.0)
-    return features.astype(np.float32) * scale, labels.astype(np.int32)
+    return np.asarray(features, np.uint8), np.asarray(labels, np.uint8), kind
+
+
+def decode_shard(
+    data: bytes, features_kind: str | None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+    """Features as float32 (pixels in [0, 1), tokens as their ids) and labels as int32; with
+    ``features_kind`` (a manifest's), raise ``CodecError`` unless the shard holds that kind."""
+    features, labels, kind = decode_shard_stored(data, features_kind)
+    return features.astype(np.float32) * np.float32(feature_scale(kind)), labels.astype(np.int32)
 
 
 def _check_shapes(kind: str, features: npt.NDArray[np.generic], labels: npt.NDArray[np.generic]) -> None:

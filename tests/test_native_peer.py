@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import optax
 import pytest
 
 from datasets.layout import read_train_manifest
@@ -19,15 +20,18 @@ from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, 
 from native_peer.dataset_client import ShardCache
 from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
+from native_peer.learner import TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.trainer import Trainer
+from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
 from protocol.ids import ContentId
-from protocol.manifests import ExperimentSpec
+from protocol.manifests import ExperimentSpec, FetchManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
 from protocol.model import MODELS, init_params
 from protocol.reasons import Reason
+from protocol.shards import decode_shard, decode_shard_stored, feature_scale
 from protocol.signing import peer_id_from_public_key
 from protocol.updates import encode_update
 from protocol.window import epoch_seed, package_candidate
@@ -451,6 +455,7 @@ def test_a_shard_leased_again_is_served_decoded_from_memory(
     shards = len(grant.lease.shard_ids)
     first = ShardCache.assemble(trainer.shards.prefetch(grant))
     assert (trainer.shards.downloads, trainer.shards.memory_hits) == (shards, 0)
+    assert (first[0].dtype, first[1].dtype) == (np.uint8, np.uint8)  # kept as stored: the step scales them
     again = ShardCache.assemble(trainer.shards.prefetch(grant))  # no read, no hash, no decode
     assert (trainer.shards.downloads, trainer.shards.hits, trainer.shards.memory_hits) == (shards, 0, shards)
     np.testing.assert_array_equal(first[0], again[0])
@@ -460,6 +465,34 @@ def test_a_shard_leased_again_is_served_decoded_from_memory(
         ShardCache.assemble(tight.prefetch(grant))
     assert (tight.memory_hits, tight.hits) == (0, 2 * shards)  # each use read and verified from disk
     trainer.close()
+
+
+def test_training_on_stored_uint8_examples_equals_training_on_their_float32_reading(
+    dataset_root: Path, train_manifest: FetchManifest
+) -> None:
+    data = (dataset_root / "mnist/train" / train_manifest.shards[0].locator).read_bytes()
+    stored_x, stored_y, kind = decode_shard_stored(data, "pixels")
+    x, y = decode_shard(data, "pixels")
+    learner = mlp_learner()
+    params = learner.from_tensors(init_params(SPEC, 0))
+    runs = []
+    for engine, (xs, ys) in (
+        (TrainEngine(learner, optax.adam(1e-3)), (x, y)),
+        (TrainEngine(learner, optax.adam(1e-3), feature_scale=feature_scale(kind)), (stored_x, stored_y)),
+    ):
+        xb, yb = make_batches(xs, ys, 64, 7)
+        trained, _, loss = engine.train_epoch(params, engine.init_optimizer(params), xb, yb)
+        runs.append((learner.to_tensors(trained), loss))
+    (float_tensors, float_loss), (stored_tensors, stored_loss) = runs
+    assert stored_loss == float_loss
+    for name, value in float_tensors.items():
+        np.testing.assert_array_equal(stored_tensors[name], value)
+    assert not np.array_equal(float_tensors["dense0.kernel"], learner.to_tensors(params)["dense0.kernel"])
+    unscaled = TrainEngine(learner, optax.adam(1e-3))  # the scale is what makes them equal
+    _, _, wrong = unscaled.train_epoch(
+        params, unscaled.init_optimizer(params), *make_batches(stored_x, stored_y, 64, 7)
+    )
+    assert wrong != float_loss
 
 
 def test_the_edge_wakes_a_waiting_validator_when_a_candidate_arrives(
