@@ -26,14 +26,14 @@ from native_peer.storage import StorageConfig
 from protocol.hashing import content_id
 from protocol.ids import ExperimentKey
 from protocol.judging import validator_examples
-from protocol.manifests import NetworkManifest
-from protocol.messages import HeadDescriptor
+from protocol.manifests import ExperimentSpec, NetworkManifest
+from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import MODELS
 from protocol.screening import PRESETS
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
-from .efficiency import fp32_bytes, samples_until, utilization, validator_samples
+from .efficiency import fp32_bytes, samples_until, trained_samples_until, utilization, validator_samples
 from .stack import PYODIDE_DIR, Fleet, LocalNetwork, free_port, prepare_network
 
 __all__ = ["CHROMIUM", "BrowserUnavailable", "run_demo", "summary_markdown"]
@@ -107,6 +107,35 @@ def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: f
     return summary
 
 
+def _samples_until(
+    reached: dict[str, Any],
+    native: dict[str, list[dict[str, Any]]],
+    candidates: list[Candidate],
+    heads: list[HeadDescriptor],
+    spec: ExperimentSpec,
+    edge: EdgeClient,
+) -> dict[str, int]:
+    """Every example anyone trained on in ``spec``'s experiment before its head ``reached``: native
+    trainers' (their outcome logs: work carried over or dropped too), browsers' (their candidates) and
+    the validator's own updates (``lab.efficiency``)."""
+    native_samples = sum(
+        trained_samples_until([o for o in records if o["experiment"] == spec.key], reached["created_at_ms"])
+        for records in native.values()
+    )
+    browser = [c for c in candidates if c.peer_kind != "native"]
+    browser_samples = samples_until(browser, heads, reached["window"], spec.batch_size)
+    per_window = (
+        validator_examples(spec, edge.fetch_manifest(spec.dataset_id)) if PRESETS[spec.screening].anchored else 0
+    )
+    validator = validator_samples(heads, reached["window"], per_window)
+    return {
+        "samples": native_samples + browser_samples + validator,
+        "native_samples": native_samples,
+        "browser_samples": browser_samples,
+        "validator_samples": validator,
+    }
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """What the run proved, for people: checks, accuracy, verdicts."""
     lines = [
@@ -118,8 +147,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     target = (
         f"The baseline reached test accuracy {reached['test_accuracy']:.4f} (target {reached['target']}) at window "
         f"{reached['window']}, {reached['wall_s']:.0f} s after genesis, on "
-        f"{reached['samples'] + reached['validator_samples']:,} training samples (trainers "
-        f"{reached['samples']:,}, the validator's own updates {reached['validator_samples']:,})."
+        f"{reached['samples']:,} training samples, every example anyone trained on: native trainers "
+        f"{reached['native_samples']:,} (work dropped or carried "
+        f"included), browsers {reached['browser_samples']:,} (their candidates), the validator's own updates "
+        f"{reached['validator_samples']:,}."
         if reached
         else "The baseline did not reach its target accuracy."
     )
@@ -340,16 +371,7 @@ def _summarize(
         else {k: reached[k] for k in ("window", "head_id", "test_accuracy")}
         | {
             "target": target_accuracy,
-            "samples": samples_until(
-                candidates[BASELINE], descriptors[BASELINE], reached["window"], baseline.batch_size
-            ),
-            "validator_samples": validator_samples(
-                descriptors[BASELINE],
-                reached["window"],
-                validator_examples(baseline, edge.fetch_manifest(baseline.dataset_id))
-                if PRESETS[baseline.screening].anchored
-                else 0,
-            ),
+            **_samples_until(reached, native, candidates[BASELINE], descriptors[BASELINE], baseline, edge),
             "wall_s": round((reached["created_at_ms"] - lineage[BASELINE][0]["created_at_ms"]) / 1000, 1),
         },
         "candidate_bytes": {

@@ -4,6 +4,8 @@ demo summary and ``benchmarks.network_efficiency`` compute samples, utilization 
     samples_until(candidates, heads, window, batch)  examples trainers trained on heads before
                                                      ``window``: each candidate's (rejected ones too)
                                                      leased examples plus the steps it carried
+    trained_samples_until(outcomes, at_ms)           examples one native trainer trained on in one
+                                                     experiment by ``at_ms``, dropped work included
     validator_samples(heads, window, per_window)     examples the validator trained on for those heads
                                                      (``protocol.judging.validator_examples``)
     utilization(outcomes)                            a trainer's seconds in training steps / wall
@@ -36,8 +38,9 @@ def samples_until(
 
 
 def trained_samples_until(outcomes: Sequence[dict[str, Any]], at_ms: int) -> int:
-    """Every example one trainer trained on (``trained_samples``: its windows, work carried over or
-    dropped) by its last outcome at or before ``at_ms``, summed over its process's restarts."""
+    """Every example one trainer trained on in one experiment (``trained_samples`` of its outcomes in
+    that experiment: its windows, work carried over or dropped) by its last outcome at or before
+    ``at_ms``, summed over its process's restarts."""
     total, previous = 0, 0
     for record in outcomes:
         if record["at_ms"] > at_ms:

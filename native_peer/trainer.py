@@ -107,6 +107,31 @@ class WindowOutcome:
         return self.candidate_id
 
 
+@dataclass(frozen=True)
+class ExperimentProgress:
+    """A trainer's progress in one experiment, kept in its storage dir as ``state.json``: how many
+    windows it published, and the head the last one was trained on (not trained on again)."""
+
+    windows_done: int = 0
+    last_base_head: HeadId | None = None
+
+    def after(self, head: HeadDescriptor) -> ExperimentProgress:
+        """The progress once a window on ``head`` is published."""
+        return ExperimentProgress(self.windows_done + 1, head.head_id)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"windows_done": self.windows_done, "last_base_head": self.last_base_head}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ExperimentProgress:
+        """Raise ``ValueError`` naming what is wrong unless ``data`` is a saved progress."""
+        value = json.loads(data)
+        windows, head = value.get("windows_done"), value.get("last_base_head") if isinstance(value, dict) else None
+        if not isinstance(windows, int) or windows < 0 or not (head is None or isinstance(head, str)):
+            raise ValueError(f"not a trainer's saved progress: {data[:200]!r}")
+        return cls(windows, None if head is None else HeadId(head))
+
+
 @dataclass
 class _Ahead:
     """The next window's lease, granted before its head existed, and the epochs trained on it."""
@@ -242,7 +267,7 @@ class Trainer:
         self._asked: dict[
             str, tuple[HeadId, Future[_Ahead | None]]
         ] = {}  # experiment -> lease asked on a head's arrival
-        self._states: dict[str, dict[str, Any]] = {}  # experiment -> its state.json, as last written
+        self._progress: dict[str, ExperimentProgress] = {}  # experiment -> as last published (state.json)
         self._residuals: dict[str, dict[str, np.ndarray] | None] = {}  # experiment -> codec error feedback
         self.shards = ShardCache(self.edge, storage, self._pool, local_datasets)
         self._engines: dict[str, TrainEngine] = {}
@@ -255,7 +280,8 @@ class Trainer:
         self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
-        self.trained_samples = 0  # every example trained on since spawn, whatever became of the work
+        # every example trained on since spawn, by experiment, whatever became of the work
+        self.trained_samples: dict[ExperimentKey, int] = {}
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
 
     @property
@@ -285,14 +311,15 @@ class Trainer:
     def _state_path(self, key: ExperimentKey) -> Any:
         return self.storage.experiment_dir(key) / "state.json"
 
-    def state(self, key: ExperimentKey) -> dict[str, Any]:
-        """``windows_done`` and ``last_base_head``: read from disk once, then kept here (the disk copy is
+    def progress(self, key: ExperimentKey) -> ExperimentProgress:
+        """This trainer's progress in ``key``: read from disk once, then kept here (the disk copy is
         written behind, in order, by ``_write_behind``)."""
-        if key not in self._states:
-            self._states[key] = self.storage.read_json(
-                self._state_path(key), {"windows_done": 0, "last_base_head": None}
+        if key not in self._progress:
+            path = self._state_path(key)
+            self._progress[key] = (
+                ExperimentProgress.from_json(path.read_bytes()) if path.exists() else ExperimentProgress()
             )
-        return dict(self._states[key])
+        return self._progress[key]
 
     def _engine(self, experiment: Experiment) -> TrainEngine:
         if experiment.key not in self._engines:
@@ -319,15 +346,15 @@ class Trainer:
                 return jax.tree_util.tree_unflatten(treedef, [saved[f"leaf{i:05d}"] for i in range(len(leaves))])
         return fresh
 
-    def _save(self, key: ExperimentKey, opt_state: Any, state: dict[str, Any]) -> None:
-        """Write the optimizer state and the window state (in the write-behind thread, in order)."""
+    def _save(self, key: ExperimentKey, opt_state: Any, progress: ExperimentProgress) -> None:
+        """Write the optimizer state and the progress (in the write-behind thread, in order)."""
         leaves = jax.tree_util.tree_leaves(opt_state)
         directory = self.storage.experiment_dir(key)
         write_atomic(
             directory / "optimizer.safetensors",
             encode_tensors({f"leaf{i:05d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}),
         )
-        write_atomic(directory / "state.json", json.dumps(state).encode())
+        write_atomic(self._state_path(key), progress.to_json())
 
     # -- one window -------------------------------------------------------------------------
     def _follower(self, key: ExperimentKey) -> HeadFollower:
@@ -349,7 +376,7 @@ class Trainer:
         self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
 
     def _head_to_train(self, experiment: Experiment, wait_s: float, refresh: bool) -> FollowedHead:
-        done = {self.state(experiment.key)["last_base_head"]}
+        done = {self.progress(experiment.key).last_base_head}
         full, retry_at = self._full_windows.get(experiment.key, (None, 0.0))
         if full is not None and time.monotonic() < retry_at:
             done.add(full)
@@ -399,9 +426,17 @@ class Trainer:
         """Train one window on the current head and publish the candidate (published when this returns).
 
         If this trainer already trained on the current head, waits up to ``wait_s`` for a newer one;
-        raises ``WindowUnavailable`` when there is none."""
+        raises ``WindowUnavailable`` when there is none. When publishing fails, its error is raised and
+        the window is not counted: a retry may train on the same head again."""
+        key = experiment.key
+        progress, residuals = self.progress(key), dict(self._residuals)
         outcome, delivered = self._window(experiment, wait_s, refresh=True)
-        delivered.result()
+        try:
+            delivered.result()
+        except BaseException:
+            self._progress[key] = progress
+            self._residuals = residuals
+            raise
         return outcome
 
     def _window(
@@ -444,7 +479,7 @@ class Trainer:
             steps += len(xb)
         train_seconds = time.perf_counter() - train_started
         self.compute_s += train_seconds
-        self.trained_samples += steps * loader.batch_size
+        self._count_trained(experiment.key, steps * loader.batch_size)
         examples = (done.steps + steps) * loader.batch_size  # this lease's epochs, those trained ahead too
         metrics = {"train_loss": loss, "samples_per_s": examples / max(done.seconds + train_seconds, 1e-9)}
         if carried is not None:
@@ -484,10 +519,9 @@ class Trainer:
         )
         if codec != "fp32":
             self._residuals[experiment.key] = residual
-        state = self.state(experiment.key)
-        state = {"windows_done": state["windows_done"] + 1, "last_base_head": head.head_id}
-        self._states[experiment.key], self._opt_states[experiment.key] = state, opt_state
-        delivered = self._write_behind.submit(self._deliver, experiment, envelope, opt_state, state, residual)
+        progress = self.progress(experiment.key).after(head)
+        self._progress[experiment.key], self._opt_states[experiment.key] = progress, opt_state
+        delivered = self._write_behind.submit(self._deliver, experiment, envelope, opt_state, progress, residual)
         if self.train_ahead:
             self._carry[experiment.key] = _Carry(
                 head, trained, params, published=candidate.candidate_id, next_lease=next_lease
@@ -510,7 +544,7 @@ class Trainer:
             {
                 **asdict(outcome),
                 "peer_id": self.peer_id,
-                "windows_done": state["windows_done"],
+                "windows_done": progress.windows_done,
                 "shard_cache_hits": self.shards.hits,
                 "shard_memory_hits": self.shards.memory_hits,
                 "shard_local_reads": self.shards.local_reads,
@@ -518,7 +552,7 @@ class Trainer:
                 "optimizer_restored": experiment.key in self.restored_optimizers,
                 "candidate_bytes": len(envelope),
                 "compute_s": self.compute_s,
-                "trained_samples": self.trained_samples,
+                "trained_samples": self.trained_samples.get(experiment.key, 0),
                 "wall_s": time.perf_counter() - self._spawned_at,
                 "at_ms": self.clock.now_ms(),
             }
@@ -538,14 +572,14 @@ class Trainer:
         experiment: Experiment,
         envelope: bytes,
         opt_state: Any,
-        state: dict[str, Any],
+        progress: ExperimentProgress,
         residual: dict[str, np.ndarray],
     ) -> None:
-        """Publish a window's candidate, then save what it leaves behind (residual, optimizer, state)."""
+        """Publish a window's candidate, then save what it leaves behind (residual, optimizer, progress)."""
         self.edge.publish_candidate(experiment.key, envelope)
         if experiment.spec.codec != "fp32":
             write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
-        self._save(experiment.key, opt_state, state)
+        self._save(experiment.key, opt_state, progress)
 
     def _ask_ahead(self, experiment: Experiment, after: HeadDescriptor) -> Future[_Ahead | None]:
         """The next window's lease (``after`` the head just trained on) with its shards assembled, in
@@ -588,6 +622,9 @@ class Trainer:
             key = work.after.experiment  # waiting for the lease is idle too: a larger lease would hide it
             self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - waited
         return work.ahead
+
+    def _count_trained(self, key: ExperimentKey, examples: int) -> None:
+        self.trained_samples[key] = self.trained_samples.get(key, 0) + examples
 
     def _size_leases(self, experiment: Experiment, shards: int, train_s: float, *, late: bool = False) -> None:
         """Size the next lease (``protocol.lease_size``) after one of ``shards`` shards that trained in
@@ -633,7 +670,7 @@ class Trainer:
         )
         seconds = time.perf_counter() - started
         self.compute_s += seconds
-        self.trained_samples += xb.shape[0] * xb.shape[1]
+        self._count_trained(experiment.key, xb.shape[0] * xb.shape[1])
         ahead.seconds += seconds
         ahead.epochs += 1
         ahead.steps += len(xb)

@@ -22,6 +22,9 @@ def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     assert f"at window {reached['window']}" in (tmp_path / "demo" / "summary.md").read_text()
     # what it took: samples trained on heads before the target head, candidate bytes, trainers' utilization
     assert reached["samples"] >= reached["window"] * 1000 and reached["wall_s"] > 0
+    # every example anyone trained on: native trainers' (dropped work too), the browser's, the validator's
+    parts = ("native_samples", "browser_samples", "validator_samples")
+    assert reached["samples"] == sum(reached[part] for part in parts) and reached["native_samples"] > 0
     # the validator's own updates count too: the same examples for every head before the target
     assert reached["validator_samples"] > 0 and reached["validator_samples"] % reached["window"] == 0
     assert summary["candidate_bytes"]["mean"] > 0 and summary["candidate_bytes"]["vs_fp32"] > 0

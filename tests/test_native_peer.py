@@ -161,12 +161,35 @@ def test_restarted_trainer_resumes_identity_cache_and_optimizer(
     validator.poll(spec)
     again = _trainer(edge, root, "restart")
     assert again.peer_id == peer_id
-    assert again.state(BASELINE)["windows_done"] == 1
+    assert again.progress(BASELINE).windows_done == 1
     second = again.train_window_once(experiment)
     assert second.base_head_id != outcome.base_head_id
     assert again.restored_optimizers == {BASELINE}
     assert (root / "restart/experiments/study__mnist__rev-1/optimizer.safetensors").exists()
     again.close()
+
+
+def test_a_window_whose_candidate_was_not_published_is_not_counted_and_can_be_trained_again(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edge, validator, root = network_env
+    validator.ensure_genesis(validator.network.experiment(BASELINE))
+    trainer = _trainer(edge, root, "unpublished")
+    experiment = trainer.experiment(*BASELINE.parts)
+    publish = trainer.edge.publish_candidate
+
+    def refused(*args: Any) -> None:
+        raise EdgeRequestError(503, "unavailable", "the edge is busy")
+
+    monkeypatch.setattr(trainer.edge, "publish_candidate", refused)
+    with pytest.raises(EdgeRequestError):
+        trainer.train_window_once(experiment)
+    assert trainer.progress(BASELINE).windows_done == 0 and not trainer.edge.candidates(BASELINE)
+    monkeypatch.setattr(trainer.edge, "publish_candidate", publish)
+    outcome = trainer.train_window_once(experiment)  # the same head, not "already trained on"
+    assert trainer.progress(BASELINE).windows_done == 1
+    assert [c.candidate_id for c in trainer.edge.candidates(BASELINE)] == [outcome.candidate_id]
+    trainer.close()
 
 
 def test_a_candidate_one_window_late_is_merged_as_a_delayed_update_and_older_ones_are_stale(
