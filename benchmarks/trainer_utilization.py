@@ -42,7 +42,7 @@ from native_peer.storage import StorageConfig
 from . import BENCH_EXPERIMENT, bench_network, cpu_seconds
 
 CONFIGS = ("idle", "continuous", "adaptive")
-ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge grants at most half the free ones)
+ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge keeps the least free for a newcomer)
 TRAINER_CORE, SERVICE_CORE = "1", "0"
 
 

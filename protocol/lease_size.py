@@ -9,13 +9,20 @@ it gives one shard back, and when its work came too late for its window (a newer
 trained) it halves: so a fleet of trainers settles on windows the validator's pace (or the slowest
 trainer's lease) sets, instead of ratcheting them up to the bound on measurement noise. Pure: every
 trainer, native or browser, computes the same sizes from the same measurements.
+
+``granted_shards`` is the edge's side: how many of the free shards of a window a lease may take. More
+than the experiment's least only out of what is free beyond a reserve of the least for each peer
+expected in the window (one that leased in the window before and has not leased in this one yet) and
+for one newcomer: a trainer alone takes what keeps its core busy (half the free shards, the rule before,
+left a lone trainer waiting a third of its time), and nobody who trained last window, nor the next
+peer to join, finds the window full.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["IDLE_SLACK", "next_lease_shards"]
+__all__ = ["IDLE_SLACK", "granted_shards", "next_lease_shards"]
 
 IDLE_SLACK = 0.05  # a wait under this share of the training time counts as none (measurement noise)
 
@@ -33,3 +40,11 @@ def next_lease_shards(shards: int, train_s: float, idle_s: float, *, least: int,
     else:
         size = shards - 1
     return min(max(size, least), most)
+
+
+def granted_shards(asked: int, free: int, *, least: int, expected_peers: int) -> int:
+    """How many shards a lease asking for ``asked`` (within the experiment's bounds already) gets when
+    ``free`` shards of its window are unleased and ``expected_peers`` other peers are expected in it;
+    at most ``free`` (0: the window is full)."""
+    spare = free - least * (expected_peers + 1)
+    return min(asked, max(least, spare), free)

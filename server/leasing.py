@@ -29,6 +29,7 @@ import math
 import secrets
 
 from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId
+from protocol.lease_size import granted_shards
 from protocol.leases import assign_shards
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
@@ -106,10 +107,14 @@ class LeaseIssuer:
                     return lease
             taken = {shard for lease in live for shard in lease.shard_ids}
             seed = f"{head.head_id}/ahead" if ahead else head.head_id  # not the shards it drew on this head
-            # more than ``shards_per_lease`` only out of half the free shards: peers that size their
-            # leases up (``protocol.lease_size``) never leave a window without shards for the others
-            free = len(manifest.shard_ids) - len(taken)
-            count = min(spec.lease_shards(shards), max(spec.shards_per_lease, free // 2))
+            expected = {lease.peer_id for lease in granted if lease.window == window - 1}  # who trained last window
+            expected -= {lease.peer_id for lease in live} | {peer_id}
+            count = granted_shards(
+                spec.lease_shards(shards),
+                len(manifest.shard_ids) - len(taken),
+                least=spec.shards_per_lease,
+                expected_peers=len(expected),
+            )
             chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count)
             if not chosen:
                 lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from protocol.errors import InvalidMessage
-from protocol.lease_size import next_lease_shards
+from protocol.lease_size import granted_shards, next_lease_shards
 from protocol.messages import LeaseGrant
 from protocol.signing import PureSigner
 from server.serve import BackgroundEdge
@@ -33,6 +33,24 @@ def test_next_lease_fills_the_period_it_waited_through(
     assert next_lease_shards(shards, train_s, idle_s, least=2, most=20, late=late) == expected
 
 
+@pytest.mark.parametrize(
+    ("asked", "free", "expected_peers", "granted"),
+    [
+        (30, 37, 0, 30),  # a trainer alone: what it asks, one newcomer's least left free
+        (40, 37, 0, 33),  # ... never that least
+        (30, 37, 2, 25),  # two peers of the last window not here yet: their least kept for them too
+        (30, 37, 9, 4),  # more expected than there is room for: the least, first come
+        (4, 37, 0, 4),  # what it asked, when that is less
+        (30, 3, 0, 3),  # fewer free than the least: what there is
+        (30, 0, 0, 0),  # the window is full
+    ],
+)
+def test_a_lease_takes_only_what_is_free_beyond_the_least_of_each_expected_peer(
+    asked: int, free: int, expected_peers: int, granted: int
+) -> None:
+    assert granted_shards(asked, free, least=4, expected_peers=expected_peers) == granted
+
+
 def test_a_lease_holds_what_its_spec_bounds() -> None:
     fixed = experiment_spec(shards_per_lease=2)
     assert [fixed.lease_shards(n) for n in (None, 1, 2, 9)] == [2, 2, 2, 2]
@@ -43,7 +61,7 @@ def test_a_lease_holds_what_its_spec_bounds() -> None:
         experiment_spec(shards_per_lease=4, max_shards_per_lease=2)
 
 
-def test_the_edge_grants_what_is_asked_within_the_bounds_and_half_the_free_shards(
+def test_the_edge_grants_what_is_asked_within_the_bounds_and_keeps_the_least_free_for_a_newcomer(
     tmp_path: Path, dataset_root: Path
 ) -> None:
     write_network(tmp_path / "network.json", experiment_spec(shards_per_lease=2, max_shards_per_lease=30))
@@ -62,12 +80,20 @@ def test_the_edge_grants_what_is_asked_within_the_bounds_and_half_the_free_shard
             assert response.status_code == 200, response.text
             return LeaseGrant.from_wire(response.json()).lease.shard_ids
 
-        first = lease(1, 30)
-        assert len(first) == min(30, total // 2)  # half of the free shards at most
-        second = lease(2, 30)
-        assert len(second) == min(30, (total - len(first)) // 2) and not set(first) & set(second)
+        assert total >= 16
+        first = lease(1, 8)
+        assert len(first) == 8  # what it asked
         assert len(lease(3, None)) == 2 and len(lease(4, 1)) == 2  # the least, asked or not
+        second = lease(2, 30)
+        assert len(second) == min(30, total - 12 - 2) and not set(first) & set(second)  # a newcomer's least kept
+        assert len(lease(6, 30)) == 2  # that newcomer
         assert lease(1, 2) == first  # asking again in the window: the lease as granted
+        # the next window keeps the least for each peer of this one until it has leased there
+        head, _ = head_envelope()
+        _, body = head_envelope(parent=head.head_id, window=1)
+        assert http.post(f"/v1/experiments/{EXPERIMENT}/heads", content=body).status_code == 201
+        assert len(lease(1, 30)) == min(30, total - 2 * 4 - 2)  # 3, 4, 2 and 6 are expected, and a newcomer
+        assert len(lease(3, 30)) == min(30, total - len(lease(1, 30)) - 2 * 3 - 2)
         too_many = http.post(
             f"/v1/experiments/{EXPERIMENT}/leases",
             json=proof(PureSigner(b"\x05" * 32), "lease"),
