@@ -184,11 +184,11 @@ def test_a_window_whose_candidate_was_not_published_is_not_counted_and_can_be_tr
     monkeypatch.setattr(trainer.edge, "publish_candidate", refused)
     with pytest.raises(EdgeRequestError):
         trainer.train_window_once(experiment)
-    assert trainer.progress(BASELINE).windows_done == 0 and not trainer.edge.candidates(BASELINE)
+    assert trainer.progress(BASELINE).windows_done == 0 and not validator.edge.candidates(BASELINE)
     monkeypatch.setattr(trainer.edge, "publish_candidate", publish)
     outcome = trainer.train_window_once(experiment)  # the same head, not "already trained on"
     assert trainer.progress(BASELINE).windows_done == 1
-    assert [c.candidate_id for c in trainer.edge.candidates(BASELINE)] == [outcome.candidate_id]
+    assert [c.candidate_id for c in validator.edge.candidates(BASELINE)] == [outcome.candidate_id]
     trainer.close()
 
 
