@@ -73,7 +73,14 @@ from protocol.aggregation import Vector
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
-from protocol.deadline import DeadlinePolicy, WindowProgress, window_closes, window_deadline_s
+from protocol.deadline import (
+    DeadlinePolicy,
+    DeliveryRecord,
+    WindowProgress,
+    window_closes,
+    window_deadline_s,
+    window_grace_s,
+)
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError
 from protocol.fields import read_bool, read_float, read_list, read_object
@@ -323,6 +330,7 @@ class Validator:
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
         self._due: dict[str, float] = {}  # experiment -> when its open window's deadline (this validator's turn) falls
+        self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
 
@@ -455,12 +463,18 @@ class Validator:
             self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())
             return None
         delivered = {c.lease_id for c in arrived}
-        outstanding = sum(1 for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered)
-        progress = WindowProgress(len(window), len(leases), outstanding, elapsed_s)
-        if not window_closes(progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, turn=turn):
+        out = [lease for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered]
+        unproven = sum(1 for lease in out if lease.peer_id not in self._delivered)
+        progress = WindowProgress(len(window), len(leases), len(out) - unproven, elapsed_s, unproven)
+        grace_s = window_grace_s(self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline)
+        if not window_closes(
+            progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
+        ):
             return None
-        if outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
+        if not out and window and turn == 0 and elapsed_s < deadline_s:
             self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
+        for lease in out:
+            self._delivered.missed(lease.peer_id)
         return self._close_window(spec, head, window)
 
     def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
@@ -658,6 +672,7 @@ class Validator:
                 self.state.trust = decision.trust
                 self.state.record(decision.verdicts, self.config.max_judged)
                 for verdict in decision.verdicts:
+                    self._delivered.judged(verdict.peer_id, verdict.accepted)
                     self._candidate_path(verdict.candidate_id).unlink(missing_ok=True)
             if head_id == current.head_id or decision.head.parent != current.head_id:
                 del self.state.decisions[head_id]

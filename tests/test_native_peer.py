@@ -264,15 +264,19 @@ def _late_update(trainer: Trainer, experiment: Any, head: HeadDescriptor) -> tup
 def test_a_silent_lease_holds_each_experiments_window_only_until_its_deadline(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
-    """Two experiments on one validator, a squatter holding a lease in each that never delivers:
-    each window closes at its own adaptive deadline (not at the lease TTL)."""
+    """Two experiments on one validator, a peer with a record (its last candidate was accepted)
+    holding a lease in each that never delivers: each window closes at its own adaptive deadline (not
+    at the lease TTL)."""
     edge, fixture_validator, root = network_env
     validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     specs = [validator.network.experiment(key) for key in (BASELINE, LOW_LR)]
     worker, squatter = _trainer(edge, root, "worker"), _trainer(edge, root, "squatter")
     for spec in specs:
-        validator.state.durations[spec.key] = [1.0, 1.2, 0.8]  # recent windows took about a second
         validator.ensure_genesis(spec)
+        squatter.train_window_once(squatter.experiment(*spec.key.parts))  # honest once: it has a record
+        report = validator.poll(spec)
+        assert report is not None and report.merged
+        validator.state.durations[spec.key] = [1.0, 1.2, 0.8]  # recent windows took about a second
         worker.train_window_once(worker.experiment(*spec.key.parts))
         squatter.edge.request_lease(spec.key, squatter.identity, "native")  # leases, never delivers
     assert [validator.poll(spec) for spec in specs] == [None, None]
@@ -284,6 +288,30 @@ def test_a_silent_lease_holds_each_experiments_window_only_until_its_deadline(
     assert all(report is not None and report.merged for report in reports), reports
     for node in (worker, squatter, validator):
         node.close()
+
+
+def test_a_lease_of_an_identity_without_a_record_holds_a_window_only_for_the_newcomers_grace(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    """A squatter taking a fresh identity every window costs each window one median duration, not a
+    deadline; the identity that squatted in the window it closed has no record after it either."""
+    edge, fixture_validator, root = network_env
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    worker = _trainer(edge, root, "worker")
+    validator.state.durations[spec.key] = [1.0, 1.2, 0.8]  # grace 1 s, deadline 5 s
+    worker.train_window_once(worker.experiment(*spec.key.parts))
+    fresh = NodeIdentity.load_or_create(root / "fresh-squatter.key")
+    validator.edge.request_lease(BASELINE, fresh, "native")
+    assert validator.poll(spec) is None
+    clock.advance(0.9)
+    assert validator.poll(spec) is None  # within the grace
+    clock.advance(0.2)
+    report = validator.poll(spec)
+    assert report is not None and report.merged  # past the grace, 3.9 s before the deadline
+    worker.close()
+    validator.close()
 
 
 def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from protocol.aggregation import bulyan, flatten, fltrust_trimmed_mean
-from protocol.deadline import DeadlinePolicy, WindowProgress, window_closes, window_deadline_s
+from protocol.deadline import (
+    DeadlinePolicy,
+    DeliveryRecord,
+    WindowProgress,
+    window_closes,
+    window_deadline_s,
+    window_grace_s,
+)
 from protocol.errors import InvalidMessage
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
@@ -470,6 +477,51 @@ def test_a_window_closes_when_everyone_delivered_and_always_at_its_deadline(
     progress: WindowProgress, turn: int, closes: bool
 ) -> None:
     assert window_closes(progress, min_candidates=1, deadline_s=10.0, turn=turn) is closes
+
+
+@pytest.mark.parametrize(
+    ("progress", "turn", "closes"),
+    [
+        (WindowProgress(candidates=2, leased=3, outstanding=0, elapsed_s=1.9, unproven=1), 0, False),  # grace
+        (WindowProgress(candidates=2, leased=3, outstanding=0, elapsed_s=2.0, unproven=1), 0, True),  # over
+        (WindowProgress(candidates=2, leased=4, outstanding=1, elapsed_s=2.0, unproven=1), 0, False),  # a record
+        (WindowProgress(candidates=0, leased=3, outstanding=0, elapsed_s=2.0, unproven=3), 0, False),  # none in
+        (WindowProgress(candidates=2, leased=3, outstanding=0, elapsed_s=11.9, unproven=1), 1, False),
+        (WindowProgress(candidates=2, leased=3, outstanding=0, elapsed_s=12.0, unproven=1), 1, True),
+    ],
+)
+def test_leases_of_peers_without_a_record_hold_a_window_only_for_the_grace(
+    progress: WindowProgress, turn: int, closes: bool
+) -> None:
+    assert window_closes(progress, min_candidates=1, deadline_s=10.0, grace_s=2.0, turn=turn) is closes
+
+
+@pytest.mark.parametrize(
+    ("recent_s", "expected_s"),
+    [
+        ([], 30.0),  # no history: the deadline (window_timeout_s)
+        ([4.0, 2.0, 3.0], 3.0),  # the median
+        ([0.5, 0.5], 0.5),  # below the deadline's min_s too
+        ([20.0], 20.0),
+        ([40.0], 30.0),  # never past the deadline
+    ],
+)
+def test_the_newcomers_grace_is_the_median_window(recent_s: list[float], expected_s: float) -> None:
+    assert window_grace_s(recent_s, 30.0, DeadlinePolicy(factor=3.0, min_s=5.0, history=10)) == expected_s
+
+
+def test_a_peer_has_a_record_while_its_last_candidate_was_accepted_and_it_missed_no_window() -> None:
+    record = DeliveryRecord(capacity=2)
+    assert "a" not in record  # a newcomer
+    record.judged("a", True)
+    assert "a" in record
+    record.missed("a")  # a lease of its lapsed undelivered
+    assert "a" not in record
+    record.judged("a", True)
+    record.judged("b", False)
+    assert "a" in record and "b" not in record
+    record.judged("c", True)  # past capacity: the peer heard of longest ago is forgotten
+    assert "a" not in record and "c" in record
 
 
 def test_a_window_short_of_min_candidates_waits_for_its_deadline() -> None:
