@@ -375,3 +375,16 @@ def test_reads_in_arrival_order_use_an_index_on_postgresql(private_postgres: Any
             if row[1].endswith("(rowid)")
         }
     assert {"candidates", "verdicts", "leases"} <= tables and indexed == tables
+
+
+def test_the_sqlite_file_holding_the_edge_seed_is_its_owners_alone(tmp_path: Path) -> None:
+    """The edge's signing seed and the tokens' digests live in the SQLite file: 0600, and so are the
+    WAL and shared-memory files SQLite makes beside it, whatever the umask."""
+    path = tmp_path / "edge.sqlite3"
+    store = Store(path)
+    try:
+        store.edge_seed()
+        files = [path, *tmp_path.glob("edge.sqlite3-*")]
+        assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    finally:
+        store.close()
