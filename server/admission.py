@@ -3,7 +3,8 @@
 When the network manifest sets ``admission_required``, every write and every read of training data,
 leases and candidates needs a token whose role allows it: HTTP requests carry
 ``Authorization: Bearer <token>``, relay peers put ``"token"`` in their join message (and the relay
-checks it again on every lease request and upload, so a revoked token stops working at once). Heads,
+checks it again on every message and sweeps its open connections every ``REVOCATION_CHECK_S``, closing
+those of a revoked or expired token with ``errors.CLOSE_REVOKED``). Heads,
 verdicts and the directories stay public: anyone may verify the model. Only the sha256 of a token is
 stored; its first 12 hex digits are the token's id for listing and revocation. Signatures still decide
 what a message *is*; tokens decide who may send or read it at all.
@@ -28,6 +29,7 @@ from .errors import Forbidden, Unauthorized
 from .store import EdgeStore
 
 __all__ = [
+    "REVOCATION_CHECK_S",
     "ROLES",
     "ROLE_KINDS",
     "TOKEN_ID_LENGTH",
@@ -54,6 +56,7 @@ ROLE_KINDS: dict[str, frozenset[str]] = {
 
 
 TOKEN_ID_LENGTH = 12
+REVOCATION_CHECK_S = 1.0  # how often the relay looks for open connections of revoked tokens
 READ_PROOF_MAX_AGE_MS = 120_000
 
 
@@ -128,6 +131,14 @@ class Admission:
             raise Forbidden(f"role {role!r} may not act as a {kind} peer")
         if peer_id is not None:
             self.bind(token, peer_id)
+
+    def revoked(self, token: str | None) -> bool:
+        """True when admission is on and ``token`` no longer admits anyone (revoked, expired, or none):
+        what closes a relay connection that joined with it."""
+        if not self.required:
+            return False
+        found = None if not token else self.store.token(_digest(token))
+        return found is None or found[1] <= self.clock.now_ms()
 
     def bind(self, token: str | None, peer_id: str) -> None:
         """Bind ``peer_id``'s key to a token that passed ``check``; ``Forbidden`` when the token is

@@ -59,6 +59,7 @@ class Connection:
     overflowed: asyncio.Event = field(default_factory=asyncio.Event)
     state: ConnectionState = ConnectionState.JOINED
     token: str | None = None
+    revoked: bool = False  # its admission token was revoked: the relay closes it (``errors.CLOSE_REVOKED``)
 
     def offer(self, item: str | bytes) -> bool:
         """Queue ``item`` without waiting; on a full queue flag the connection and drop the item."""
@@ -70,6 +71,11 @@ class Connection:
             self.overflowed.set()
             return False
         return True
+
+    def revoke(self) -> None:
+        """Its admission token no longer admits it: have the relay close it, sending nothing more."""
+        self.revoked = True
+        self.overflowed.set()
 
     def supersede(self) -> None:
         """Tell the peer a newer session replaced this one, then have the relay close it."""

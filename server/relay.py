@@ -37,7 +37,9 @@ admission on, the kind a peer may claim at join comes from its token's role.
 Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
 and the connection stays. Protocol violations close it with the code from ``errors``; so do a
 missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
-over the limit (4429) and frames over the size limit (1009, from the WebSocket layer).
+over the limit (4429), frames over the size limit (1009, from the WebSocket layer) and, with admission
+on, a join token that was revoked or expired (4410, ``errors.CLOSE_REVOKED``): at the connection's
+next message, or within ``admission.REVOCATION_CHECK_S`` by ``close_revoked``, whichever comes first.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
 
+from .admission import REVOCATION_CHECK_S
 from .deps import client_address
 from .errors import (
     CLOSE_HEARTBEAT_TIMEOUT,
+    CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
     EdgeError,
     Forbidden,
@@ -259,8 +263,7 @@ async def _serve(
             if receive not in done:
                 receive.cancel()
                 if overflow in done:
-                    code = CLOSE_REPLACED if connection.state is ConnectionState.CLOSED else CLOSE_SLOW_CONSUMER
-                    raise _Close(code, "replaced by a newer session" if code == CLOSE_REPLACED else "slow consumer")
+                    raise _Close(*_overflow_close(connection))
                 if sender in done:
                     raise WebSocketDisconnect(1006)
                 raise _Close(CLOSE_HEARTBEAT_TIMEOUT, "idle timeout")
@@ -274,8 +277,40 @@ async def _serve(
         overflow.cancel()
 
 
+def _overflow_close(connection: Connection) -> tuple[int, str]:
+    """Why a connection whose sending stopped is closed: revoked, replaced, or a slow consumer."""
+    if connection.revoked:
+        return CLOSE_REVOKED, "admission token revoked or expired"
+    if connection.state is ConnectionState.CLOSED:
+        return CLOSE_REPLACED, "replaced by a newer session"
+    return CLOSE_SLOW_CONSUMER, "slow consumer"
+
+
+async def close_revoked(state: EdgeState) -> None:
+    """Forever, every ``REVOCATION_CHECK_S``: close this edge's relay connections whose admission token
+    was revoked or has expired (each token looked up once per sweep, off the event loop)."""
+    while True:
+        await asyncio.sleep(REVOCATION_CHECK_S)
+        tokens = {c.token for c in state.hub.connections.values() if c.token is not None}
+        try:
+            revoked = await asyncio.to_thread(_revoked, state, tokens)
+        except EdgeError as exc:  # the shared store is unreachable for now: the next sweep tries again
+            log.warning("could not check the relay's admission tokens: %s", exc)
+            continue
+        for connection in list(state.hub.connections.values()):
+            if connection.token in revoked:
+                connection.revoke()
+
+
+def _revoked(state: EdgeState, tokens: set[str]) -> set[str]:
+    return {token for token in tokens if state.admission.revoked(token)}
+
+
 def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection, address: str) -> Handler:
     async def handle(message: dict[str, Any]) -> None:
+        if state.admission.revoked(connection.token):
+            connection.revoke()
+            raise _Close(*_overflow_close(connection))
         try:
             if message.get("bytes") is not None:
                 state.admission.check(connection.token, "candidate")

@@ -27,8 +27,10 @@ from protocol.ids import HeadId
 from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
 from protocol.model import MODELS, init_params
 from protocol.signing import PureSigner
-from server.admission import issue_token, token_id
+from server.admission import REVOCATION_CHECK_S, issue_token, token_id
 from server.connections import ACCEPT_BACKLOG, FD_RESERVE, ConnectionLimits
+from server.errors import CLOSE_REVOKED
+from server.hub import TOPICS
 from server.serve import BackgroundEdge
 from server.store import Store
 
@@ -441,6 +443,8 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
             grant_lease(http, trainer, authorization=f"bearer {tokens['trainer']}")  # the scheme is case-insensitive
             with _join(edge.url, trainer, "native", tokens["trainer"]) as ws:
                 assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": sorted(TOPICS)}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "subscribed"
                 listing = tools_output(["token", "list", "--data-dir", str(tmp_path / "edge")])
                 assert tokens["trainer"] not in listing and token_id(tokens["trainer"]) in listing
                 assert "revoked" in tools_output(
@@ -448,9 +452,9 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
                 )
                 with pytest.raises(SystemExit):
                     tools_output(["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])])
-                ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
-                reply = json.loads(ws.recv(timeout=5))
-                assert (reply["type"], reply["status"], reply["error"]) == ("error", 401, "Unauthorized")
+                with pytest.raises(ConnectionClosed) as closed:  # closed by the sweep, the peer silent
+                    ws.recv(timeout=REVOCATION_CHECK_S + 5)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_REVOKED
             refused = http.post(
                 f"{BASE}/leases", json=proof(trainer, "lease"), headers={"authorization": f"Bearer {tokens['trainer']}"}
             )
