@@ -132,6 +132,14 @@ class Admission:
         if peer_id is not None:
             self.bind(token, peer_id)
 
+    def allows(self, token: str | None, action: str) -> bool:
+        """Whether ``token`` may ``action`` now (``check`` without the refusal)."""
+        try:
+            self.check(token, action)
+        except (Unauthorized, Forbidden):
+            return False
+        return True
+
     def revoked(self, token: str | None) -> bool:
         """True when admission is on and ``token`` no longer admits anyone (revoked, expired, or none):
         what closes a relay connection that joined with it."""

@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Response
 
 from .deps import State
+from .hub import public_event
 from .responses import JSON
 
 router = APIRouter(tags=["portal"])
@@ -88,7 +89,7 @@ async def snapshot(state: State) -> JSON:
                 "active_by_kind": _active_by_kind(state.store.peers()),
                 "known": len(state.store.peers()),
             },
-            "events": list(state.hub.events)[-50:],
+            "events": [public_event(e) if state.admission.required else e for e in list(state.hub.events)[-50:]],
         }
     )
 

@@ -28,7 +28,9 @@ until it is closed (``ConnectionState.CLOSED``).
     edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
 
 ``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to
-read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers.
+read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers. With admission
+on, viewers, and peers whose token may not read leases, get the events as ``hub.public_event`` makes
+them: no lease ids, shard ids or principals.
 
 The relay stamps what it forwards with the sender it authenticated (``peer_id`` and ``kind`` of the
 join): a ``metrics`` payload cannot speak for another peer. Only trainer kinds may lease; with
@@ -114,11 +116,12 @@ async def relay(websocket: WebSocket) -> None:
 @router.websocket("/v1/events")
 async def events(websocket: WebSocket) -> None:
     """Read-only live events for viewers: every public topic of every experiment, no identity needed
-    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway)."""
+    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway; with admission
+    on, without what only validators may read: ``hub.public_event``)."""
     state: EdgeState = websocket.app.state.edge
 
     async def viewer() -> Connection:
-        return state.hub.add_viewer()
+        return state.hub.add_viewer(redacted=state.admission.required)
 
     await _session(websocket, state, viewer, _viewer_handler)
 
@@ -208,6 +211,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         raise _Close(close_code_for(exc), str(exc)) from None
     connection = state.hub.register(proof.peer_id, proof.peer_kind)
     connection.token = token if isinstance(token, str) else None
+    connection.redacted = state.admission.required and not state.admission.allows(connection.token, "read_leases")
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
     welcome = {
         "type": "welcome",

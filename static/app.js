@@ -257,7 +257,7 @@ function eventItem(event) {
     text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected: ${d.reason}${d.detail ? ` (${d.detail})` : ""}`;
     li.className = d.accepted ? "ok" : "bad";
   } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
-  else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
+  else if (event.topic === "leases") text = `lease of ${d.shard_ids?.length ?? d.shards} shards to ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "peers") text = `${d.kind} peer joined`;
   else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
   else if (event.topic === "quorum") {

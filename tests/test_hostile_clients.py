@@ -425,6 +425,66 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
         edge.stop()
 
 
+def test_with_admission_the_event_stream_shows_anonymous_viewers_no_lease_ids_shards_or_principals(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """Viewers and peers whose token may not read leases see a lease's count of shards, not its id,
+    shards or principal, nor a candidate's lease; a validator's relay connection sees them whole."""
+    edge, tokens = _admission_edge(tmp_path, dataset_root)
+    trainer = PureSigner(b"\xb7" * 32)
+    try:
+        with (
+            httpx.Client(base_url=edge.url) as http,
+            connect(edge.url.replace("http", "ws") + "/v1/events") as viewer,
+            _join(edge.url, trainer, "native", tokens["trainer"]) as trainer_ws,
+            _join(edge.url, VALIDATOR, "validator", tokens["validator"]) as validator_ws,
+        ):
+            for ws in (trainer_ws, validator_ws):
+                assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["leases", "candidates"]}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "subscribed"
+            _, genesis = head_envelope()
+            validator = {"authorization": f"Bearer {tokens['validator']}"}
+            assert http.post(f"{BASE}/heads", content=genesis, headers=validator).status_code == 201
+            grant = grant_lease(http, trainer, authorization=f"Bearer {tokens['trainer']}")
+            artifact = encode_tensors(init_params(SPEC, 3))
+            candidate = Candidate.for_lease(
+                grant.lease,
+                grant.lease.base_head,
+                artifact,
+                trainer,
+                peer_kind="native",
+                examples=64,
+                steps=1,
+                created_at_ms=1,
+            )
+            envelope = pack_envelope(candidate.to_wire(), artifact)
+            upload = http.post(
+                f"{BASE}/candidates", content=envelope, headers={"authorization": f"Bearer {tokens['trainer']}"}
+            )
+            assert upload.status_code == 201
+
+            def events(ws: ClientConnection) -> dict[str, dict[str, object]]:
+                seen: dict[str, dict[str, object]] = {}
+                while len(seen) < 2:
+                    message = json.loads(ws.recv(timeout=5))
+                    if message.get("topic") in ("leases", "candidates"):
+                        seen[message["topic"]] = message["data"]
+                return seen
+
+            secrets = (grant.lease.lease_id, *grant.lease.shard_ids, token_id(tokens["trainer"]), grant.secret)
+            snapshot = http.get("/portal/snapshot").json()["events"]
+            for seen in (events(viewer), events(trainer_ws), {e["topic"]: e["data"] for e in snapshot}):
+                assert seen["leases"]["shards"] == len(grant.lease.shard_ids)
+                assert seen["leases"]["peer_id"] == grant.lease.peer_id
+                assert seen["candidates"]["candidate_id"] == candidate.candidate_id
+                assert not any(secret in json.dumps(seen) for secret in secrets)
+            whole = events(validator_ws)
+            assert Lease.from_wire(whole["leases"]) == grant.lease and "lease_id" in whole["candidates"]
+    finally:
+        edge.stop()
+
+
 def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: Path, dataset_root: Path) -> None:
     edge, tokens = _admission_edge(tmp_path, dataset_root)
     try:
