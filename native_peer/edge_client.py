@@ -78,7 +78,7 @@ class EdgeClient:
 
     def _read_proof(self, path: str) -> dict[str, str]:
         """With a ``reader`` (a validator's key): the signed proof that lets it read an open window's
-        candidates (``READ_PROOF_HEADER``); without one, nothing."""
+        candidates (``READ_PROOF_HEADER``), good for one request; without one, nothing."""
         if self._reader is None:
             return {}
         return {READ_PROOF_HEADER: PeerProof.for_read(self._reader, "validator", path, self._clock.now_ms())}
@@ -86,9 +86,12 @@ class EdgeClient:
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, read_proof: bool = False, **options: Any) -> httpx.Response:
+        """``read_proof``: each attempt with a fresh read proof (``_read_proof``; the edge takes one once)."""
         backoff = Backoff(max_s=4.0)
         for attempt in range(self._retries + 1):
+            if read_proof:
+                options["headers"] = {**options.get("headers", {}), **self._read_proof(path)}
             try:
                 response = self._http.request(method, path, **options)
             except httpx.TransportError:
@@ -154,7 +157,7 @@ class EdgeClient:
         path = f"{self._experiment_path(key)}/candidates"
         found: list[Candidate] = []
         while True:
-            response = self._request("GET", path, params={"since": since}, headers=self._read_proof(path))
+            response = self._request("GET", path, params={"since": since}, read_proof=True)
             page = [Candidate.from_wire(c) for c in response.json()]
             found += page
             since = int(response.headers[NEXT_SINCE_HEADER])
@@ -164,7 +167,7 @@ class EdgeClient:
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         params = {} if base_head is None else {"base_head": base_head}
         path = f"{self._experiment_path(key)}/candidates"
-        response = self._request("GET", path, params=params, headers=self._read_proof(path))
+        response = self._request("GET", path, params=params, read_proof=True)
         return [Candidate.from_wire(c) for c in response.json()]
 
     def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:

@@ -26,6 +26,7 @@ from protocol.errors import ProtocolError
 from protocol.messages import PEER_KINDS, READ_PROOF_HEADER, TRAINER_KINDS, PeerProof
 
 from .errors import Forbidden, Unauthorized
+from .replay import Once
 from .store import EdgeStore
 
 __all__ = [
@@ -83,22 +84,29 @@ def issue_token(
     return token
 
 
-def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes], now_ms: int) -> bool:
+def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes], now_ms: int, seen: Once) -> bool:
     """True when ``request`` carries a validator's fresh signed proof (``READ_PROOF_HEADER``) that it
-    reads exactly this path: what lets validators, and only them, read an open window's candidates."""
+    reads exactly this path, never presented before: what lets validators, and only them, read an open
+    window's candidates. False without a proof; ``Forbidden``, saying why, for a proof that is not one
+    (malformed, stale, another path, not a validator's, a bad signature) or was presented already
+    (``seen`` records each for ``READ_PROOF_MAX_AGE_MS`` past its issue, after which it is stale)."""
     value = request.headers.get(READ_PROOF_HEADER)
     if value is None:
         return False
     try:
         proof = PeerProof.from_read_header(value)
-        fresh = abs(proof.issued_at_ms - now_ms) <= READ_PROOF_MAX_AGE_MS
-        if proof.purpose != "read" or proof.nonce != request.url.path or not fresh:
-            return False
+        if proof.purpose != "read" or proof.read_path() != request.url.path:
+            raise Forbidden("this read proof is not for this path")
+        if abs(proof.issued_at_ms - now_ms) > READ_PROOF_MAX_AGE_MS:
+            raise Forbidden("this read proof is stale: sign one when you send the request")
         if proof.public_key not in validator_keys:
-            return False
+            raise Forbidden("read proofs are taken from the network's validators only")
         proof.verify_own()
-    except ProtocolError:
-        return False
+    except ProtocolError as exc:
+        raise Forbidden(f"not a valid read proof: {exc}") from None
+    until_stale_ms = max(1, proof.issued_at_ms + READ_PROOF_MAX_AGE_MS - now_ms)
+    if not seen.first(f"read:{proof.peer_id}:{proof.nonce}", until_stale_ms):
+        raise Forbidden("this read proof was presented already: sign a fresh one for each request")
     return True
 
 

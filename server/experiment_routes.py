@@ -211,7 +211,7 @@ async def list_candidates(
     window's first candidate (it continues there once the window closes)."""
     state.admission.check_header(request.headers.get("authorization"), "read_candidates")
     state.experiment(key)
-    validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms())
+    validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms(), state.read_proofs)
     current = state.store.current_head(key)
 
     def visible(candidate: Candidate) -> bool:

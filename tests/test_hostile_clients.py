@@ -26,7 +26,7 @@ from protocol.hashing import content_id
 from protocol.ids import HeadId
 from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
 from protocol.model import MODELS, init_params
-from protocol.signing import PureSigner
+from protocol.signing import PureSigner, b64encode, canonical_json
 from server.admission import REVOCATION_CHECK_S, issue_token, token_id
 from server.connections import ACCEPT_BACKLOG, FD_RESERVE, ConnectionLimits
 from server.errors import CLOSE_REVOKED
@@ -40,6 +40,7 @@ from .support import (
     edge_settings,
     grant_lease,
     head_envelope,
+    now_ms,
     proof,
     tools_output,
     validator_reads,
@@ -556,8 +557,18 @@ def test_an_open_windows_candidates_are_read_by_validators_only(http: httpx.Clie
     stale = {READ_PROOF_HEADER: PeerProof.for_read(VALIDATOR, "validator", blob, int(time.time() * 1000) - 600_000)}
     _refused(http.get(blob, headers=stale), 403, "Forbidden")
     _refused(http.get(blob, headers={READ_PROOF_HEADER: "not-a-proof"}), 403, "Forbidden")
-    assert len(http.get(listing, headers=validator_reads(listing)).json()) == 1
-    assert content_id(http.get(blob, headers=validator_reads(blob)).content) == content_id(artifact)
+    unbound = PeerProof("read", VALIDATOR.public_key, "validator", blob, now_ms()).signed(VALIDATOR)  # no fresh part
+    _refused(
+        http.get(blob, headers={READ_PROOF_HEADER: b64encode(canonical_json(unbound.to_wire()))}), 403, "Forbidden"
+    )
+    seen_listing, seen_blob = validator_reads(listing), validator_reads(blob)
+    assert len(http.get(listing, headers=seen_listing).json()) == 1
+    assert content_id(http.get(blob, headers=seen_blob).content) == content_id(artifact)
+    for path, seen in ((listing, seen_listing), (blob, seen_blob)):  # replayed by another client, at once
+        with httpx.Client(base_url=str(http.base_url)) as other:
+            replayed = other.get(path, headers=seen)
+        _refused(replayed, 403, "Forbidden")
+        assert "presented already" in replayed.json()["detail"]
     genesis = HeadId(http.get(f"{BASE}/head").json()["head_id"])
     _, next_head = head_envelope(window=1, parent=genesis)
     assert http.post(f"{BASE}/heads", content=next_head).status_code == 201  # the window closes
