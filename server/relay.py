@@ -18,7 +18,8 @@ until it is closed (``ConnectionState.CLOSED``).
             "shards"?: <how many shards, within the experiment's bounds>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
-    peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
+    peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only;
+                                                                          holders with a record first)
     peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers", "fetching"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
@@ -397,7 +398,11 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         current = state.store.current_head(key)
         is_current = current is not None and current.head_id == head_id  # any other head: ignored
         if kind == "have" and is_current:
-            state.holders.announce(key, head_id, connection.peer_id)
+            recorded = (
+                state.admission.principal(connection.token) is not None
+                or state.credit.standing(key, PeerId(connection.peer_id)).accepted > 0
+            )
+            state.holders.announce(key, head_id, connection.peer_id, recorded=recorded)
         elif kind == "holders":
             joined = state.hub.connections.__contains__
             holders = state.holders.ask(key, head_id, connection.peer_id, joined) if is_current else Holders([])
