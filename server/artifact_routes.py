@@ -9,13 +9,13 @@ from protocol.ids import ContentId
 
 from .admission import reads_as_validator
 from .deps import State
-from .errors import Forbidden, NotFound, Unauthorized, documented
+from .errors import Forbidden, NotFound, RateLimited, Unauthorized, documented
 from .responses import immutable_file
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])
 
 
-@router.get("/artifacts/{cid}", responses=documented(InvalidMessage, NotFound, Unauthorized, Forbidden))
+@router.get("/artifacts/{cid}", responses=documented(InvalidMessage, NotFound, Unauthorized, Forbidden, RateLimited))
 @router.head("/artifacts/{cid}")
 async def artifact(cid: str, state: State, request: Request) -> Response:
     """An artifact by content id: immutable, ETag = content id, conditional GET, HEAD and Range.

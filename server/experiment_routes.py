@@ -43,6 +43,7 @@ ENVELOPE = (
 )
 _READ = documented(InvalidMessage, NotFound)
 _GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
+_PROVEN_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden, RateLimited)  # read proofs: replay.Once
 _UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
 
 
@@ -194,7 +195,7 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
     return JSON(candidate.to_wire(), status_code=201 if created else 200)
 
 
-@router.get(f"{EXPERIMENT}/candidates", responses=_GUARDED_READ)
+@router.get(f"{EXPERIMENT}/candidates", responses=_PROVEN_READ)
 async def list_candidates(
     key: Experiment,
     state: State,

@@ -123,6 +123,11 @@ def test_openapi_documents_upload_bodies_and_every_refusal(client: httpx.Client)
     assert upload["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
     assert {"400", "401", "403", "404", "409", "413", "422", "429", "507"} <= set(upload["responses"])
     assert upload["responses"]["507"]["description"] == "QuotaExceeded"
+    listing = paths[f"{experiment}/candidates"]["get"]
+    assert {"400", "401", "403", "404", "429"} <= set(listing["responses"])  # a read proof presented again: 403
+    for operation in (listing, paths["/v1/peers"]["get"]):
+        limit = next(p for p in operation["parameters"] if p["name"] == "limit")
+        assert limit["schema"]["maximum"] == 1000 and "400" in operation["responses"]
     assert upload["responses"]["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     lease = paths[f"{experiment}/leases"]["post"]
     assert "PeerProof" in lease["requestBody"]["description"] and "429" in lease["responses"]
