@@ -171,6 +171,8 @@ def self_signed_certificate(cert: Path, key: Path, host: str = "127.0.0.1") -> N
     ``SSL_CERT_FILE=<cert>``). A public host uses a CA's (certbot)."""
     for path in (cert, key):
         path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # the key is never readable by others
+    key.chmod(0o600)  # a key file that was there before
     san = f"IP:{host}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]*:[0-9a-fA-F:]*", host) else f"DNS:{host}"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -178,7 +180,6 @@ def self_signed_certificate(cert: Path, key: Path, host: str = "127.0.0.1") -> N
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True,
     )  # fmt: skip
-    key.chmod(0o600)
 
 
 def _readable_by_others(path: Path) -> None:

@@ -78,7 +78,7 @@ class EdgeClient:
 
     def _read_proof(self, path: str) -> dict[str, str]:
         """With a ``reader`` (a validator's key): the signed proof that lets it read an open window's
-        candidates (``READ_PROOF_HEADER``); without one, nothing."""
+        candidates (``READ_PROOF_HEADER``), good for one request; without one, nothing."""
         if self._reader is None:
             return {}
         return {READ_PROOF_HEADER: PeerProof.for_read(self._reader, "validator", path, self._clock.now_ms())}
@@ -86,9 +86,12 @@ class EdgeClient:
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, read_proof: bool = False, **options: Any) -> httpx.Response:
+        """``read_proof``: each attempt with a fresh read proof (``_read_proof``; the edge takes one once)."""
         backoff = Backoff(max_s=4.0)
         for attempt in range(self._retries + 1):
+            if read_proof:
+                options["headers"] = {**options.get("headers", {}), **self._read_proof(path)}
             try:
                 response = self._http.request(method, path, **options)
             except httpx.TransportError:
@@ -148,13 +151,17 @@ class EdgeClient:
         response = self._request("GET", f"{self._experiment_path(key)}/proposals", params=params)
         return [HeadDescriptor.from_wire(h) for h in response.json()]
 
-    def candidates_since(self, key: ExperimentKey, since: int) -> tuple[list[Candidate], int]:
-        """The candidates received after cursor ``since`` (0: from the start), every page of them, and
-        the cursor to continue from: a follower that never lists history twice."""
+    def candidates_since(
+        self, key: ExperimentKey, since: int, base_head: HeadId | None = None
+    ) -> tuple[list[Candidate], int]:
+        """The candidates received after cursor ``since`` (0: from the start; of ``base_head`` when
+        given), every page of them, and the cursor to continue from: a follower that never lists
+        history twice."""
         path = f"{self._experiment_path(key)}/candidates"
+        params: dict[str, Any] = {} if base_head is None else {"base_head": base_head}
         found: list[Candidate] = []
         while True:
-            response = self._request("GET", path, params={"since": since}, headers=self._read_proof(path))
+            response = self._request("GET", path, params={**params, "since": since}, read_proof=True)
             page = [Candidate.from_wire(c) for c in response.json()]
             found += page
             since = int(response.headers[NEXT_SINCE_HEADER])
@@ -162,10 +169,8 @@ class EdgeClient:
                 return found, since
 
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
-        params = {} if base_head is None else {"base_head": base_head}
-        path = f"{self._experiment_path(key)}/candidates"
-        response = self._request("GET", path, params=params, headers=self._read_proof(path))
-        return [Candidate.from_wire(c) for c in response.json()]
+        """Every candidate this client may read (of ``base_head`` when given), page after page."""
+        return self.candidates_since(key, 0, base_head)[0]
 
     def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:
         response = self._request("GET", f"{self._experiment_path(key)}/leases", params={"base_head": base_head})
@@ -191,8 +196,13 @@ class EdgeClient:
         return [Verdict.from_wire(v) for v in response.json()]
 
     def peers(self) -> dict[str, Any]:
-        """The peer directory: ``{"known": [{"peer_id", "kind", ...}], ...}``."""
-        return dict(self._request("GET", "/v1/peers").json())
+        """The peer directory: ``{"connected": [...], "known": [{"peer_id", "kind", ...}]}``, every page of
+        ``known``."""
+        directory = self._request("GET", "/v1/peers").json()
+        while directory.get("next") is not None:
+            more = self._request("GET", "/v1/peers", params={"cursor": directory["next"]}).json()
+            directory = {**more, "known": directory["known"] + more["known"]}
+        return dict(directory)
 
     def portal_snapshot(self) -> dict[str, Any]:
         """What the viewer shows: experiments with their heads and verdict counts, peers by kind."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -45,7 +46,8 @@ __all__ = [
 ]
 
 LEASE_SECRET_HEADER = "dtn-lease-secret"
-READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>), base64url JSON
+READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>#<fresh>), base64url JSON
+READ_NONCE_MIN_CHARS = 16  # the fresh part of a read proof's nonce (PeerProof.for_read makes 16)
 NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from
 VERDICT_BATCH = 1024  # the most verdicts one request publishes
 MAX_WINDOW_CANDIDATES = 4096  # the most candidates a head merges and an attestation lists as considered
@@ -503,8 +505,9 @@ class Verdict(_Signed):
 class PeerProof(_SelfSigned):
     """A peer proving it holds the key behind its id: to join the relay (``purpose="join"``, with
     the edge's challenge nonce), to ask for a lease over HTTP (``purpose="lease"``, with a fresh
-    timestamp), or to read what only some peers may read (``purpose="read"``, the request path as
-    nonce, sent in ``READ_PROOF_HEADER``)."""
+    timestamp), or to read what only some peers may read (``purpose="read"``, sent in
+    ``READ_PROOF_HEADER``: the nonce is the request path, ``#`` and a fresh random part, and the edge
+    takes each proof once, so one seen on the way cannot be presented again by another client)."""
 
     DOMAIN: ClassVar[bytes] = b"dtn/peer-proof/v1\n"
 
@@ -526,10 +529,19 @@ class PeerProof(_SelfSigned):
 
     @classmethod
     def for_read(cls, signer: Signer, peer_kind: str, path: str, now_ms: int) -> str:
-        """A ``READ_PROOF_HEADER`` value: this peer's signed proof that it reads ``path`` now."""
+        """A ``READ_PROOF_HEADER`` value: this peer's signed proof that it reads ``path`` now, once
+        (a fresh nonce each call)."""
+        nonce = f"{path}#{secrets.token_urlsafe(12)}"
         return b64encode(
-            canonical_json(cls("read", signer.public_key, peer_kind, path, now_ms).signed(signer).to_wire())
+            canonical_json(cls("read", signer.public_key, peer_kind, nonce, now_ms).signed(signer).to_wire())
         )
+
+    def read_path(self) -> str:
+        """The path a read proof is for (``InvalidMessage`` for a nonce without a fresh part)."""
+        path, _, fresh = self.nonce.rpartition("#")
+        if len(fresh) < READ_NONCE_MIN_CHARS:
+            raise InvalidMessage("a read proof's nonce is the request path, '#' and a fresh random part")
+        return path
 
     @classmethod
     def from_read_header(cls, value: str) -> PeerProof:
@@ -546,7 +558,7 @@ class PeerProof(_SelfSigned):
             purpose=read_str(d, "purpose", max_len=16),
             public_key=_key(d, "public_key"),
             peer_kind=read_str(d, "peer_kind", max_len=16),
-            nonce=read_str(d, "nonce", max_len=128),
+            nonce=read_str(d, "nonce", max_len=320),
             issued_at_ms=read_int(d, "issued_at_ms"),
             signature=_signature(d),
         )._checked()

@@ -3,7 +3,8 @@
 When the network manifest sets ``admission_required``, every write and every read of training data,
 leases and candidates needs a token whose role allows it: HTTP requests carry
 ``Authorization: Bearer <token>``, relay peers put ``"token"`` in their join message (and the relay
-checks it again on every lease request and upload, so a revoked token stops working at once). Heads,
+checks it again on every message and sweeps its open connections every ``REVOCATION_CHECK_S``, closing
+those of a revoked or expired token with ``errors.CLOSE_REVOKED``). Heads,
 verdicts and the directories stay public: anyone may verify the model. Only the sha256 of a token is
 stored; its first 12 hex digits are the token's id for listing and revocation. Signatures still decide
 what a message *is*; tokens decide who may send or read it at all.
@@ -25,9 +26,11 @@ from protocol.errors import ProtocolError
 from protocol.messages import PEER_KINDS, READ_PROOF_HEADER, TRAINER_KINDS, PeerProof
 
 from .errors import Forbidden, Unauthorized
+from .replay import Once
 from .store import EdgeStore
 
 __all__ = [
+    "REVOCATION_CHECK_S",
     "ROLES",
     "ROLE_KINDS",
     "TOKEN_ID_LENGTH",
@@ -54,6 +57,7 @@ ROLE_KINDS: dict[str, frozenset[str]] = {
 
 
 TOKEN_ID_LENGTH = 12
+REVOCATION_CHECK_S = 1.0  # how often the relay looks for open connections of revoked tokens
 READ_PROOF_MAX_AGE_MS = 120_000
 
 
@@ -80,22 +84,29 @@ def issue_token(
     return token
 
 
-def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes], now_ms: int) -> bool:
+def reads_as_validator(request: HTTPConnection, validator_keys: frozenset[bytes], now_ms: int, seen: Once) -> bool:
     """True when ``request`` carries a validator's fresh signed proof (``READ_PROOF_HEADER``) that it
-    reads exactly this path: what lets validators, and only them, read an open window's candidates."""
+    reads exactly this path, never presented before: what lets validators, and only them, read an open
+    window's candidates. False without a proof; ``Forbidden``, saying why, for a proof that is not one
+    (malformed, stale, another path, not a validator's, a bad signature) or was presented already
+    (``seen`` records each for ``READ_PROOF_MAX_AGE_MS`` past its issue, after which it is stale)."""
     value = request.headers.get(READ_PROOF_HEADER)
     if value is None:
         return False
     try:
         proof = PeerProof.from_read_header(value)
-        fresh = abs(proof.issued_at_ms - now_ms) <= READ_PROOF_MAX_AGE_MS
-        if proof.purpose != "read" or proof.nonce != request.url.path or not fresh:
-            return False
+        if proof.purpose != "read" or proof.read_path() != request.url.path:
+            raise Forbidden("this read proof is not for this path")
+        if abs(proof.issued_at_ms - now_ms) > READ_PROOF_MAX_AGE_MS:
+            raise Forbidden("this read proof is stale: sign one when you send the request")
         if proof.public_key not in validator_keys:
-            return False
+            raise Forbidden("read proofs are taken from the network's validators only")
         proof.verify_own()
-    except ProtocolError:
-        return False
+    except ProtocolError as exc:
+        raise Forbidden(f"not a valid read proof: {exc}") from None
+    until_stale_ms = max(1, proof.issued_at_ms + READ_PROOF_MAX_AGE_MS - now_ms)
+    if not seen.first(f"read:{proof.peer_id}:{proof.nonce}", until_stale_ms):
+        raise Forbidden("this read proof was presented already: sign a fresh one for each request")
     return True
 
 
@@ -128,6 +139,22 @@ class Admission:
             raise Forbidden(f"role {role!r} may not act as a {kind} peer")
         if peer_id is not None:
             self.bind(token, peer_id)
+
+    def allows(self, token: str | None, action: str) -> bool:
+        """Whether ``token`` may ``action`` now (``check`` without the refusal)."""
+        try:
+            self.check(token, action)
+        except (Unauthorized, Forbidden):
+            return False
+        return True
+
+    def revoked(self, token: str | None) -> bool:
+        """True when admission is on and ``token`` no longer admits anyone (revoked, expired, or none):
+        what closes a relay connection that joined with it."""
+        if not self.required:
+            return False
+        found = None if not token else self.store.token(_digest(token))
+        return found is None or found[1] <= self.clock.now_ms()
 
     def bind(self, token: str | None, peer_id: str) -> None:
         """Bind ``peer_id``'s key to a token that passed ``check``; ``Forbidden`` when the token is

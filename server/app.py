@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -36,9 +38,14 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.edge = state
         app.state.issuer = LeaseIssuer(state)
         operations.register_collector(state)
+        sweeper = asyncio.create_task(relay.close_revoked(state)) if state.admission.required else None
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             await state.close()
 
     app = FastAPI(

@@ -9,13 +9,13 @@ from protocol.ids import ContentId
 
 from .admission import reads_as_validator
 from .deps import State
-from .errors import Forbidden, NotFound, Unauthorized, documented
+from .errors import Forbidden, NotFound, RateLimited, Unauthorized, documented
 from .responses import immutable_file
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])
 
 
-@router.get("/artifacts/{cid}", responses=documented(InvalidMessage, NotFound, Unauthorized, Forbidden))
+@router.get("/artifacts/{cid}", responses=documented(InvalidMessage, NotFound, Unauthorized, Forbidden, RateLimited))
 @router.head("/artifacts/{cid}")
 async def artifact(cid: str, state: State, request: Request) -> Response:
     """An artifact by content id: immutable, ETag = content id, conditional GET, HEAD and Range.
@@ -31,7 +31,9 @@ async def artifact(cid: str, state: State, request: Request) -> Response:
         experiment, base = window
         current = state.store.current_head(experiment)
         open_window = current is not None and current.head_id == base
-        if open_window and not reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms()):
+        if open_window and not reads_as_validator(
+            request, state.network.validator_key_set, state.clock.now_ms(), state.read_proofs
+        ):
             raise Forbidden("a candidate of an open window is read by validators only, until the window closes")
     path = state.blobs.path(content)
     response = immutable_file(request, path, content, private=window is not None)

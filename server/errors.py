@@ -21,8 +21,9 @@ out of bounds 400 ``InvalidMessage``) answer in the same ``{"error", "detail"}``
 A client that closes its connection mid-request (starlette's ``ClientDisconnect``: an aborted
 upload) costs one log line, without a traceback; there is no one left to answer.
 
-Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4413 (slow consumer),
-1001 (server shutting down), 1009 (frame over the size limit, sent by the WebSocket layer).
+Close codes the relay uses on its own: 4408 (join or heartbeat timeout), 4410 (the admission token the
+connection joined with was revoked or expired), 4413 (slow consumer), 1001 (server shutting down),
+1009 (frame over the size limit, sent by the WebSocket layer).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .responses import JSON
 
 __all__ = [
     "CLOSE_HEARTBEAT_TIMEOUT",
+    "CLOSE_REVOKED",
     "CLOSE_SLOW_CONSUMER",
     "Conflict",
     "EdgeError",
@@ -64,6 +66,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLOSE_HEARTBEAT_TIMEOUT = 4408
+CLOSE_REVOKED = 4410
 CLOSE_SLOW_CONSUMER = 4413
 
 

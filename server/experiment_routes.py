@@ -17,7 +17,7 @@ from fastapi import APIRouter, Path, Query, Request
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
-from protocol.messages import NEXT_SINCE_HEADER, VERDICT_BATCH, Candidate, PeerProof
+from protocol.messages import NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
 
 from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
@@ -36,13 +36,14 @@ router = APIRouter(prefix="/v1", tags=["experiments"])
 
 EXPERIMENT = "/experiments/{study}/{experiment}/{revision}"
 LEASE_PROOF_MAX_AGE_MS = 120_000
-CANDIDATE_PAGE = 500
+CANDIDATE_PAGE = 1000  # a window's candidates fit in one page or a few (MAX_WINDOW_CANDIDATES)
 ENVELOPE = (
     "DTN1 envelope: b'DTN1', a 4-byte big-endian descriptor length, the signed descriptor as JSON, "
     "then the safetensors artifact it names by content id"
 )
 _READ = documented(InvalidMessage, NotFound)
 _GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
+_PROVEN_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden, RateLimited)  # read proofs: replay.Once
 _UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
 
 
@@ -194,35 +195,30 @@ async def publish_candidate(key: Experiment, state: State, request: Request) -> 
     return JSON(candidate.to_wire(), status_code=201 if created else 200)
 
 
-@router.get(f"{EXPERIMENT}/candidates", responses=_GUARDED_READ)
+@router.get(f"{EXPERIMENT}/candidates", responses=_PROVEN_READ)
 async def list_candidates(
     key: Experiment,
     state: State,
     request: Request,
     base_head: Annotated[str | None, Query(max_length=80)] = None,
-    since: Annotated[int | None, Query(ge=0)] = None,
+    since: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=CANDIDATE_PAGE)] = CANDIDATE_PAGE,
 ) -> JSON:
-    """Candidate descriptors in arrival order; those of the open window only to validators (a signed
-    ``READ_PROOF_HEADER``); with admission on, to validator tokens only.
-
-    With ``since=<cursor>`` (0 to start): the next page of at most ``CANDIDATE_PAGE`` candidates
-    received after it, and the cursor to continue from in the ``NEXT_SINCE_HEADER`` header, so a
-    follower never lists history twice. A reader who is no validator is stopped before the open
-    window's first candidate (it continues there once the window closes)."""
+    """Candidate descriptors in arrival order (of ``base_head`` when given), one page at a time: at
+    most ``limit`` (``CANDIDATE_PAGE`` at most) received after cursor ``since`` (0, the default: from
+    the first), and the cursor to continue from in the ``NEXT_SINCE_HEADER`` header (an empty page:
+    nothing more for now), so a follower never lists history twice. Those of the open window only to
+    validators (a signed ``READ_PROOF_HEADER``): a page for anyone else ends before the open window's
+    first candidate (it continues there once the window closes). With admission on, to validator
+    tokens only."""
     state.admission.check_header(request.headers.get("authorization"), "read_candidates")
     state.experiment(key)
-    validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms())
+    validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms(), state.read_proofs)
     current = state.store.current_head(key)
-
-    def visible(candidate: Candidate) -> bool:
-        return validator or current is None or candidate.base_head != current.head_id
-
-    if since is None:
-        candidates = state.store.candidates(key, None if base_head is None else HeadId(base_head))
-        return JSON([c.to_wire() for c in candidates if visible(c)])
+    head = None if base_head is None else HeadId(base_head)
     page, cursor = [], since
-    for position, candidate in state.store.candidates_since(key, since, CANDIDATE_PAGE):
-        if not visible(candidate):
+    for position, candidate in state.store.candidates_since(key, since, limit, head):
+        if not (validator or current is None or candidate.base_head != current.head_id):
             break
         page.append(candidate.to_wire())
         cursor = position

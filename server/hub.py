@@ -6,6 +6,10 @@ head and quorum event of any experiment, here or on another edge, moves this edg
 (``<edge instance>-<count>``) and wakes its waiters. A token from another edge (or an earlier
 process) is answered at once with this one's, so a waiter never sleeps through a change it missed.
 
+On an admission network the edge shows anonymous viewers, and peers whose token may not read leases,
+each event as ``public_event`` makes it: no lease ids, shard ids or principals (a connection's
+``redacted``). Lease secrets are never in an event.
+
 Fan-out never waits on a peer: each connection has a bounded send queue drained by its own task;
 a message that does not fit marks the connection as a slow consumer, which the relay then closes
 (``CLOSE_SLOW_CONSUMER``). Other subscribers are never stalled by it.
@@ -36,10 +40,35 @@ from protocol.ids import ExperimentKey, PeerId
 
 from .metrics import EdgeMetrics
 
-__all__ = ["ACTIVITY_TOPICS", "TOPICS", "Connection", "ConnectionState", "Envelope", "Fanout", "Hub", "LocalFanout"]
+__all__ = [
+    "ACTIVITY_TOPICS",
+    "TOPICS",
+    "Connection",
+    "ConnectionState",
+    "Envelope",
+    "Fanout",
+    "Hub",
+    "LocalFanout",
+    "public_event",
+]
 
 TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
 ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates"})  # what can decide a window
+_PRIVATE_FIELDS = {"leases": ("lease_id", "shard_ids", "principal", "signature"), "candidates": ("lease_id",)}
+
+
+def public_event(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` (an ``event``) as the edge shows it to whom admission does not let read leases: a
+    lease without its id, shards and principal (its signature, over them, goes too; the number of its
+    shards stays, as ``shards``), a candidate without its lease id. Other topics are unchanged."""
+    hidden = _PRIVATE_FIELDS.get(message.get("topic", ""))
+    data = message.get("data")
+    if hidden is None or not isinstance(data, dict):
+        return message
+    public = {name: value for name, value in data.items() if name not in hidden}
+    if "shard_ids" in data:
+        public["shards"] = len(data["shard_ids"])
+    return {**message, "data": public}
 
 
 class ConnectionState(enum.Enum):
@@ -59,6 +88,8 @@ class Connection:
     overflowed: asyncio.Event = field(default_factory=asyncio.Event)
     state: ConnectionState = ConnectionState.JOINED
     token: str | None = None
+    redacted: bool = False  # sent events as ``public_event`` makes them
+    revoked: bool = False  # its admission token was revoked: the relay closes it (``errors.CLOSE_REVOKED``)
 
     def offer(self, item: str | bytes) -> bool:
         """Queue ``item`` without waiting; on a full queue flag the connection and drop the item."""
@@ -70,6 +101,11 @@ class Connection:
             self.overflowed.set()
             return False
         return True
+
+    def revoke(self) -> None:
+        """Its admission token no longer admits it: have the relay close it, sending nothing more."""
+        self.revoked = True
+        self.overflowed.set()
 
     def supersede(self) -> None:
         """Tell the peer a newer session replaced this one, then have the relay close it."""
@@ -166,11 +202,13 @@ class Hub:
         self.fanout.broadcast({"kind": "joined", "peer_id": peer_id})
         return connection
 
-    def add_viewer(self) -> Connection:
-        """An anonymous, read-only connection that receives every published event."""
+    def add_viewer(self, *, redacted: bool = False) -> Connection:
+        """An anonymous, read-only connection that receives every published event (``redacted``: as
+        ``public_event`` makes it)."""
         viewer = Connection(
             f"viewer-{next(self._viewer_numbers)}", "viewer", asyncio.Queue(self.queue_size), self.clock.now_ms()
         )
+        viewer.redacted = redacted
         self.viewers.add(viewer)
         self.metrics.connections.labels("viewer").inc()
         return viewer
@@ -207,8 +245,9 @@ class Hub:
             self._activity_changed.set()
             self._activity_changed = asyncio.Event()
         text = orjson.dumps(message).decode()
+        public = orjson.dumps(public_event(message)).decode() if message["topic"] in _PRIVATE_FIELDS else text
         subscribers = [*self._subscribers.get((message["experiment"], message["topic"]), ()), *self.viewers]
-        delivered: int = sum(conn.offer(text) for conn in subscribers)
+        delivered: int = sum(conn.offer(public if conn.redacted else text) for conn in subscribers)
         self.metrics.relay_messages.labels(message["topic"]).inc(delivered)
         return delivered
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
+
+from protocol.errors import InvalidMessage
 
 from .deps import State
+from .errors import documented
+from .hub import public_event
 from .responses import JSON
 
 router = APIRouter(tags=["portal"])
@@ -28,13 +33,24 @@ async def network(state: State) -> JSON:
     return JSON(state.network.to_wire())
 
 
-@router.get("/v1/peers")
-async def peers(state: State) -> JSON:
-    """Connected peers now, and every peer this edge has seen."""
+PEER_PAGE = 1000
+
+
+@router.get("/v1/peers", responses=documented(InvalidMessage))
+async def peers(
+    state: State,
+    cursor: Annotated[str, Query(max_length=80)] = "",
+    limit: Annotated[int, Query(ge=1, le=PEER_PAGE)] = PEER_PAGE,
+) -> JSON:
+    """The peers joined to this edge now (``connected``: bounded by its connection cap), and one page of
+    every peer it has seen (``known``, by peer id): at most ``limit`` (``PEER_PAGE`` at most) after
+    ``cursor`` ("": from the first), and ``next``, the cursor of the next page (``null``: the last)."""
     connected = [
         {"peer_id": c.peer_id, "kind": c.kind, "joined_at_ms": c.joined_at_ms} for c in state.hub.connections.values()
     ]
-    return JSON({"connected": connected, "known": state.store.peers()})
+    known = state.store.peers_page(cursor, limit + 1)
+    more = len(known) > limit
+    return JSON({"connected": connected, "known": known[:limit], "next": known[limit - 1]["peer_id"] if more else None})
 
 
 @router.get("/v1/experiments")
@@ -88,7 +104,7 @@ async def snapshot(state: State) -> JSON:
                 "active_by_kind": _active_by_kind(state.store.peers()),
                 "known": len(state.store.peers()),
             },
-            "events": list(state.hub.events)[-50:],
+            "events": [public_event(e) if state.admission.required else e for e in list(state.hub.events)[-50:]],
         }
     )
 

@@ -18,7 +18,8 @@ until it is closed (``ConnectionState.CLOSED``).
             "shards"?: <how many shards, within the experiment's bounds>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
-    peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only)
+    peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only;
+                                                                          holders with a record first)
     peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers", "fetching"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
     peer → {"type": "ping"}                                             → {"type": "pong"}
@@ -28,7 +29,9 @@ until it is closed (``ConnectionState.CLOSED``).
     edge → {"type": "event", "topic", "experiment", "data"}             for subscribed topics
 
 ``/v1/events`` needs no join: it streams every public event (the ``event`` messages above) to
-read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers.
+read-only viewers, accepts only ``ping``, and closes slow or silent viewers like peers. With admission
+on, viewers, and peers whose token may not read leases, get the events as ``hub.public_event`` makes
+them: no lease ids, shard ids or principals.
 
 The relay stamps what it forwards with the sender it authenticated (``peer_id`` and ``kind`` of the
 join): a ``metrics`` payload cannot speak for another peer. Only trainer kinds may lease; with
@@ -37,7 +40,9 @@ admission on, the kind a peer may claim at join comes from its token's role.
 Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
 and the connection stays. Protocol violations close it with the code from ``errors``; so do a
 missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
-over the limit (4429) and frames over the size limit (1009, from the WebSocket layer).
+over the limit (4429), frames over the size limit (1009, from the WebSocket layer) and, with admission
+on, a join token that was revoked or expired (4410, ``errors.CLOSE_REVOKED``): at the connection's
+next message, or within ``admission.REVOCATION_CHECK_S`` by ``close_revoked``, whichever comes first.
 """
 
 from __future__ import annotations
@@ -63,9 +68,11 @@ from protocol.ids import ExperimentKey, HeadId, PeerId
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
 
+from .admission import REVOCATION_CHECK_S
 from .deps import client_address
 from .errors import (
     CLOSE_HEARTBEAT_TIMEOUT,
+    CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
     EdgeError,
     Forbidden,
@@ -110,11 +117,12 @@ async def relay(websocket: WebSocket) -> None:
 @router.websocket("/v1/events")
 async def events(websocket: WebSocket) -> None:
     """Read-only live events for viewers: every public topic of every experiment, no identity needed
-    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway)."""
+    (heads, verdicts, candidates, leases, metrics and peers are public over HTTP anyway; with admission
+    on, without what only validators may read: ``hub.public_event``)."""
     state: EdgeState = websocket.app.state.edge
 
     async def viewer() -> Connection:
-        return state.hub.add_viewer()
+        return state.hub.add_viewer(redacted=state.admission.required)
 
     await _session(websocket, state, viewer, _viewer_handler)
 
@@ -204,6 +212,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         raise _Close(close_code_for(exc), str(exc)) from None
     connection = state.hub.register(proof.peer_id, proof.peer_kind)
     connection.token = token if isinstance(token, str) else None
+    connection.redacted = state.admission.required and not state.admission.allows(connection.token, "read_leases")
     state.store.saw_peer(proof.peer_id, proof.peer_kind, state.clock.now_ms())
     welcome = {
         "type": "welcome",
@@ -259,8 +268,7 @@ async def _serve(
             if receive not in done:
                 receive.cancel()
                 if overflow in done:
-                    code = CLOSE_REPLACED if connection.state is ConnectionState.CLOSED else CLOSE_SLOW_CONSUMER
-                    raise _Close(code, "replaced by a newer session" if code == CLOSE_REPLACED else "slow consumer")
+                    raise _Close(*_overflow_close(connection))
                 if sender in done:
                     raise WebSocketDisconnect(1006)
                 raise _Close(CLOSE_HEARTBEAT_TIMEOUT, "idle timeout")
@@ -274,8 +282,40 @@ async def _serve(
         overflow.cancel()
 
 
+def _overflow_close(connection: Connection) -> tuple[int, str]:
+    """Why a connection whose sending stopped is closed: revoked, replaced, or a slow consumer."""
+    if connection.revoked:
+        return CLOSE_REVOKED, "admission token revoked or expired"
+    if connection.state is ConnectionState.CLOSED:
+        return CLOSE_REPLACED, "replaced by a newer session"
+    return CLOSE_SLOW_CONSUMER, "slow consumer"
+
+
+async def close_revoked(state: EdgeState) -> None:
+    """Forever, every ``REVOCATION_CHECK_S``: close this edge's relay connections whose admission token
+    was revoked or has expired (each token looked up once per sweep, off the event loop)."""
+    while True:
+        await asyncio.sleep(REVOCATION_CHECK_S)
+        tokens = {c.token for c in state.hub.connections.values() if c.token is not None}
+        try:
+            revoked = await asyncio.to_thread(_revoked, state, tokens)
+        except EdgeError as exc:  # the shared store is unreachable for now: the next sweep tries again
+            log.warning("could not check the relay's admission tokens: %s", exc)
+            continue
+        for connection in list(state.hub.connections.values()):
+            if connection.token in revoked:
+                connection.revoke()
+
+
+def _revoked(state: EdgeState, tokens: set[str]) -> set[str]:
+    return {token for token in tokens if state.admission.revoked(token)}
+
+
 def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection, address: str) -> Handler:
     async def handle(message: dict[str, Any]) -> None:
+        if state.admission.revoked(connection.token):
+            connection.revoke()
+            raise _Close(*_overflow_close(connection))
         try:
             if message.get("bytes") is not None:
                 state.admission.check(connection.token, "candidate")
@@ -358,7 +398,11 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         current = state.store.current_head(key)
         is_current = current is not None and current.head_id == head_id  # any other head: ignored
         if kind == "have" and is_current:
-            state.holders.announce(key, head_id, connection.peer_id)
+            recorded = (
+                state.admission.principal(connection.token) is not None
+                or state.credit.standing(key, PeerId(connection.peer_id)).accepted > 0
+            )
+            state.holders.announce(key, head_id, connection.peer_id, recorded=recorded)
         elif kind == "holders":
             joined = state.hub.connections.__contains__
             holders = state.holders.ask(key, head_id, connection.peer_id, joined) if is_current else Holders([])

@@ -6,12 +6,18 @@ connection on the edge's ``unix_socket`` comes from the proxy: its client is nam
 uvicorn's ``ProxyHeadersMiddleware`` (the client address and scheme from ``X-Forwarded-For``/``-Proto``
 when the connection comes from ``forwarded_allow_ips`` or the unix socket), then
 ``dataset_routes.AccelShards`` with ``accel_prefix``.
+
+uvicorn's access log never holds an admission token: ``HideTokens`` writes ``[hidden]`` for the value
+of a ``token`` query parameter and for anything shaped like a token (an old link's ``/?token=…``; the
+page takes its token from the URL's fragment, which no browser sends).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import socket
 import stat
 import threading
@@ -29,9 +35,28 @@ from .connections import ACCEPT_BACKLOG, guarded_protocols, limits_from
 from .dataset_routes import AccelShards
 from .settings import Settings
 
-__all__ = ["BackgroundEdge", "EdgeServer", "UnixSocketClients", "bind_unix_socket", "edge_app", "uvicorn_config"]
+__all__ = [
+    "BackgroundEdge",
+    "EdgeServer",
+    "HideTokens",
+    "UnixSocketClients",
+    "bind_unix_socket",
+    "edge_app",
+    "uvicorn_config",
+]
 
 UNIX_CLIENT = "unix"  # the client address of connections on the edge's unix socket
+_TOKENS = re.compile(r"(?<=[?&]token=)[^&#\s]*|dtn_[A-Za-z0-9_-]{16,}", re.IGNORECASE)  # server.admission's tokens
+
+
+class HideTokens(logging.Filter):
+    """Writes ``[hidden]`` for admission tokens in a log record's text arguments (uvicorn's access log
+    passes the request's path and query as one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_TOKENS.sub("[hidden]", a) if isinstance(a, str) else a for a in record.args)
+        return True
 
 
 class UnixSocketClients:
@@ -89,7 +114,11 @@ def uvicorn_config(settings: Settings, app: ASGIApp, **overrides: object) -> uvi
         "access_log": settings.access_log,
         **overrides,
     }
-    return uvicorn.Config(edge_app(settings, app), **options)  # type: ignore[arg-type]
+    config = uvicorn.Config(edge_app(settings, app), **options)  # type: ignore[arg-type]
+    access = logging.getLogger("uvicorn.access")  # configured by now (uvicorn.Config does it)
+    if not any(isinstance(f, HideTokens) for f in access.filters):
+        access.addFilter(HideTokens())
+    return config
 
 
 class EdgeServer(uvicorn.Server):
@@ -110,13 +139,14 @@ class EdgeServer(uvicorn.Server):
 class BackgroundEdge:
     """An edge serving in a daemon thread; ``url`` is ready when ``start()`` returns."""
 
-    def __init__(self, settings: Settings, *, startup_timeout_s: float = 20.0) -> None:
+    def __init__(self, settings: Settings, *, startup_timeout_s: float = 20.0, **overrides: object) -> None:
+        """``overrides``: uvicorn options over ``uvicorn_config``'s (default ``log_level="warning"``)."""
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((settings.host, settings.port))
         self.settings = replace(settings, port=self._socket.getsockname()[1])
         self.url = f"http://{self.settings.host}:{self.settings.port}"
-        self._server = EdgeServer(self.settings, log_level="warning")
+        self._server = EdgeServer(self.settings, **{"log_level": "warning", **overrides})
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._startup_timeout_s = startup_timeout_s
 

@@ -2,7 +2,8 @@
 
 Its engines come from the settings: the store (SQLite in ``data_dir``, or PostgreSQL at
 ``store_url``), the blobs (``blobs_dir``, or an S3-compatible bucket at ``blobs_url``), and with ``redis_url`` the hub's fan-out and the rate
-limits in Redis, shared with the other edges of a deployment (in this process otherwise). Staged
+limits and the read proofs seen (``replay``) in Redis, shared with the other edges of a deployment (in
+this process otherwise). Staged
 uploads (``uploads``) are always this edge's own."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .holders import HeadHolders
 from .hub import Fanout, Hub
 from .metrics import EdgeMetrics
 from .ratelimit import KeyedRateLimiter, RateLimiter
+from .replay import LocalOnce, Once, RedisOnce
 from .settings import Settings
 from .signatures import install_native_verifier
 from .store import EdgeStore, open_store
@@ -51,6 +53,7 @@ class EdgeState:
     datasets: dict[DatasetId, FetchManifest]
     peer_limits: RateLimiter
     address_limits: RateLimiter  # signature checks per client address, before they are made
+    read_proofs: Once  # validators' read proofs presented lately: each is taken once
     admission: Admission
     clock: Clock
     credit: CreditBook
@@ -64,7 +67,7 @@ class EdgeState:
         signer = PureSigner(store.edge_seed())
         network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
         metrics = EdgeMetrics()
-        fanout, peer_limits, address_limits = _shared(settings, clock)
+        fanout, peer_limits, address_limits, read_proofs = _shared(settings, clock)
         uploads = Uploads(settings.data_dir / "uploads", settings, clock)
         metrics.staged_bytes.set_function(uploads.staged_bytes)
         return cls(
@@ -79,6 +82,7 @@ class EdgeState:
             admission=Admission(store, network.admission_required, clock),
             peer_limits=peer_limits,
             address_limits=address_limits,
+            read_proofs=read_proofs,
             clock=clock,
             credit=CreditBook(store),
             uploads=uploads,
@@ -118,8 +122,8 @@ class EdgeState:
         return self.settings.datasets_dir / manifest.dataset_id / manifest.split / locator
 
 
-def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimiter, RateLimiter]:
-    """The hub's fan-out and the peer and address rate limits: through Redis with ``redis_url``
+def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimiter, RateLimiter, Once]:
+    """The hub's fan-out, the peer and address rate limits and the read proofs seen: through Redis with ``redis_url``
     (every edge on it shares them), in this process otherwise. Bursts are a quarter of a minute's."""
     limits = {
         "peer": settings.peer_requests_per_min / 60,
@@ -129,7 +133,7 @@ def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimite
     address: RateLimiter
     if not settings.redis_url:
         peer, address = (KeyedRateLimiter(rate, max(1.0, rate * 15), clock=clock) for rate in limits.values())
-        return None, peer, address
+        return None, peer, address, LocalOnce(clock=clock)
     import redis  # the `scale` extra
 
     from .hub_redis import RedisFanout
@@ -137,7 +141,7 @@ def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimite
 
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S)
     peer, address = (RedisRateLimiter(client, name, rate, max(1.0, rate * 15)) for name, rate in limits.items())
-    return RedisFanout(settings.redis_url), peer, address
+    return RedisFanout(settings.redis_url), peer, address, RedisOnce(client, "read-proofs")
 
 
 def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:

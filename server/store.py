@@ -253,24 +253,16 @@ class EdgeStore:
             ).fetchall()
             return sorted(str(r[0]) for r in rows)
 
-    def candidates(self, experiment: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
-        if base_head is None:
-            rows = self._db.query("SELECT descriptor FROM candidates WHERE experiment = ? ORDER BY rowid", experiment)
-        else:
-            rows = self._db.query(
-                "SELECT descriptor FROM candidates WHERE experiment = ? AND base_head = ? ORDER BY rowid",
-                experiment,
-                base_head,
-            )
-        return [_candidate(r[0]) for r in rows]
-
-    def candidates_since(self, experiment: ExperimentKey, since: int, limit: int) -> list[tuple[int, Candidate]]:
-        """At most ``limit`` candidates received after cursor ``since``, each with its own cursor."""
+    def candidates_since(
+        self, experiment: ExperimentKey, since: int, limit: int, base_head: HeadId | None = None
+    ) -> list[tuple[int, Candidate]]:
+        """At most ``limit`` candidates received after cursor ``since`` (of ``base_head`` when given), in
+        arrival order, each with its own cursor."""
+        head_clause = "" if base_head is None else " AND base_head = ?"
         rows = self._db.query(
-            "SELECT rowid, descriptor FROM candidates WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
-            experiment,
-            since,
-            limit,
+            f"SELECT rowid, descriptor FROM candidates WHERE experiment = ? AND rowid > ?{head_clause}"
+            " ORDER BY rowid LIMIT ?",
+            *(experiment, since, *(() if base_head is None else (base_head,)), limit),
         )
         return [(int(r[0]), _candidate(r[1])) for r in rows]
 
@@ -513,6 +505,13 @@ class EdgeStore:
         )
 
     _PEER_FIELDS = ("peer_id", "kind", "first_seen_ms", "last_seen_ms")
+
+    def peers_page(self, after: str, limit: int) -> list[dict[str, object]]:
+        """At most ``limit`` peers whose id sorts after ``after`` ("": from the first), by id."""
+        rows = self._db.query(
+            f"SELECT {', '.join(self._PEER_FIELDS)} FROM peers WHERE peer_id > ? ORDER BY peer_id LIMIT ?", after, limit
+        )
+        return [dict(zip(self._PEER_FIELDS, r, strict=True)) for r in rows]
 
     def peers(self) -> list[dict[str, object]]:
         rows = self._db.query(f"SELECT {', '.join(self._PEER_FIELDS)} FROM peers ORDER BY last_seen_ms DESC")

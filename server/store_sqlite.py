@@ -1,11 +1,14 @@
 """``SqliteDatabase``: the store's embedded engine, one SQLite file (``server.store``).
 
 Writes run in ``BEGIN IMMEDIATE`` transactions and commit with ``synchronous=FULL``; one connection
-per process, behind a lock. The schema version is ``PRAGMA user_version``.
+per process, behind a lock. The schema version is ``PRAGMA user_version``. The file holds the edge's
+signing seed and the admission tokens' digests, so it is created readable by its owner alone (0600;
+SQLite gives its WAL and shared-memory files the same mode).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ __all__ = ["SqliteDatabase"]
 class SqliteDatabase:
     def __init__(self, path: Path, schema: str, version: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # created 0600, never readable by others
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -3,6 +3,14 @@ import { HeadSharing } from "./head_sharing.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
+// The admission token comes in the URL's fragment (`/#token=…`), which the browser never sends: it
+// stays out of the edge's and any proxy's access logs. It is taken off the address bar at once.
+const fragment = new URLSearchParams(location.hash.slice(1));
+const admissionToken = fragment.get("token");
+if (admissionToken !== null) {
+  fragment.delete("token");
+  history.replaceState(null, "", `${location.pathname}${location.search}${fragment.size ? `#${fragment}` : ""}`);
+}
 const state = { worker: null, running: false, snapshot: null, status: {} };
 window.dtn = state; // read by the browser tests
 
@@ -153,7 +161,7 @@ async function toggle() {
       type: "start",
       edgeUrl: location.origin,
       experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
-      token: params.get("token"), // admission token, for networks that require one
+      token: admissionToken, // for networks that require one: sent in the relay's join, never in a URL
       workers: Number($("cores").value),
       heads: HeadSharing.supported, // heads from other tabs over WebRTC (static/head_sharing.js)
     });
@@ -257,7 +265,7 @@ function eventItem(event) {
     text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected: ${d.reason}${d.detail ? ` (${d.detail})` : ""}`;
     li.className = d.accepted ? "ok" : "bad";
   } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
-  else if (event.topic === "leases") text = `lease of ${d.shard_ids.length} shards to ${d.peer_id.slice(0, 16)}…`;
+  else if (event.topic === "leases") text = `lease of ${d.shard_ids?.length ?? d.shards} shards to ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "peers") text = `${d.kind} peer joined`;
   else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
   else if (event.topic === "quorum") {

@@ -28,6 +28,8 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES, pack_envelope
 from protocol.hashing import content_id
 from protocol.messages import LEASE_SECRET_HEADER, NEXT_SINCE_HEADER, Lease
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
+from server.experiment_routes import CANDIDATE_PAGE
+from server.portal import PEER_PAGE
 from server.serve import BackgroundEdge
 from server.settings import Settings
 
@@ -121,6 +123,11 @@ def test_openapi_documents_upload_bodies_and_every_refusal(client: httpx.Client)
     assert upload["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
     assert {"400", "401", "403", "404", "409", "413", "422", "429", "507"} <= set(upload["responses"])
     assert upload["responses"]["507"]["description"] == "QuotaExceeded"
+    listing = paths[f"{experiment}/candidates"]["get"]
+    assert {"400", "401", "403", "404", "429"} <= set(listing["responses"])  # a read proof presented again: 403
+    for operation in (listing, paths["/v1/peers"]["get"]):
+        limit = next(p for p in operation["parameters"] if p["name"] == "limit")
+        assert limit["schema"]["maximum"] == 1000 and "400" in operation["responses"]
     assert upload["responses"]["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     lease = paths[f"{experiment}/leases"]["post"]
     assert "PeerProof" in lease["requestBody"]["description"] and "429" in lease["responses"]
@@ -646,3 +653,35 @@ def test_candidates_are_followed_with_a_cursor(client: httpx.Client) -> None:
     public = client.get(path, params={"since": 0})
     assert [c["candidate_id"] for c in public.json()] == [first.candidate_id]
     assert int(public.headers[NEXT_SINCE_HEADER]) == cursor
+
+
+def test_lists_answer_bounded_pages_with_a_cursor(client: httpx.Client) -> None:
+    """Candidates and known peers come a page at a time (``limit``, capped; a cursor to go on from), and
+    a limit over the cap is refused: however many peers and candidates there are, no answer grows."""
+    genesis = _genesis(client)
+    path = f"{BASE}/candidates"
+    trainers = [PureSigner(bytes([0xE2 + i]) * 32) for i in range(3)]
+    uploaded = []
+    for seed, trainer in enumerate(trainers):
+        candidate, body = candidate_envelope(trainer, genesis, _lease(client, trainer).lease_id, seed=seed)
+        assert client.post(path, content=body).status_code == 201
+        uploaded.append(candidate.candidate_id)
+    seen, cursor = [], 0
+    while page := client.get(path, params={"since": cursor, "limit": 2}, headers=validator_reads(path)):
+        assert len(page.json()) <= 2
+        if not page.json():
+            break
+        seen += [c["candidate_id"] for c in page.json()]
+        cursor = int(page.headers[NEXT_SINCE_HEADER])
+    assert seen == uploaded
+    assert client.get(path, params={"limit": CANDIDATE_PAGE + 1}).status_code == 400
+    known, after = [], ""
+    while True:
+        directory = client.get("/v1/peers", params={"limit": 2, "cursor": after}).json()
+        assert len(directory["known"]) <= 2
+        known += [p["peer_id"] for p in directory["known"]]
+        if directory["next"] is None:
+            break
+        after = directory["next"]
+    assert known == sorted(str(peer_id_from_public_key(t.public_key)) for t in trainers)
+    assert client.get("/v1/peers", params={"limit": PEER_PAGE + 1}).status_code == 400

@@ -26,9 +26,11 @@ from protocol.hashing import content_id
 from protocol.ids import HeadId
 from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
 from protocol.model import MODELS, init_params
-from protocol.signing import PureSigner
-from server.admission import issue_token, token_id
+from protocol.signing import PureSigner, b64encode, canonical_json
+from server.admission import REVOCATION_CHECK_S, issue_token, token_id
 from server.connections import ACCEPT_BACKLOG, FD_RESERVE, ConnectionLimits
+from server.errors import CLOSE_REVOKED
+from server.hub import TOPICS
 from server.serve import BackgroundEdge
 from server.store import Store
 
@@ -38,6 +40,7 @@ from .support import (
     edge_settings,
     grant_lease,
     head_envelope,
+    now_ms,
     proof,
     tools_output,
     validator_reads,
@@ -423,6 +426,66 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
         edge.stop()
 
 
+def test_with_admission_the_event_stream_shows_anonymous_viewers_no_lease_ids_shards_or_principals(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """Viewers and peers whose token may not read leases see a lease's count of shards, not its id,
+    shards or principal, nor a candidate's lease; a validator's relay connection sees them whole."""
+    edge, tokens = _admission_edge(tmp_path, dataset_root)
+    trainer = PureSigner(b"\xb7" * 32)
+    try:
+        with (
+            httpx.Client(base_url=edge.url) as http,
+            connect(edge.url.replace("http", "ws") + "/v1/events") as viewer,
+            _join(edge.url, trainer, "native", tokens["trainer"]) as trainer_ws,
+            _join(edge.url, VALIDATOR, "validator", tokens["validator"]) as validator_ws,
+        ):
+            for ws in (trainer_ws, validator_ws):
+                assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["leases", "candidates"]}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "subscribed"
+            _, genesis = head_envelope()
+            validator = {"authorization": f"Bearer {tokens['validator']}"}
+            assert http.post(f"{BASE}/heads", content=genesis, headers=validator).status_code == 201
+            grant = grant_lease(http, trainer, authorization=f"Bearer {tokens['trainer']}")
+            artifact = encode_tensors(init_params(SPEC, 3))
+            candidate = Candidate.for_lease(
+                grant.lease,
+                grant.lease.base_head,
+                artifact,
+                trainer,
+                peer_kind="native",
+                examples=64,
+                steps=1,
+                created_at_ms=1,
+            )
+            envelope = pack_envelope(candidate.to_wire(), artifact)
+            upload = http.post(
+                f"{BASE}/candidates", content=envelope, headers={"authorization": f"Bearer {tokens['trainer']}"}
+            )
+            assert upload.status_code == 201
+
+            def events(ws: ClientConnection) -> dict[str, dict[str, object]]:
+                seen: dict[str, dict[str, object]] = {}
+                while len(seen) < 2:
+                    message = json.loads(ws.recv(timeout=5))
+                    if message.get("topic") in ("leases", "candidates"):
+                        seen[message["topic"]] = message["data"]
+                return seen
+
+            secrets = (grant.lease.lease_id, *grant.lease.shard_ids, token_id(tokens["trainer"]), grant.secret)
+            snapshot = http.get("/portal/snapshot").json()["events"]
+            for seen in (events(viewer), events(trainer_ws), {e["topic"]: e["data"] for e in snapshot}):
+                assert seen["leases"]["shards"] == len(grant.lease.shard_ids)
+                assert seen["leases"]["peer_id"] == grant.lease.peer_id
+                assert seen["candidates"]["candidate_id"] == candidate.candidate_id
+                assert not any(secret in json.dumps(seen) for secret in secrets)
+            whole = events(validator_ws)
+            assert Lease.from_wire(whole["leases"]) == grant.lease and "lease_id" in whole["candidates"]
+    finally:
+        edge.stop()
+
+
 def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: Path, dataset_root: Path) -> None:
     edge, tokens = _admission_edge(tmp_path, dataset_root)
     try:
@@ -441,6 +504,8 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
             grant_lease(http, trainer, authorization=f"bearer {tokens['trainer']}")  # the scheme is case-insensitive
             with _join(edge.url, trainer, "native", tokens["trainer"]) as ws:
                 assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+                ws.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": sorted(TOPICS)}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "subscribed"
                 listing = tools_output(["token", "list", "--data-dir", str(tmp_path / "edge")])
                 assert tokens["trainer"] not in listing and token_id(tokens["trainer"]) in listing
                 assert "revoked" in tools_output(
@@ -448,9 +513,9 @@ def test_tokens_need_the_bearer_scheme_and_revoked_ones_stop_at_once(tmp_path: P
                 )
                 with pytest.raises(SystemExit):
                     tools_output(["token", "revoke", "--data-dir", str(tmp_path / "edge"), token_id(tokens["trainer"])])
-                ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, "request_id": 1}))
-                reply = json.loads(ws.recv(timeout=5))
-                assert (reply["type"], reply["status"], reply["error"]) == ("error", 401, "Unauthorized")
+                with pytest.raises(ConnectionClosed) as closed:  # closed by the sweep, the peer silent
+                    ws.recv(timeout=REVOCATION_CHECK_S + 5)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_REVOKED
             refused = http.post(
                 f"{BASE}/leases", json=proof(trainer, "lease"), headers={"authorization": f"Bearer {tokens['trainer']}"}
             )
@@ -492,8 +557,18 @@ def test_an_open_windows_candidates_are_read_by_validators_only(http: httpx.Clie
     stale = {READ_PROOF_HEADER: PeerProof.for_read(VALIDATOR, "validator", blob, int(time.time() * 1000) - 600_000)}
     _refused(http.get(blob, headers=stale), 403, "Forbidden")
     _refused(http.get(blob, headers={READ_PROOF_HEADER: "not-a-proof"}), 403, "Forbidden")
-    assert len(http.get(listing, headers=validator_reads(listing)).json()) == 1
-    assert content_id(http.get(blob, headers=validator_reads(blob)).content) == content_id(artifact)
+    unbound = PeerProof("read", VALIDATOR.public_key, "validator", blob, now_ms()).signed(VALIDATOR)  # no fresh part
+    _refused(
+        http.get(blob, headers={READ_PROOF_HEADER: b64encode(canonical_json(unbound.to_wire()))}), 403, "Forbidden"
+    )
+    seen_listing, seen_blob = validator_reads(listing), validator_reads(blob)
+    assert len(http.get(listing, headers=seen_listing).json()) == 1
+    assert content_id(http.get(blob, headers=seen_blob).content) == content_id(artifact)
+    for path, seen in ((listing, seen_listing), (blob, seen_blob)):  # replayed by another client, at once
+        with httpx.Client(base_url=str(http.base_url)) as other:
+            replayed = other.get(path, headers=seen)
+        _refused(replayed, 403, "Forbidden")
+        assert "presented already" in replayed.json()["detail"]
     genesis = HeadId(http.get(f"{BASE}/head").json()["head_id"])
     _, next_head = head_envelope(window=1, parent=genesis)
     assert http.post(f"{BASE}/heads", content=next_head).status_code == 201  # the window closes

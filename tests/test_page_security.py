@@ -190,3 +190,22 @@ def test_honest_trainers_at_the_demos_fastest_window_rate_are_never_rate_limited
             time.sleep(max(0.0, tick - time.monotonic()))
     assert statuses.count(429) == 0, f"{statuses.count(429)} of {len(statuses)} honest requests were throttled"
     assert set(statuses) == {200, 201} and len(statuses) == 4 * windows
+
+
+def test_the_access_log_never_holds_an_admission_token(
+    tmp_path: Path, dataset_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token in a URL (an old link's ``/?token=``; the page reads it from the fragment, which no
+    browser sends) is written ``[hidden]`` in uvicorn's access log, which stays on."""
+    token = "dtn_" + "s3cr3t-T0ken_abcdefghijklmnop"
+    write_network(tmp_path / "network.json", experiment_spec())
+    caplog.set_level(logging.INFO, logger="uvicorn.access")
+    edge = BackgroundEdge(edge_settings(tmp_path, dataset_root), log_level="info", log_config=None)
+    with edge, httpx.Client(base_url=edge.url) as http:
+        for path in (f"/?token={token}", f"/v1/network?a=1&TOKEN={token}", f"/v1/leases/{token}"):
+            http.get(path)
+        deadline = time.monotonic() + 5
+        while caplog.text.count("[hidden]") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "GET /?token=[hidden]" in caplog.text and "/v1/network?a=1&TOKEN=[hidden]" in caplog.text
+    assert "s3cr3t" not in caplog.text

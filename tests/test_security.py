@@ -14,10 +14,13 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from protocol.clock import ManualClock
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.messages import HeadDescriptor, PeerProof
 from protocol.signing import PureSigner
 from server.admission import issue_token
+from server.errors import RateLimited
+from server.replay import LocalOnce
 from server.serve import BackgroundEdge
 from server.store import Store
 
@@ -203,3 +206,15 @@ def test_admission_tokens_and_roles(tmp_path: Path, dataset_root: Path) -> None:
             reply = json.loads(ws.recv(timeout=5))
             assert reply["type"] == "error" and reply["status"] == 403
         assert head.head_id == http.get(f"{BASE}/head").json()["head_id"]
+
+
+def test_one_time_proofs_are_remembered_until_stale_within_a_bounded_memory() -> None:
+    clock = ManualClock()
+    seen = LocalOnce(max_keys=2, clock=clock)
+    assert seen.first("a", 1000) and not seen.first("a", 1000)
+    assert seen.first("b", 1000)
+    with pytest.raises(RateLimited):  # full: refused, nothing forgotten early
+        seen.first("c", 1000)
+    assert not seen.first("a", 1000)
+    clock.advance(1.0)  # their time is up: forgotten
+    assert seen.first("c", 1000) and seen.first("a", 1000)

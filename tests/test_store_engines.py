@@ -16,7 +16,7 @@ import pytest
 
 from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
 from protocol.leases import assign_shards
-from protocol.messages import Attestation, HeadDescriptor, Lease, Verdict
+from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
 from protocol.reasons import Reason
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
@@ -108,8 +108,12 @@ def test_one_candidate_per_lease_in_arrival_order(store: EdgeStore) -> None:
     other, _ = candidate_envelope(TRAINERS[0], base.head_id, "lease-a", seed=3)
     with pytest.raises(Conflict, match="already delivered"):
         store.add_candidate(other, 100, 4)
-    assert store.candidates(EXPERIMENT) == [first, second] == store.candidates(EXPERIMENT, base.head_id)
-    assert store.candidates(EXPERIMENT, HeadId("sha256:" + "1" * 64)) == []
+
+    def listed(base_head: HeadId | None = None) -> list[Candidate]:
+        return [c for _, c in store.candidates_since(EXPERIMENT, 0, 100, base_head)]
+
+    assert listed() == [first, second] == listed(base.head_id)
+    assert listed(HeadId("sha256:" + "1" * 64)) == []
     assert store.lease_delivered(LeaseId("lease-a")) == first.candidate_id
     assert store.lease_delivered(LeaseId("lease-c")) is None
     assert store.window_bytes(EXPERIMENT, base.head_id) == 350
@@ -128,7 +132,7 @@ def test_candidates_retire_once_their_window_is_old(store: EdgeStore) -> None:
     heads += _chain_from(store, heads[-1], 2)
     assert store.retire_candidates(EXPERIMENT, 2) == [candidate.candidate_id]
     assert store.retire_candidates(EXPERIMENT, 2) == []  # marked gone, once
-    assert store.candidates(EXPERIMENT) == [candidate]  # the descriptor stays
+    assert [c for _, c in store.candidates_since(EXPERIMENT, 0, 10)] == [candidate]  # the descriptor stays
 
 
 def _chain_from(store: EdgeStore, parent: HeadDescriptor, length: int) -> list[HeadDescriptor]:
@@ -267,6 +271,9 @@ def test_peers_are_remembered_with_their_latest_kind(store: EdgeStore) -> None:
         {"peer_id": _peer(1), "kind": "browser", "first_seen_ms": 10, "last_seen_ms": 30},
         {"peer_id": _peer(2), "kind": "browser", "first_seen_ms": 20, "last_seen_ms": 20},
     ]
+    ids = sorted([_peer(1), _peer(2)])
+    assert [p["peer_id"] for p in store.peers_page("", 1)] == ids[:1]  # pages by id, after a cursor
+    assert [p["peer_id"] for p in store.peers_page(ids[0], 5)] == ids[1:] and store.peers_page(ids[1], 5) == []
 
 
 def test_a_database_of_another_schema_version_is_refused(opener: Opener, tmp_path: Path) -> None:
@@ -375,3 +382,16 @@ def test_reads_in_arrival_order_use_an_index_on_postgresql(private_postgres: Any
             if row[1].endswith("(rowid)")
         }
     assert {"candidates", "verdicts", "leases"} <= tables and indexed == tables
+
+
+def test_the_sqlite_file_holding_the_edge_seed_is_its_owners_alone(tmp_path: Path) -> None:
+    """The edge's signing seed and the tokens' digests live in the SQLite file: 0600, and so are the
+    WAL and shared-memory files SQLite makes beside it, whatever the umask."""
+    path = tmp_path / "edge.sqlite3"
+    store = Store(path)
+    try:
+        store.edge_seed()
+        files = [path, *tmp_path.glob("edge.sqlite3-*")]
+        assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    finally:
+        store.close()
