@@ -6,6 +6,9 @@ Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT``
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from protocol.ids import DatasetId, ExperimentKey
@@ -34,3 +37,21 @@ def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system, every thread) process ``pid`` has used so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commit() -> str:
+    """The short id of the commit the benchmark runs at."""
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
+    ).stdout.strip()
+
+
+def write_result(out: Path, slug: str, title: str, command: str, lines: Sequence[str]) -> Path:
+    """``lines`` (markdown) as ``<out>/<date>-<slug>.md`` under ``title``, with the command, the commit
+    and the machine that produced them."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y-%m-%d')}-{slug}.md"
+    header = [f"# {title}", "", f"Command: `{command}` at commit {commit()}; {os.cpu_count()} cores, no GPU.", ""]
+    path.write_text("\n".join([*header, *lines, ""]))
+    return path

@@ -39,7 +39,7 @@ from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, cpu_seconds
+from . import BENCH_EXPERIMENT, bench_network, cpu_seconds, write_result
 
 CONFIGS = ("idle", "continuous", "adaptive")
 ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge keeps the least free for a newcomer)
@@ -188,19 +188,13 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if args.out is not None:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{time.strftime('%Y-%m-%d')}-trainer-utilization.md"
-        header = [
-            "# Trainer utilization on its own core",
-            "",
-            f"Command: `python -m benchmarks.trainer_utilization --runs {args.runs} --seconds {args.seconds:g}`"
-            f" at commit {commit.stdout.strip()}; {os.cpu_count()} cores, no GPU. Edge and validator on core"
-            f" {SERVICE_CORE}, the trainer on core {TRAINER_CORE}; {args.runs} runs per configuration, interleaved.",
-            "",
-        ]
-        path.write_text("\n".join([*header, *lines, ""]))
-        print(f"wrote {path}")
+        command = f"python -m benchmarks.trainer_utilization --runs {args.runs} --seconds {args.seconds:g}"
+        setup = (
+            f"Edge and validator on core {SERVICE_CORE}, the trainer on core {TRAINER_CORE}; {args.runs} runs per"
+            " configuration, interleaved."
+        )
+        title = "Trainer utilization on its own core"
+        print(f"wrote {write_result(args.out, 'trainer-utilization', title, command, [setup, '', *lines])}")
 
 
 if __name__ == "__main__":

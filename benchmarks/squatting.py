@@ -1,0 +1,165 @@
+"""Liveness under lease squatting: how much a client that leases under fresh identities every window,
+and never delivers, slows an experiment (issue #27's goal: 10 such identities a window, at most 20 %).
+
+Per run, a real network on this machine (``lab.stack``: edge, validator and ``--trainers`` native
+continuous trainers, each its own process) on the bench network (4 shards of 1,000 examples a lease,
+up to 16), measured for ``--seconds`` once every trainer has published a window:
+
+    clean      the honest network alone
+    squatted   the same, with a squatter in this process: whenever a new head appears it asks for
+               ``--identities`` leases in its window, each under a fresh identity, spread over 4
+               loopback source addresses, and never delivers
+
+Reported per configuration, median and spread (min–max) over ``--runs`` (interleaved): heads promoted
+a minute, and for the squatter the leases it was granted a window; the ratio squatted / clean of the
+medians is the slowdown.
+
+    python -m benchmarks.squatting [--runs 3] [--seconds 20] [--trainers 2] [--identities 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
+from native_peer.edge_client import EdgeClient, EdgeRequestError
+from native_peer.identity import NodeIdentity
+from native_peer.storage import StorageConfig
+
+from . import BENCH_EXPERIMENT, bench_network, write_result
+
+SOURCES = [f"127.0.0.{i}" for i in range(2, 6)]  # the squatter's few addresses
+
+
+@dataclass(frozen=True)
+class Run:
+    config: str
+    heads_per_min: float
+    squatted_per_window: float  # leases the squatter was granted, a window
+
+
+class Squatter(threading.Thread):
+    """Leases under ``identities`` fresh identities in each new head's window, never delivering."""
+
+    def __init__(self, url: str, identities: int) -> None:
+        super().__init__(daemon=True)
+        self.identities = identities
+        self.clients = [EdgeClient(url, retries=0, transport=httpx.HTTPTransport(local_address=a)) for a in SOURCES]
+        self.stop = threading.Event()
+        self.granted = 0
+        self.windows = 0
+
+    def run(self) -> None:
+        seen = None
+        while not self.stop.is_set():
+            head = self.clients[0].current_head(BENCH_EXPERIMENT)
+            if head is None or head.head_id == seen:
+                time.sleep(0.01)
+                continue
+            seen, self.windows = head.head_id, self.windows + 1
+            for i in range(self.identities):
+                client = self.clients[i % len(self.clients)]
+                try:
+                    client.request_lease(BENCH_EXPERIMENT, NodeIdentity(os.urandom(32)), "native")
+                    self.granted += 1
+                except (EdgeRequestError, httpx.TransportError):
+                    pass  # the window is full, or the edge refused this address
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(timeout=10)
+        for client in self.clients:
+            client.close()
+
+
+def _published(storage: Path) -> bool:
+    path = StorageConfig(storage).outcomes_path
+    return path.exists() and path.stat().st_size > 0
+
+
+def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, trainers: int, identities: int) -> Run:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    edge = EdgeClient(url)
+    squatter = None
+    try:
+        with Fleet(root) as fleet:
+            fleet.start("edge", local.edge_argv(port))
+            fleet.wait_ready(f"{url}/healthz")
+            fleet.start("validator", local.validator_argv(url))
+            names = [f"trainer-{i}" for i in range(trainers)]
+            for name in names:
+                fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
+            while not all(_published(root / name) for name in names):  # compiled, through a window each
+                fleet.check_alive()
+                time.sleep(0.2)
+            if config == "squatted":
+                squatter = Squatter(url, identities)
+                squatter.start()
+            heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
+            while time.monotonic() - started < seconds:
+                fleet.check_alive()
+                time.sleep(0.5)
+                print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
+            heads1, wall = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic() - started
+            if squatter is not None:
+                squatter.close()
+    finally:
+        edge.close()
+    print()
+    per_window = squatter.granted / max(squatter.windows, 1) if squatter is not None else 0.0
+    return Run(config, heads_per_min=(heads1 - heads0) * 60 / wall, squatted_per_window=per_window)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--trainers", type=int, default=2)
+    parser.add_argument("--identities", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None, help="write the table here as well (docs/results)")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dtn-squatting-"))
+    datasets = base / "datasets"
+    runs: list[Run] = []
+    for i in range(args.runs):
+        for config in ("clean", "squatted"):
+            root = base / f"{config}-{i}"
+            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4, 16))
+            runs.append(run_once(local, root, config, args.seconds, args.trainers, args.identities))
+            print(f"  {runs[-1]}")
+    heads = {c: [r.heads_per_min for r in runs if r.config == c] for c in ("clean", "squatted")}
+    squats = [r.squatted_per_window for r in runs if r.config == "squatted"]
+    lines = [
+        f"{args.trainers} honest continuous trainers; the squatter asks for {args.identities} leases a window, "
+        f"each under a fresh identity, from {len(SOURCES)} addresses",
+        "",
+        "| network | heads / min | squatter's leases granted / window |",
+        "| --- | --- | --- |",
+        f"| clean | {_spread(heads['clean'])} | |",
+        f"| squatted | {_spread(heads['squatted'])} | {_spread(squats)} |",
+        "",
+        f"squatted / clean heads a minute (medians): "
+        f"{statistics.median(heads['squatted']) / statistics.median(heads['clean']):.2f} x",
+    ]
+    print("\n".join(lines))
+    if args.out is not None:
+        command = f"python -m benchmarks.squatting --runs {args.runs} --seconds {args.seconds:g}"
+        print(f"wrote {write_result(args.out, 'squatting', 'Liveness under lease squatting', command, lines)}")
+
+
+if __name__ == "__main__":
+    main()
