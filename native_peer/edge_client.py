@@ -129,11 +129,11 @@ class EdgeClient:
             if isinstance(step, Wait):
                 time.sleep(step.seconds)
                 continue
-            headers = {**step.headers, **options.get("headers", {})}
+            sent = {**options, "headers": {**step.headers, **options.get("headers", {})}}
+            if step.body is not None:
+                sent["content"] = step.body
             try:
-                response = self._http.request(
-                    step.method, step.path, **{**options, "content": step.body, "headers": headers}
-                )
+                response = self._http.request(step.method, step.path, **sent)
             except httpx.TransportError as exc:
                 try:
                     plan.broken(f"{type(exc).__name__}: {exc}")
