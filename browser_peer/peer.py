@@ -13,8 +13,9 @@ the artifact: the edge that took the chunks (the one a balancer sends the stage'
 not be the relay's. A head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with
 ``Range``, so that a broken transfer costs one piece, asked again. HTTP goes through
 ``session.EdgeSession``, which drives the plans of ``protocol.transfers`` for both (the native
-client's too). If the socket drops (edge restart), reconnect with ``protocol.backoff`` and carry on. Timestamps come from an injectable
-``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
+client's too). If the socket drops (edge restart), reconnect with ``protocol.backoff`` and carry on.
+Timestamps come from an injectable ``protocol.clock.Clock``. Progress goes to the page through
+``bridge.post_status``.
 
 Heads from peers, where the host reaches them (``bridge.shares_heads``: a page with WebRTC): the peer
 asks the edge which peers announced the head (``holders``), takes it from one of them through the

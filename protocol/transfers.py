@@ -150,14 +150,18 @@ class _Plan:
         if response.status in TRANSIENT:
             self._failed(f"HTTP {response.status}", response)
             return
-        self._failures = 0
-        self._backoff.reset()
+        self._progressed()
         self._answer(response)
 
     def broken(self, reason: str) -> None:
         """The last ``Request`` got no (complete) answer: ``reason`` says why."""
         self._check_sent()
         self._failed(reason, None)
+
+    def _progressed(self) -> None:
+        """An answer came: the next failure is the first in a row again."""
+        self._failures = 0
+        self._backoff.reset()
 
     def _failed(self, reason: str, response: Response | None) -> None:
         self._failures += 1
@@ -308,8 +312,7 @@ class RangedDownload(_Plan):
         self._check_sent()
         if not 200 <= status < 300:
             raise ValueError(f"begin takes a 2xx answer, not {status}: receive it whole")
-        self._failures = 0
-        self._backoff.reset()
+        self._progressed()
         return self._start(status, headers)
 
     def feed(self, chunk: bytes) -> None:
