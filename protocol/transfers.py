@@ -259,18 +259,20 @@ class StagedUpload(_Plan):
             raise self._refused(response)
         else:
             held = response.json()
-            self._offset = self._held(held.get("offset"), total)
+            self._offset = _count(held.get("offset"), "an offset", 0, total)
             if asked == "GET":
-                self._chunk_bytes = min(self._chunk_bytes, self._held(held.get("chunk_bytes"), total))
-
-    @staticmethod
-    def _held(value: object, total: int) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= total:
-            raise InvalidMessage(f"the edge answered an offset or chunk size of {value!r} for {total} bytes")
-        return value
+                chunk_bytes = _count(held.get("chunk_bytes"), "a chunk size", 1, None)
+                self._chunk_bytes = min(self._chunk_bytes, chunk_bytes)
 
     def _what(self) -> str:
         return f"staging {self.cid}"
+
+
+def _count(value: object, what: str, least: int, most: int | None) -> int:
+    """``value`` from an edge's answer, an integer from ``least`` to ``most``; else ``InvalidMessage``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least or (most is not None and value > most):
+        raise InvalidMessage(f"the edge answered {what} of {value!r}")
+    return value
 
 
 class RangedDownload(_Plan):

@@ -93,6 +93,10 @@ UPLOADS = {
         [held(200), held(250), PUBLISHED],
         ["GET", CHUNKS[2], "POST"],
     ),
+    "in the client's chunks when the edge takes larger ones than the artifact": (
+        [held(0, chunk_bytes=4 << 20), held(100), held(200), held(250), PUBLISHED],
+        ["GET", *CHUNKS, "POST"],
+    ),
     "in the edge's chunks when they are smaller": (
         [held(150, chunk_bytes=50), held(200), held(250), PUBLISHED],
         ["GET", "PUT 150-199/250", "PUT 200-249/250", "POST"],
@@ -196,6 +200,8 @@ def test_the_retry_budget_is_the_policy_s() -> None:
 def test_an_offset_the_artifact_cannot_have_is_invalid() -> None:
     with pytest.raises(InvalidMessage):
         drive(upload(), [held(300)])
+    with pytest.raises(InvalidMessage):
+        drive(upload(), [held(0, chunk_bytes=0)])
     with pytest.raises(InvalidMessage):
         drive(upload(), [Response(200, {}, b"not json")])
 
