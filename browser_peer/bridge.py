@@ -11,13 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Bridge", "HttpAnswer", "HttpError", "PeerBytes", "Socket", "SocketClosed"]
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, url: str) -> None:
-        super().__init__(f"HTTP {status} for {url}")
-        self.status = status
+__all__ = ["Bridge", "HttpAnswer", "PeerBytes", "Socket", "SocketClosed"]
 
 
 class SocketClosed(Exception):
@@ -57,8 +51,8 @@ class Bridge(Protocol):
     shares_heads: bool  # whether the host reaches other peers for heads (below); False: HTTP only
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
-        """``method`` ``url`` with ``headers`` (and ``body``); raises ``HttpError`` for a status of 400 or
-        more, ``OSError`` when the transfer fails."""
+        """``method`` ``url`` with ``headers`` (and ``body``): the answer, whatever its status (the peer's
+        ``session.EdgeSession`` reads it); ``OSError`` when the transfer fails."""
         ...
 
     async def connect(self, url: str) -> Socket: ...

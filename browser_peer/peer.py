@@ -8,13 +8,14 @@ this peer and experiment), download the head artifact and only the leased shards
 against its content id / the fetch-manifest's sha256), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
 frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
-frame limit is staged over HTTP in chunks first (``protocol.uploads``, going on from the edge's offset
-after a failed chunk) and published over HTTP too, by its envelope without the artifact: the edge
-that took the chunks (the one a balancer sends the stage's requests to) need not be the relay's. A
-head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with ``Range``, so that a
-broken transfer costs one piece, asked again. If the socket drops (edge restart), reconnect with
-``protocol.backoff`` and carry on. Timestamps come from an injectable
-``protocol.clock.Clock``. Progress goes to the page through ``bridge.post_status``.
+frame limit is staged over HTTP in chunks first and published over HTTP too, by its envelope without
+the artifact: the edge that took the chunks (the one a balancer sends the stage's requests to) need
+not be the relay's. A head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with
+``Range``, so that a broken transfer costs one piece, asked again. HTTP goes through
+``session.EdgeSession``, which drives the plans of ``protocol.transfers`` for both (the native
+client's too). If the socket drops (edge restart), reconnect with ``protocol.backoff`` and carry on.
+Timestamps come from an injectable ``protocol.clock.Clock``. Progress goes to the page through
+``bridge.post_status``.
 
 Heads from peers, where the host reaches them (``bridge.shares_heads``: a page with WebRTC): the peer
 asks the edge which peers announced the head (``holders``), takes it from one of them through the
@@ -36,36 +37,29 @@ import numpy as np
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors
-from protocol.envelope import pack_envelope, unpack_envelope
+from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
-from protocol.hashing import content_id, verify_content
+from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.messages import LEASE_SECRET_HEADER, Candidate, HeadDescriptor, LeaseGrant, PeerProof
+from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import MODELS, ModelSpec, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
-from protocol.uploads import (
-    STAGE_MISSING,
-    UPLOAD_CHUNK_BYTES,
-    UPLOAD_HEADER,
-    content_range,
-    parse_content_range,
-    upload_path,
-)
+from protocol.uploads import UPLOAD_CHUNK_BYTES
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
-from .bridge import Bridge, HttpAnswer, HttpError, PeerBytes, Socket, SocketClosed
+from .bridge import Bridge, PeerBytes, Socket, SocketClosed
 from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
 from .progress import Progress, storage_key
+from .session import EdgeSession, HttpError
 
 __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
-HTTP_TRIES = 4  # a staged chunk or a head piece that fails this often in a row ends the session
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
 
@@ -125,6 +119,14 @@ class BrowserPeer:
             "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
             "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
         }
+        self.http = EdgeSession(
+            bridge,
+            config.edge_url,
+            config.token,
+            piece_bytes=config.piece_bytes,
+            counted=self._count,
+            retrying=lambda reason: self._report(phase=f"retrying after {reason}"),
+        )
         self.guest = Guest()
         self._matmul, backend = fastest_matmul()
         self.status["matmul"] = backend
@@ -144,6 +146,10 @@ class BrowserPeer:
     def _report(self, **changes: Any) -> None:
         self.status.update(changes)
         self.bridge.post_status(dict(self.status))
+
+    def _count(self, received: int, sent: int) -> None:
+        self.status["downloaded_bytes"] += received
+        self.status["sent_bytes"] += sent
 
     def stop(self) -> None:
         self.running = False
@@ -305,106 +311,6 @@ class BrowserPeer:
             reader.result()
 
     # -- one window ------------------------------------------------------------------------
-    async def _request(
-        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
-    ) -> HttpAnswer:
-        """``method`` ``path`` on the edge, with the admission token where the network needs one."""
-        if self.config.token is not None:
-            headers = {**(headers or {}), "authorization": f"Bearer {self.config.token}"}
-        answer = await self.bridge.request(method, self.config.edge_url + path, headers or {}, body)
-        self.status["downloaded_bytes"] += len(answer.body)
-        self.status["sent_bytes"] += len(body or b"")
-        return answer
-
-    async def _fetch(self, path: str, headers: dict[str, str] | None = None) -> bytes:
-        return (await self._request("GET", path, headers)).body
-
-    async def _again(
-        self, failure: Exception, failures: int, backoff: Backoff, passing: tuple[int, ...] = (409,)
-    ) -> None:
-        """Wait before asking again after ``failure`` (the ``failures``-th in a row); re-raise it when it
-        is no transfer failure (a refusal other than ``passing`` or 5xx) or when ``HTTP_TRIES`` failed in
-        a row."""
-        refused = isinstance(failure, HttpError) and failure.status not in passing and failure.status < 500
-        if refused or failures >= HTTP_TRIES:
-            raise failure
-        self._report(phase=f"retrying after {failure}")
-        await asyncio.sleep(backoff.next_delay_s())
-
-    async def _download(self, path: str, max_bytes: int) -> bytes:
-        """The artifact at ``path`` (at most ``max_bytes``): one GET when that fits in one piece
-        (``PeerConfig.piece_bytes``), else piece by piece with ``Range``. A failed GET or piece is asked
-        again, the pieces before it kept."""
-        piece = self.config.piece_bytes
-        data, total, failures, backoff = b"", None, 0, Backoff(initial_s=0.5, max_s=4.0)
-        while total is None or len(data) < total:
-            headers = {"range": f"bytes={len(data)}-{len(data) + piece - 1}"} if max_bytes > piece else {}
-            try:
-                answer = await self._request("GET", path, headers)
-            except (HttpError, OSError) as exc:
-                failures += 1
-                await self._again(exc, failures, backoff)
-                continue
-            failures = 0
-            if answer.status != 206:
-                return answer.body  # whole
-            start, _, total = parse_content_range(answer.headers.get("content-range"))
-            if start != len(data):
-                raise ProtocolError(f"asked for {path} from byte {len(data)}, got bytes from {start}")
-            data += answer.body
-        return data
-
-    async def _stage(self, artifact: bytes) -> str:
-        """Stage ``artifact`` on the edge in chunks of the size it takes (``protocol.uploads``); after a
-        failed chunk, go on from the offset the edge holds. Returns its content id."""
-        cid = content_id(artifact)
-        path, named = upload_path(self.key, cid), {UPLOAD_HEADER: cid}
-        failures, backoff = 0, Backoff(initial_s=0.5, max_s=4.0)
-        while True:
-            try:
-                staged = json.loads((await self._request("GET", path, named)).body)
-                offset, size = int(staged["offset"]), int(staged["chunk_bytes"])
-                while offset < len(artifact):
-                    end = min(offset + size, len(artifact))
-                    headers = {"content-range": content_range(offset, end, len(artifact))} | named
-                    answer = await self._request("PUT", path, headers, artifact[offset:end])
-                    offset = int(json.loads(answer.body)["offset"])
-                    failures = 0
-                return cid
-            except (HttpError, OSError) as exc:
-                failures += 1
-                await self._again(exc, failures, backoff)
-
-    async def _publish_staged(self, candidate: Candidate, artifact: bytes) -> str:
-        """Stage the candidate's ``artifact`` and publish it by ``POST …/candidates`` (as native trainers
-        do), not on the relay: the POST names the stage (``UPLOAD_HEADER``), so a balancer in front of
-        several edges sends it where the chunks went, which need not be the relay's edge. Publishing it
-        again is answered as the first time, so a failed POST is sent again; one that reaches an edge
-        without the stage (``STAGE_MISSING``: its edge went away) stages it there first. Returns the
-        candidate id the edge stored, which the relay's ``candidate.ack`` names otherwise."""
-        path, envelope = f"/v1/experiments/{self.key}/candidates", pack_envelope(candidate.to_wire(), b"")
-        failures, backoff = 0, Backoff(initial_s=0.5, max_s=4.0)
-        while True:
-            cid = await self._stage(artifact)  # nothing to send when the edge holds all of it
-            try:
-                answer = await self._request("POST", path, {UPLOAD_HEADER: cid}, envelope)
-                return str(json.loads(answer.body)["candidate_id"])
-            except (HttpError, OSError) as exc:
-                failures += 1
-                await self._again(exc, failures, backoff, STAGE_MISSING)
-
-    async def _fetch_json(self, path: str) -> Any:
-        return json.loads(await self._fetch(path))
-
-    async def _current_head(self) -> HeadDescriptor | None:
-        """The experiment's current head as the edge serves it; ``None`` before genesis."""
-        try:
-            return HeadDescriptor.from_wire(await self._fetch_json(f"/v1/experiments/{self.key}/head"))
-        except HttpError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     async def _head_artifact(
         self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, max_bytes: int
     ) -> bytes:
@@ -416,8 +322,7 @@ class BrowserPeer:
             sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
             artifact = None if sent is None else self._checked(sent, head.head_id)
         if artifact is None:
-            artifact = await self._download(f"/v1/artifacts/{head.head_id}", max_bytes)
-            verify_content(artifact, head.head_id)
+            artifact = await self.http.download(head.head_id, max_bytes)
             self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
         if self.bridge.shares_heads:
             self.bridge.keep_head(head.head_id, artifact)
@@ -455,7 +360,10 @@ class BrowserPeer:
             self._report(phase=f"paused: {self.guest.reason}")
             await self.guest.admit()
         head = head_to_train(
-            await self._current_head(), self._network.validator_key_set, self._last_base, quorum=self._network.quorum
+            await self.http.current_head(self.key),
+            self._network.validator_key_set,
+            self._last_base,
+            quorum=self._network.quorum,
         )
         model = MODELS[spec.model]
         ahead, self._ahead = self._ahead, None
@@ -497,7 +405,7 @@ class BrowserPeer:
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=done.workers)
         if len(envelope) > self._max_frame_bytes:  # too large for a frame: staged and published over HTTP
-            acknowledged = await self._publish_staged(candidate, unpack_envelope(envelope)[1])
+            acknowledged = await self.http.publish_staged(self.key, candidate, unpack_envelope(envelope)[1])
         else:
             await socket.send_bytes(envelope)
             self.status["sent_bytes"] += len(envelope)
@@ -564,11 +472,11 @@ class BrowserPeer:
         model = MODELS[spec.model]
         if self._manifest is None:
             self._manifest = FetchManifest.from_wire(
-                await self._fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
+                await self.http.fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
             )
         xs, ys = [], []
         for shard_id in lease.shard_ids:
-            data = await self._fetch(
+            data = await self.http.fetch(
                 f"/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}",
                 {LEASE_SECRET_HEADER: grant.secret},
             )

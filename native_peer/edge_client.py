@@ -1,27 +1,28 @@
 """HTTP client for the edge, as native peers and validators use it.
 
-Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name; transport
-failures are retried with ``protocol.backoff.Backoff``. Downloads are verified against their content
-id and resumed with ``Range`` after a broken transfer. Candidates, heads and outer states whose
-artifact is larger than ``chunk_bytes`` are staged in chunks first (``protocol.uploads``, going on from
-the edge's offset after a broken connection) and published by an envelope without the artifact,
-every request naming the stage so that a balancer keeps them on one edge. It is the only door to the
-edge's HTTP API: peers, validators and the lab use its public methods, nothing else.
+Every refusal becomes ``EdgeRequestError`` carrying the edge's status and error name. What to send,
+and when to send it again, comes from ``protocol.transfers``, the plans the browser peer drives too:
+requests that fail to travel are sent again after a back-off (``Exchange``); downloads are resumed
+with ``Range`` after a broken transfer and verified against their content id (``RangedDownload``);
+candidates, heads and outer states whose artifact is larger than ``chunk_bytes`` are staged in chunks
+first and published by an envelope without the artifact, every request naming the stage so that a
+balancer keeps them on one edge (``StagedUpload``). This module only sends them, with httpx. It is the
+only door to the edge's HTTP API: peers, validators and the lab use its public methods, nothing else.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.envelope import pack_envelope, unpack_envelope
-from protocol.hashing import content_id, verify_content
+from protocol.errors import IntegrityError, ProtocolError
+from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import FetchManifest, NetworkManifest
 from protocol.messages import (
@@ -38,7 +39,18 @@ from protocol.messages import (
     Verdict,
 )
 from protocol.signing import Signer
-from protocol.uploads import STAGE_MISSING, UPLOAD_CHUNK_BYTES, UPLOAD_HEADER, content_range, upload_path
+from protocol.transfers import (
+    Done,
+    Exchange,
+    RangedDownload,
+    Request,
+    Response,
+    RetryPolicy,
+    StagedUpload,
+    TransferFailed,
+    Wait,
+)
+from protocol.uploads import UPLOAD_CHUNK_BYTES
 from protocol.window import lease_window
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
@@ -50,6 +62,20 @@ class EdgeRequestError(Exception):
     def __init__(self, status: int, error: str, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {error}: {detail}")
         self.status, self.error, self.detail, self.retry_after_s = status, error, detail, retry_after_s
+
+
+def _answer(response: httpx.Response) -> Response:
+    return Response(response.status_code, response.headers, response.content)
+
+
+def _refusal(answer: Response) -> EdgeRequestError:
+    retry = answer.headers.get("retry-after", "")
+    try:
+        body = answer.json()
+        error, detail = str(body.get("error", "")), str(body.get("detail", ""))
+    except ProtocolError:
+        error, detail = "", answer.body[:200].decode(errors="replace")
+    return EdgeRequestError(answer.status, error, detail, float(retry) if retry.isdigit() else None)
 
 
 class EdgeClient:
@@ -70,7 +96,7 @@ class EdgeClient:
         self.base_url = base_url.rstrip("/")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, transport=transport)
-        self._retries = retries
+        self._policy = RetryPolicy.retrying(retries)
         self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}
         self._reader = reader
@@ -87,29 +113,44 @@ class EdgeClient:
         self._http.close()
 
     def _request(self, method: str, path: str, *, read_proof: bool = False, **options: Any) -> httpx.Response:
-        """``read_proof``: each attempt with a fresh read proof (``_read_proof``; the edge takes one once)."""
-        backoff = Backoff(max_s=4.0)
-        for attempt in range(self._retries + 1):
-            if read_proof:
-                options["headers"] = {**options.get("headers", {}), **self._read_proof(path)}
-            try:
-                response = self._http.request(method, path, **options)
-            except httpx.TransportError:
-                if attempt == self._retries:
-                    raise
-                time.sleep(backoff.next_delay_s())
+        """``method`` ``path`` with httpx's ``options``, sent again while it fails to travel
+        (``protocol.transfers.Exchange``); a refusal is raised as ``EdgeRequestError``. ``read_proof``:
+        each attempt with a fresh read proof (``_read_proof``; the edge takes one once)."""
+        fresh = (lambda: self._read_proof(path)) if read_proof else None
+        response = self._drive(Exchange(Request(method, path), self._policy), fresh=fresh, **options)
+        if response.status_code >= 400:
+            raise _refusal(_answer(response))
+        return response
+
+    def _drive(
+        self, plan: Exchange | StagedUpload, *, fresh: Callable[[], dict[str, str]] | None = None, **options: Any
+    ) -> httpx.Response:
+        """Send what ``plan`` asks (``protocol.transfers``) until it is done; its last answer. A refusal
+        that ends it is raised as ``EdgeRequestError``, transfers that kept failing as the last
+        ``httpx.TransportError``. ``fresh``: headers made anew for every request sent."""
+        response: httpx.Response | None = None
+        while not isinstance(step := plan.next_step(), Done):
+            if isinstance(step, Wait):
+                time.sleep(step.seconds)
                 continue
-            if response.status_code >= 400:
-                retry = response.headers.get("retry-after", "")
-                retry_after_s = float(retry) if retry.isdigit() else None
+            sent = {**options, "headers": {**step.headers, **options.get("headers", {}), **(fresh() if fresh else {})}}
+            if step.body is not None:
+                sent["content"] = step.body
+            try:
+                response = self._http.request(step.method, step.path, **sent)
+            except httpx.TransportError as exc:
                 try:
-                    body = response.json()
-                    error, detail = body.get("error", ""), body.get("detail", "")
-                except ValueError:
-                    error, detail = "", response.text[:200]
-                raise EdgeRequestError(response.status_code, error, detail, retry_after_s)
-            return response
-        raise AssertionError("unreachable")
+                    plan.broken(f"{type(exc).__name__}: {exc}")
+                except TransferFailed:
+                    raise exc from None
+                continue
+            try:
+                plan.receive(_answer(response))
+            except TransferFailed as exc:
+                assert exc.response is not None
+                raise _refusal(exc.response) from None
+        assert response is not None
+        return response
 
     @staticmethod
     def _experiment_path(key: ExperimentKey) -> str:
@@ -223,32 +264,50 @@ class EdgeClient:
 
     def artifact(self, cid: ContentId, destination: Path) -> bytes:
         """The artifact ``cid``, kept at ``destination``: read from there when it already holds exactly
-        those bytes, else downloaded (resuming a partial file) and verified by content id."""
+        those bytes, else downloaded (``protocol.transfers.RangedDownload``: streamed into a partial
+        file, resumed from it after a broken transfer, also by a later call) and verified by content id."""
         if destination.exists():
             data = destination.read_bytes()
             if content_id(data) == cid:
                 return data
         partial = destination.with_name(destination.name + ".part")
         destination.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(self._retries + 1):
-            have = partial.stat().st_size if partial.exists() else 0
-            path = f"/v1/artifacts/{cid}"
-            headers = ({"range": f"bytes={have}-"} if have else {}) | self._read_proof(path)
-            try:
-                with self._http.stream("GET", path, headers=headers) as response:
-                    if response.status_code >= 400:
-                        raise EdgeRequestError(response.status_code, "", f"artifact {cid}")
-                    mode = "ab" if response.status_code == 206 else "wb"
-                    with open(partial, mode) as handle:
-                        for chunk in response.iter_bytes():
-                            handle.write(chunk)
-            except httpx.TransportError:
-                continue
-            data = partial.read_bytes()
-            verify_content(data, cid)
-            partial.replace(destination)
-            return data
-        raise EdgeRequestError(0, "TransportError", f"could not download {cid}")
+        have = partial.read_bytes() if partial.exists() else b""
+        plan = RangedDownload(f"/v1/artifacts/{cid}", cid, have=have, policy=self._policy)
+        try:
+            while not isinstance(step := plan.next_step(), Done):
+                if isinstance(step, Wait):
+                    time.sleep(step.seconds)
+                    continue
+                try:
+                    self._stream(plan, step, partial)
+                except httpx.TransportError as exc:
+                    plan.broken(f"{type(exc).__name__}: {exc}")
+        except TransferFailed as exc:
+            if exc.response is None:
+                raise EdgeRequestError(0, "TransportError", f"could not download {cid}") from exc
+            raise _refusal(exc.response) from None
+        except IntegrityError:
+            partial.unlink(missing_ok=True)  # not these bytes: the next download starts from 0
+            raise
+        partial.replace(destination)
+        assert isinstance(step.value, bytes)
+        return step.value
+
+    def _stream(self, plan: RangedDownload, step: Request, partial: Path) -> None:
+        """One answer to ``step``, its body written to ``partial`` as it arrives, where ``plan`` says."""
+        headers = {**step.headers, **self._read_proof(step.path)}
+        with self._http.stream(step.method, step.path, headers=headers) as response:
+            if not 200 <= response.status_code < 300:
+                response.read()
+                plan.receive(_answer(response))
+                return
+            offset = plan.begin(response.status_code, response.headers)
+            with open(partial, "ab" if offset else "wb") as handle:
+                for chunk in response.iter_bytes():
+                    plan.feed(chunk)
+                    handle.write(chunk)
+        plan.end()
 
     # -- writes -----------------------------------------------------------------------------
     def request_lease(
@@ -282,49 +341,15 @@ class EdgeClient:
 
     def _publish(self, key: ExperimentKey, collection: str, envelope: bytes) -> None:
         """POST ``envelope`` to the experiment's ``collection``; an artifact over ``chunk_bytes`` is
-        staged first and the envelope sent without it. Should the publish reach an edge that holds no
-        complete stage of it (``STAGE_MISSING``: the edge that took the chunks went away), the artifact
-        is staged again, on the edge that answers now, and published again (``retries`` times at most)."""
+        staged first and the envelope sent without it (``protocol.transfers.StagedUpload``: from the
+        edge's offset, staged again where a publish finds no stage)."""
         path = f"{self._experiment_path(key)}/{collection}"
         descriptor, artifact = unpack_envelope(envelope)
         if len(artifact) <= self._chunk_bytes:
             self._request("POST", path, content=envelope)
             return
         bare = pack_envelope(descriptor, b"")
-        for attempt in range(self._retries + 1):
-            cid = self.stage(key, artifact)  # nothing to send when the edge holds all of it
-            try:
-                self._request("POST", path, content=bare, headers={UPLOAD_HEADER: cid})
-                return
-            except EdgeRequestError as exc:
-                if exc.status not in STAGE_MISSING or attempt == self._retries:
-                    raise
-
-    def stage(self, key: ExperimentKey, artifact: bytes) -> ContentId:
-        """Stage ``artifact`` on the edge in chunks (``protocol.uploads``), from what the edge holds
-        already: a broken chunk is sent again (``_request``), and after a 409 (a chunk the edge took
-        although its answer was lost, a stage that expired or went away with its edge) it goes on from
-        the edge's offset."""
-        cid = content_id(artifact)
-        path, named = upload_path(key, cid), {UPLOAD_HEADER: cid}
-        offset, size = self._staged(path, named)
-        conflicts = 0
-        while offset < len(artifact):
-            end = min(offset + size, len(artifact))
-            headers = {"content-range": content_range(offset, end, len(artifact))} | named
-            try:
-                offset = int(self._request("PUT", path, content=artifact[offset:end], headers=headers).json()["offset"])
-            except EdgeRequestError as exc:
-                conflicts += 1
-                if exc.status != 409 or conflicts > self._retries:
-                    raise
-                offset, size = self._staged(path, named)
-        return cid
-
-    def _staged(self, path: str, headers: dict[str, str]) -> tuple[int, int]:
-        """How many bytes of an upload the edge holds, and the chunk size to send the rest in."""
-        staged = self._request("GET", path, headers=headers).json()
-        return int(staged["offset"]), min(self._chunk_bytes, int(staged["chunk_bytes"]))
+        self._drive(StagedUpload(key, artifact, path, bare, chunk_bytes=self._chunk_bytes, policy=self._policy))
 
     def publish_attestation(self, attestation: Attestation) -> None:
         path = f"{self._experiment_path(attestation.experiment)}/attestations"

@@ -29,6 +29,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     deadline     when a validator closes a window: derived from recent window durations
     clock        the one injectable clock (wall time for the wire, monotonic for durations)
     backoff      retry back-off delays, for every client that retries
+    uploads      staged uploads on the wire: paths, Content-Range, the stage's routing header
+    transfers    sans-I/O plans for staged uploads and ranged downloads: their retry and resume rules
     window       one training window for every trainer: head and lease checks, lease_covers,
                  package_candidate
 """

@@ -12,7 +12,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from browser_peer.bridge import HttpAnswer, HttpError, PeerBytes, SocketClosed
+from browser_peer.bridge import HttpAnswer, PeerBytes, SocketClosed
 from browser_peer.parts import PartRunner
 
 
@@ -59,8 +59,6 @@ class NativeBridge:
             response = await self._http.request(method, url, headers=headers, content=body)
         except httpx.TransportError as exc:
             raise OSError(f"{method} {url}: {exc}") from exc  # as pyfetch fails
-        if response.status_code >= 400:
-            raise HttpError(response.status_code, url)
         return HttpAnswer(response.status_code, dict(response.headers), response.content)
 
     async def connect(self, url: str) -> NativeSocket:

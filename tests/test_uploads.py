@@ -25,6 +25,7 @@ from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.envelope import pack_envelope, unpack_envelope
+from protocol.errors import IntegrityError
 from protocol.hashing import content_id
 from protocol.ids import ContentId, HeadId
 from protocol.messages import Candidate
@@ -355,3 +356,61 @@ def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame
     assert len(artifact.content) > 65536  # no frame could have carried it
     assert 'dtn_candidates_total{via="http"}' in metrics  # staged, then published over HTTP, not the relay
     assert 'dtn_ws_closes_total{code="1009"}' not in metrics  # never a frame over the limit
+
+
+class _Cut(httpx.SyncByteStream):
+    """A body that breaks after ``after`` bytes, as a dropped connection does."""
+
+    def __init__(self, stream: httpx.SyncByteStream, after: int) -> None:
+        self.stream, self.after = stream, after
+
+    def __iter__(self) -> Iterator[bytes]:
+        sent = 0
+        for chunk in self.stream:
+            yield chunk[: self.after - sent]
+            sent += len(chunk[: self.after - sent])
+            if sent >= self.after:
+                raise httpx.ReadError("connection reset")
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class _CutsTheFirstDownload(httpx.HTTPTransport):
+    """Records each artifact request's ``Range``; the body of the first breaks after 1000 bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranges = list[str | None]()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if not request.url.path.startswith("/v1/artifacts/"):
+            return response
+        self.ranges.append(request.headers.get("range"))
+        if len(self.ranges) > 1:
+            return response
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Cut(response.stream, 1000))
+
+
+def test_a_native_download_resumes_after_a_broken_body_and_drops_a_partial_file_of_wrong_bytes(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    head, _ = head_envelope()
+    with _edge(tmp_path, dataset_root) as (edge, _http):
+        cut = _CutsTheFirstDownload()
+        client = EdgeClient(edge.url)
+        client._http.close()
+        client._http = httpx.Client(base_url=edge.url, transport=cut)  # below the client
+        destination = tmp_path / "heads" / "genesis"
+        data = client.artifact(head.head_id, destination)
+        assert content_id(data) == head.head_id and destination.read_bytes() == data
+        assert cut.ranges == [None, "bytes=1000-"]  # asked again from the bytes that arrived
+        other = tmp_path / "heads" / "other"
+        other.with_name("other.part").write_bytes(b"\xff" * 1000)  # not the artifact's first bytes
+        with pytest.raises(IntegrityError):
+            client.artifact(head.head_id, other)
+        assert not other.with_name("other.part").exists()  # so the next download starts from 0
+        assert client.artifact(head.head_id, other) == data
+        client.close()
