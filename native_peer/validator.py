@@ -329,7 +329,9 @@ class Validator:
         self._reference_cache: dict[str, tuple[HeadId, dict[str, np.ndarray]]] = {}
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
-        self._due: dict[str, float] = {}  # experiment -> when its open window's deadline (this validator's turn) falls
+        # experiment -> when its open window may close without activity: the newcomers' grace and the
+        # deadline (this validator's turn)
+        self._due: dict[str, tuple[float, ...]] = {}
         self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
@@ -452,7 +454,8 @@ class Validator:
             self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
         )
         turn = self._turn(head)  # later proposers step in only when earlier ones did not
-        self._due[spec.key] = opened + deadline_s * (turn + 1)
+        grace_s = window_grace_s(self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline)
+        self._due[spec.key] = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
             return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
@@ -466,7 +469,6 @@ class Validator:
         out = [lease for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered]
         unproven = sum(1 for lease in out if lease.peer_id not in self._delivered)
         progress = WindowProgress(len(window), len(leases), len(out) - unproven, elapsed_s, unproven)
-        grace_s = window_grace_s(self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline)
         if not window_closes(
             progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
         ):
@@ -859,7 +861,7 @@ class Validator:
                 stop.wait(delay_s)
 
     def _idle_s(self) -> float:
-        """How long to wait for activity: until the next deadline of an open window, ``idle_s`` at most
+        """How long to wait for activity: until the next grace or deadline of an open window, ``idle_s`` at most
         (past its deadline, a window that did not close waits for activity: a lease or a candidate)."""
         now = self.clock.monotonic_s()
-        return min([self.config.idle_s, *(due - now for due in self._due.values() if due > now)])
+        return min([self.config.idle_s, *(t - now for due in self._due.values() for t in due if t > now)])
