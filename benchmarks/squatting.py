@@ -61,9 +61,11 @@ class Squatter(threading.Thread):
     def run(self) -> None:
         seen = None
         while not self.stop.is_set():
-            head = self.clients[0].current_head(BENCH_EXPERIMENT)
+            try:  # a long poll: the squatter spends no core of this machine while it waits
+                head = self.clients[0].current_head(BENCH_EXPERIMENT, after=seen, wait_s=1.0)
+            except (EdgeRequestError, httpx.TransportError):
+                continue
             if head is None or head.head_id == seen:
-                time.sleep(0.01)
                 continue
             seen, self.windows = head.head_id, self.windows + 1
             for i in range(self.identities):
