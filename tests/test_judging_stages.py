@@ -15,7 +15,20 @@ import numpy as np
 import pytest
 
 from protocol.aggregation import flatten
-from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
+from protocol.judging import (
+    FRESH_TRUST,
+    Merge,
+    Submission,
+    WindowDecision,
+    admit,
+    blocked_screens,
+    judge_window,
+    leave_one_out,
+    measure_alone,
+    next_trust,
+    outer_step,
+    screen_updates,
+)
 from protocol.model import Params, mlp
 from protocol.outer import OuterOptimizer
 from protocol.reasons import Reason
@@ -183,3 +196,206 @@ def test_judge_window_decides_as_it_did_before_it_was_split_into_stages(
     )
     assert [x is None for x in found] == [x is None for x in numbers]
     assert [x for x in found if x is not None] == pytest.approx([x for x in numbers if x is not None], rel=1e-12)
+
+
+# -- the stages, each on its own table ---------------------------------------------------------
+_ALONG = 0.01 * REF_DIR  # the reference's update below, exactly
+_REFERENCE_ALONG = _params(_ALONG)
+_STALE = Screen(Reason.STALE_BASE, "old")
+_BASE_NORM = float(np.linalg.norm(flatten(SPEC, BASE)))
+
+
+@pytest.mark.parametrize(
+    ("submissions", "reasons", "admitted"),
+    [
+        ([_sub(0, _ALONG, precheck=_STALE)], ["stale_base"], []),  # its precheck stands
+        ([_sub(1, _ALONG, peer_id="q")], ["quarantined"], []),  # rejected unseen
+        ([_sub(1, None, peer_id="q")], ["quarantined"], []),  # before anything is looked at
+        ([_sub(2, _ALONG, peer_id="p", lease_window=4), _sub(3, _ALONG, peer_id="p", lease_window=4)],
+         ["accepted", "replay"], [2]),  # one candidate per peer and lease window
+        ([_sub(2, _ALONG, peer_id="p", lease_window=3), _sub(3, _ALONG, peer_id="p", lease_window=4)],
+         ["accepted", "accepted"], [2, 3]),  # a delayed update beside its peer's current one
+        ([_sub(2, None, peer_id="p"), _sub(3, _ALONG, peer_id="p")],
+         ["undecodable", "accepted"], [3]),  # a rejected candidate takes no slot
+        ([_sub(5, None, params=_NAN)], ["non_finite"], []),
+        ([_sub(6, None, params={"dense0.kernel": np.zeros((4, 3), np.float32)})], ["wrong_shape"], []),
+    ],
+)  # fmt: skip
+def test_admit(submissions: list[Submission], reasons: list[str], admitted: list[int]) -> None:
+    screens, passed = admit(SPEC, submissions, TRUST)
+    assert [screens[s.candidate_id].reason.value for s in submissions] == reasons
+    assert [s.candidate_id for s in passed] == [_id(i) for i in admitted]
+
+
+@pytest.mark.parametrize(
+    ("delta", "windows", "lineage_step", "reason", "cosine"),
+    [
+        (_ALONG, 1.0, None, "accepted", 1.0),
+        (0.01 * (_ORTHO - 0.05 * REF_DIR), 1.0, None, "accepted", -0.05),  # no information: the trust floor (0004)
+        (0.01 * (_ORTHO - 0.5 * REF_DIR), 1.0, None, "untrusted_direction", -0.447),  # clearly opposed
+        (3.5 * _ALONG, 1.0, None, "norm_too_large", 1.0),  # > 3 × ‖Δ_ref‖
+        (3.5 * _ALONG, 2.0, None, "accepted", 1.0),  # two declared windows: ≤ 6 × (0008)
+        (0.09 * _ALONG, 1.0, None, "free_rider", 1.0),  # ≤ 0.1 × ‖Δ_ref‖
+        (0.09 * _ALONG, 1.0, 0.005, "accepted", 1.0),  # > 0.1 × the lineage's smaller step (0013)
+        (0.09 * _ALONG, 1.0, 1.0, "free_rider", 1.0),  # a larger step does not raise the bound
+    ],
+)
+def test_screen_updates_against_the_reference(
+    delta: np.ndarray, windows: float, lineage_step: float | None, reason: str, cosine: float
+) -> None:
+    sub = _sub(1, delta, windows=windows)
+    policy = PRESETS["balanced"]
+    screens, cosines = screen_updates(SPEC, BASE, [sub], policy, _REFERENCE_ALONG, lineage_step)
+    assert [s.reason.value for s in screens] == [reason]
+    assert cosines == {sub.candidate_id: pytest.approx(cosine, abs=1e-3)}
+
+
+@pytest.mark.parametrize(
+    ("deltas", "reasons"),
+    [
+        ([_ALONG, -_ALONG], ["accepted", "accepted"]),  # fewer than 3: no direction is checked
+        ([_ALONG, 0.6 * _BASE_NORM * REF_DIR], ["accepted", "norm_too_large"]),  # > 0.5 × ‖base‖
+        ([_ALONG, 1.1 * _ALONG, 0.9 * _ALONG, -_ALONG], ["accepted", "accepted", "accepted", "outlier"]),
+        ([_ALONG, 1.1 * _ALONG, 0.9 * _ALONG, 4 * _ALONG], ["accepted", "accepted", "accepted", "norm_too_large"]),
+        ([_ALONG, 1.1 * _ALONG, 0.9 * _ALONG, 0.05 * _ALONG], ["accepted", "accepted", "accepted", "free_rider"]),
+    ],
+)
+def test_screen_updates_against_the_cohort(deltas: list[np.ndarray], reasons: list[str]) -> None:
+    subs = [_sub(i, delta) for i, delta in enumerate(deltas)]
+    screens, cosines = screen_updates(SPEC, BASE, subs, PRESETS["balanced"], None, 0.002)
+    assert [s.reason.value for s in screens] == reasons and cosines == {}
+
+
+def test_screen_updates_refuses_a_reference_of_another_model() -> None:
+    with pytest.raises(ValueError, match="not usable"):
+        screen_updates(SPEC, BASE, [], PRESETS["balanced"], {"dense0.kernel": np.zeros((2, 2), np.float32)}, None)
+
+
+_UNTRUSTED = Screen(Reason.UNTRUSTED_DIRECTION, "cosine -0.300")
+
+
+@pytest.mark.parametrize(
+    ("screen", "delta", "overrides", "reason", "measured", "evaluations"),
+    [
+        (ACCEPT, _ALONG, True, "accepted", True, 1),
+        (_UNTRUSTED, OPTIMUM, True, "accepted", True, 1),  # lowers the holdout loss: passes (0007), measured once
+        (_UNTRUSTED, -OPTIMUM, True, "untrusted_direction", False, 1),  # raises it: stays out
+        (_UNTRUSTED, OPTIMUM, False, "untrusted_direction", False, 0),  # FLTrust as published: no override
+        (Screen(Reason.NORM_TOO_LARGE), OPTIMUM, True, "norm_too_large", False, 0),  # only a direction is measured
+    ],
+)
+def test_measure_alone(
+    screen: Screen, delta: np.ndarray, overrides: bool, reason: str, measured: bool, evaluations: int
+) -> None:
+    seen: list[Mapping[str, np.ndarray]] = []
+
+    def holdout(params: Mapping[str, np.ndarray]) -> dict[str, float]:
+        seen.append(params)
+        return _holdout(params)
+
+    policy = replace(PRESETS["balanced"], holdout_overrides_direction=overrides)
+    sub = _sub(1, delta)
+    screens, metrics = measure_alone([sub], [screen], policy, holdout, BASE_METRICS)
+    assert [s.reason.value for s in screens] == [reason] and len(seen) == evaluations
+    assert metrics == ({sub.candidate_id: _holdout(sub.params)} if measured else {})  # type: ignore[arg-type]
+    if reason == "untrusted_direction" and overrides:
+        assert screens[0].detail.startswith("cosine -0.300, and alone it does not lower the holdout loss")
+
+
+def _total_offset(params: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """A holdout loss of 1 + the sum of the update's coordinates: a merge's loss is computable by hand."""
+    return {"loss": 1.0 + float((flatten(SPEC, params) - flatten(SPEC, BASE)).sum()), "accuracy": 0.5}
+
+
+def _spread(total: float) -> np.ndarray:
+    """An update whose coordinates sum to ``total``."""
+    return np.full(N, total / N)
+
+
+def _merge(subs: list[Submission], rule: str = "weighted_mean") -> Merge:
+    return Merge(SPEC, BASE, subs, PRESETS["balanced"], rule, b"", None)
+
+
+@pytest.mark.parametrize(
+    ("totals", "margin", "marginal", "regressions"),
+    [
+        ([0.2, 0.01], 0.03, [0.095, -0.095], [0]),  # with both 0.105, without the first 0.01
+        ([0.2, 0.01], 0.1, [0.095, -0.095], []),  # within a wider margin
+        ([0.05], 0.03, [0.05], [0]),  # a lone candidate against not merging (the base's loss, 1.0)
+        ([0.02], 0.03, [0.02], []),
+        ([0.2, 0.01], np.inf, None, []),  # no leave-one-out check at all
+        ([], 0.03, None, []),
+    ],
+)
+def test_leave_one_out(
+    totals: list[float], margin: float, marginal: list[float] | None, regressions: list[int]
+) -> None:
+    trusted = [_sub(i, _spread(total)) for i, total in enumerate(totals)]
+    policy = replace(PRESETS["balanced"], candidate_margin=margin)
+    found, rejected = leave_one_out(_merge(trusted), trusted, policy, _total_offset, {"loss": 1.0})
+    expected = {} if marginal is None else {_id(i): pytest.approx(m, abs=1e-5) for i, m in enumerate(marginal)}
+    assert found == expected
+    assert {k: s.reason for k, s in rejected.items()} == {_id(i): Reason.REGRESSION for i in regressions}
+
+
+_MOMENTUM = np.full(N, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("outer", "momentum", "rows", "step", "state"),
+    [
+        (OuterOptimizer(), None, [0, 1], _spread(0.15), None),  # FedAvg: the weighted mean as it is
+        (OuterOptimizer(), None, [1], _spread(0.1), None),  # over the given rows only
+        (NESTEROV, None, [0, 1], 0.7 * 1.9 * _spread(0.15), -_spread(0.15)),  # θ = base + η(1 + μ)Δ, m = −Δ
+        (NESTEROV, _MOMENTUM, [0, 1], 0.7 * (1.9 * _spread(0.15) - 0.81 * _MOMENTUM), 0.9 * _MOMENTUM - _spread(0.15)),
+    ],
+)
+def test_outer_step(
+    outer: OuterOptimizer, momentum: np.ndarray | None, rows: list[int], step: np.ndarray, state: np.ndarray | None
+) -> None:
+    merged, next_state = outer_step(_merge([_sub(0, _spread(0.2)), _sub(1, _spread(0.1))]), rows, outer, momentum)
+    np.testing.assert_allclose(flatten(SPEC, merged) - flatten(SPEC, BASE), step, atol=1e-6)
+    if state is None:
+        assert next_state is None
+    else:
+        assert next_state is not None and next_state.dtype == np.float64
+        np.testing.assert_allclose(next_state, state, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("base_metrics", "merged_metrics", "marginal", "blocked"),
+    [
+        ({"loss": 1.0}, {"loss": 1.04}, {"a": 0.02, "b": -0.01}, {}),  # within promotion_margin 0.05
+        ({"loss": 1.0}, {"loss": 1.06}, {"a": 0.02, "b": 0.01}, {"a": "regression", "b": "merge_blocked"}),
+        ({"loss": 1.0}, {"loss": 1.06}, {}, {"a": "merge_blocked", "b": "merge_blocked"}),  # no leave-one-out
+        ({"loss": 1.0, "loss_se": 0.02}, {"loss": 1.06, "loss_se": 0.02}, {"a": 0.02}, {}),  # within 3 σ (0013)
+    ],
+)
+def test_blocked_screens(
+    base_metrics: dict[str, float],
+    merged_metrics: dict[str, float],
+    marginal: dict[str, float],
+    blocked: dict[str, str],
+) -> None:
+    accepted = [replace(_sub(i, _ALONG), candidate_id=name) for i, name in enumerate("ab")]
+    # half the candidate margin (0.03) is the line between blame and no blame
+    screens = blocked_screens(base_metrics, merged_metrics, accepted, marginal, PRESETS["balanced"])
+    assert {k: s.reason.value for k, s in screens.items()} == blocked
+
+
+@pytest.mark.parametrize(
+    ("reason", "promoted", "strikes", "score"),
+    [
+        (Reason.ACCEPTED, True, 0.9, 0.84),  # took part: one window older; the score rises
+        (Reason.ACCEPTED, False, 0.9, 0.64),  # accepted but not merged: no strike, no credit
+        (Reason.MERGE_BLOCKED, False, 0.9, 0.64),
+        (Reason.REGRESSION, False, 1.4, 0.64),  # a half strike
+        (Reason.NON_FINITE, True, 1.9, 0.64),  # a strike, whatever became of the window
+    ],
+)
+def test_next_trust(reason: Reason, promoted: bool, strikes: float, score: float) -> None:
+    before = TrustBook().after_window([("p", False, Reason.OUTLIER)])  # 1 strike, score 0.8
+    sub = _sub(1, _ALONG, peer_id="p")
+    after = next_trust(before, [sub], {sub.candidate_id: Screen(reason)}, promoted)
+    assert after.strikes["p"] == pytest.approx(strikes) and after.scores["p"] == pytest.approx(score)
+    assert before.strikes["p"] == 1.0  # the given book is not changed
