@@ -168,7 +168,7 @@ class WindowDecision:
         return self.merged is not None
 
 
-REFERENCE_BATCH_FACTOR = 2  # the validator's own update's batches: this × the trainers', same step count
+REFERENCE_BATCH_FACTOR = 2  # the validator's own update's batches: this × the trainers', same steps (decision 0003)
 
 
 def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
@@ -213,17 +213,19 @@ def judge_window(
 ) -> WindowDecision:
     """Screens for every submission, the merged parameters when the window promotes, the next trust book:
     ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``outer_step`` →
-    ``blocked_screens`` → ``next_trust``, in content-id order.
+    ``blocked_screens`` → ``next_trust``, over the submissions in content-id order.
 
     ``base_metrics`` holds the base head's ``loss`` on the validator's holdout, and its ``loss_se`` and
     the lineage's step (``update_norm``, ``WindowDecision.update_norm`` of the window that made the base
     head) when known; ``evaluate`` measures parameters on that holdout (``{"loss", "accuracy"}``, and
     ``"loss_se"``). ``reference`` is θ_ref, the validator's own update from ``base`` on its reference
-    split (``reference_batches``, ``reference_steps``): with an ``anchored`` preset it screens and bounds
-    and never enters a merge (decisions 0002, 0013), and every validator of a quorum must pass the same
-    bytes. ``salt`` breaks the robust rules' ties (``tie_keys``): the same at every validator, unknown to
-    submitters until the window closes, never random. ``outer`` steps from ``base`` with ``momentum``,
-    the state the base head names (``protocol.outer``)."""
+    split (``reference_steps`` steps on ``reference_batches``, ``REFERENCE_BATCH_FACTOR``): with an
+    ``anchored`` preset it screens and bounds and never enters a merge (decisions 0002, 0013), and every
+    validator of a quorum must pass the same bytes. The merge rule is ``policy.merge_rule(anchored)``:
+    ``ValueError`` when it needs a reference the window lacks. ``salt`` breaks the robust rules' ties
+    (``tie_keys``): the same at every validator, unknown to submitters until the window closes, never
+    random. ``outer`` steps from ``base`` with ``momentum``, the state the base head names
+    (``protocol.outer``)."""
     anchor = reference if reference is not None and policy.anchored else None
     rule = policy.merge_rule(anchor is not None)
     if rule in NEEDS_REFERENCE and anchor is None:
