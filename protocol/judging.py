@@ -1,13 +1,19 @@
 """Judging one window, pure: from prechecked submissions to screens and the merged parameters.
 
-Validators do the I/O-side checks first (signature, lease, artifact download) and pass each
-candidate as a ``Submission`` with that ``precheck``; ``judge_window`` then applies, in order:
-quarantine, one candidate per peer and lease window, schema and finiteness, screening (against the validator's
-reference update when it passes one, else against the cohort), the per-candidate leave-one-out
-validation-loss check, weight caps per peer kind (a delayed update discounted: ``staleness_weight``),
-the preset's aggregator and the promotion rule.
-It is pure: the trust book it is given is not changed, the decision carries the next one. The
-attack suite calls the same function, so what it scores is what runs.
+Validators do the I/O-side checks first (signature, lease, artifact download: ``precheck``) and pass
+each candidate as a ``Submission``; ``judge_window`` is the composition of these stages, in order:
+
+    admit            its precheck, quarantine, one candidate per peer and lease window, schema, finiteness
+    screen_updates   against the validator's reference update when anchored, else against the cohort
+    measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
+    leave_one_out    a candidate the linear merge is worse with than without is a regression
+    outer_step       the merge rule over the rest (weight caps per peer kind, ``staleness_weight``),
+                     then the outer optimizer's step from the base
+    blocked_screens  the promotion rule, and the blame when it blocks the merge
+    next_trust       the trust book after the window
+
+Each is pure: the trust book given is not changed, the decision carries the next one. The attack
+suite calls the same function, so what it scores is what runs.
 """
 
 from __future__ import annotations
@@ -50,12 +56,20 @@ from .window import lease_covers
 
 __all__ = [
     "REFERENCE_BATCH_FACTOR",
+    "Merge",
     "Submission",
     "WindowDecision",
+    "admit",
+    "blocked_screens",
     "judge_window",
+    "leave_one_out",
+    "measure_alone",
+    "next_trust",
+    "outer_step",
     "precheck",
     "reference_batches",
     "reference_steps",
+    "screen_updates",
     "stale_base",
     "staleness",
     "staleness_weight",
@@ -154,7 +168,7 @@ class WindowDecision:
         return self.merged is not None
 
 
-REFERENCE_BATCH_FACTOR = 2  # the validator's own update's batches: this × the trainers', same step count
+REFERENCE_BATCH_FACTOR = 2  # the validator's own update's batches: this × the trainers', same steps (decision 0003)
 
 
 def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
@@ -197,63 +211,71 @@ def judge_window(
     outer: OuterOptimizer = FEDAVG,
     momentum: Vector | None = None,
 ) -> WindowDecision:
-    """Screens for every submission, the merged parameters when the window promotes, the next trust book.
+    """Screens for every submission, the merged parameters when the window promotes, the next trust book:
+    ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``outer_step`` →
+    ``blocked_screens`` → ``next_trust``, over the submissions in content-id order.
 
-    ``base_metrics["loss"]`` is the base head's loss on the validator's evaluation split (the
-    ``holdout``), ``base_metrics["loss_se"]`` its standard error when known, and
-    ``base_metrics["update_norm"]`` the lineage's step size when known (``WindowDecision.update_norm``
-    of the window that made the base head); ``evaluate`` measures parameters on that same split
-    (``{"loss", "accuracy"}``, and ``"loss_se"``).
+    ``base_metrics`` holds the base head's ``loss`` on the validator's holdout, and its ``loss_se`` and
+    the lineage's step (``update_norm``, ``WindowDecision.update_norm`` of the window that made the base
+    head) when known; ``evaluate`` measures parameters on that holdout (``{"loss", "accuracy"}``, and
+    ``"loss_se"``). ``reference`` is θ_ref, the validator's own update from ``base`` on its reference
+    split (``reference_steps`` steps on ``reference_batches``, ``REFERENCE_BATCH_FACTOR``): with an
+    ``anchored`` preset it screens and bounds and never enters a merge (decisions 0002, 0013), and every
+    validator of a quorum must pass the same bytes. The merge rule is ``policy.merge_rule(anchored)``:
+    ``ValueError`` when it needs a reference the window lacks. ``salt`` breaks the robust rules' ties
+    (``tie_keys``): the same at every validator, unknown to submitters until the window closes, never
+    random. ``outer`` steps from ``base`` with ``momentum``, the state the base head names
+    (``protocol.outer``)."""
+    anchor = reference if reference is not None and policy.anchored else None
+    rule = policy.merge_rule(anchor is not None)
+    if rule in NEEDS_REFERENCE and anchor is None:
+        raise ValueError(f"aggregator {rule!r} needs a reference update")
+    ordered = sorted(submissions, key=lambda s: s.candidate_id)
+    screens, admitted = admit(spec, ordered, trust)
+    screened, cosines = screen_updates(spec, base, admitted, policy, anchor, base_metrics.get("update_norm"))
+    screened, metrics = measure_alone(admitted, screened, policy, evaluate, base_metrics)
+    screens.update((sub.candidate_id, screen) for sub, screen in zip(admitted, screened, strict=True))
+    trusted = [sub for sub, screen in zip(admitted, screened, strict=True) if screen.accepted]
+    merge = Merge(spec, base, trusted, policy, rule, salt, anchor)
+    marginal, regressions = leave_one_out(merge, trusted, policy, evaluate, base_metrics)
+    screens.update(regressions)
+    rows = [i for i, sub in enumerate(trusted) if screens[sub.candidate_id].accepted]
+    merged: Params | None = None
+    merged_metrics: dict[str, float] | None = None
+    state = momentum  # a window that merges nothing leaves the outer state as it was
+    if rows:
+        merged, state = outer_step(merge, rows, outer, momentum)
+        merged_metrics = evaluate(merged)
+        blocked = blocked_screens(base_metrics, merged_metrics, [trusted[i] for i in rows], marginal, policy)
+        if blocked:
+            screens.update(blocked)
+            merged, state = None, None  # a blocked step restarts the outer momentum
+    promoted = merged is not None
+    return WindowDecision(
+        screens=screens,
+        accepted=tuple(trusted[i].candidate_id for i in rows) if promoted else (),
+        merged=merged,
+        merged_metrics=merged_metrics,
+        candidate_metrics=metrics,
+        trust=next_trust(trust, ordered, screens, promoted),
+        anchored=anchor is not None,
+        reference_cosines=cosines,
+        marginal_losses=marginal,
+        outer_state=state,
+        update_norm=merge.median_norm(rows) if promoted else base_metrics.get("update_norm"),
+    )
 
-    ``reference`` is the trust anchor: the validator's own update from this base on data no trainer
-    gets, given as the trained parameters θ_ref (Δ_ref = θ_ref − base). The validator computes it as
-    a trainer computes a window: start from ``base`` (the current head) with the experiment's
-    optimizer (fresh state, or state kept across windows as a trainer keeps it; the attack suite
-    uses a fresh one), take the same number of optimizer steps as one trainer window (leased
-    examples × ``local_epochs`` / ``batch_size``), on the prepared dataset's ``reference`` split
-    (validators only, never served, disjoint from the ``holdout`` that ``evaluate`` uses), in batches
-    drawn with ``reference_batches(base head id, ...)``. A batch 2× the trainers' gives a steadier
-    direction at the same step count (``REFERENCE_BATCH_FACTOR``; at 4× the reference drifts away
-    from honest updates whose optimizers carry state over many windows, at 1× label-skewed updates
-    are rejected more often). The anchor screens and bounds; it never enters a merge: a validator
-    update merged into every head fits the heads to the same few thousand examples window after
-    window (a lone trainer's run stalled at 0.95 test accuracy with its holdout loss climbing and
-    its merges blocked). Every validator of a quorum must pass the same bytes (the same prepared
-    copy, ``reference_batches`` and deterministic training, or the proposer's published update).
 
-    With a reference and an ``anchored`` preset, candidates are screened against it (norm bounds
-    relative to ‖Δ_ref‖, FLTrust trust ReLU(cos(Δ, Δ_ref)): trust 0 is ``untrusted_direction``),
-    whatever the cohort's size or who controls most identities, and the merge uses
-    ``policy.anchored_aggregator``. The free-rider bound follows the trainers: ``min_reference_ratio``
-    × the smaller of ‖Δ_ref‖ and the lineage's step size, because a fresh-optimizer reference keeps
-    its step size while converged trainers' steps shrink. With ``None`` the cohort rules apply
-    (``screen_cohort`` and ``policy.aggregator``), which need an honest majority of identities.
-
-    ``salt`` breaks ties in the robust rules (``tie_keys``): the same at every validator and unknown
-    to submitters until the window is closed (e.g. derived from the closed window's candidate set and
-    validator signatures); never random state.
-
-    Each screened-in candidate is then checked leave-one-out: it is rejected (``regression``) when
-    the linear merge of the screened-in updates (``_Merge.probe``: the example-weighted mean, of the
-    updates clipped to ‖Δ_ref‖ when anchored) has a validation loss higher with it than without it by
-    more than ``policy.candidate_margin`` (a single candidate is compared with not merging). A
-    label-skewed honest update is judged by what it adds to the merge, not by how it does alone; the
-    linear merge keeps the comparison free of the robust rule's own jumps (a trimmed mean of three
-    participants is a median, of two a mean). If the merged head's loss rises past the promotion
-    margin (``promotion_margin``, or ``policy.noise_z`` standard errors of the two holdout losses when
-    that is more: a rise the holdout cannot tell from noise never blocks), the merge is blocked;
-    candidates whose removal would have lowered the linear merge's loss by more than half the
-    candidate margin share the blame (``regression``, a half strike), the others are
-    ``merge_blocked`` (no strike).
-
-    The merged parameters are the ``outer`` optimizer's step from ``base`` with the merge rule's
-    update (``protocol.outer``: FedAvg takes it as it is, DiLoCo's Nesterov step uses ``momentum``,
-    the state the base head names); the promotion rule judges that step, and the decision carries
-    the next state (``outer_state``: unchanged when nothing merges, ``None`` after a blocked step)."""
+def admit(
+    spec: ModelSpec, submissions: Sequence[Submission], trust: TrustBook
+) -> tuple[dict[str, Screen], list[Submission]]:
+    """Each submission's admission screen, in the order given, and the admitted submissions: its
+    ``precheck``, then ``quarantined`` (decision 0006), ``replay`` for a peer's second candidate of one
+    lease window, ``undecodable`` without parameters, schema and finiteness (``screen_schema``)."""
     screens: dict[str, Screen] = {}
     contributed: set[tuple[str, int]] = set()
-    valid: list[Submission] = []
-    for sub in sorted(submissions, key=lambda s: s.candidate_id):
+    admitted: list[Submission] = []
+    for sub in submissions:
         if not sub.precheck.accepted:
             screen = sub.precheck
         elif trust.quarantined(sub.peer_id):
@@ -267,93 +289,131 @@ def judge_window(
         screens[sub.candidate_id] = screen
         if screen.accepted:
             contributed.add((sub.peer_id, sub.lease_window))
-            valid.append(sub)
-    anchored = reference is not None and policy.anchored
-    rule = policy.merge_rule(anchored)
-    if rule in NEEDS_REFERENCE and not anchored:
-        raise ValueError(f"aggregator {rule!r} needs a reference update")
-    cohort = [_params(s) for s in valid]
-    cosines: dict[str, float] = {}
-    if anchored:
-        assert reference is not None
-        checked = screen_schema(spec, reference)
-        if not checked.accepted:
-            raise ValueError(f"the validator's own update is not usable: {checked}")
-        cohort_screens, cosine_list = screen_reference(
-            spec, base, cohort, reference, policy, [s.windows for s in valid], base_metrics.get("update_norm")
-        )
-        cosines = {s.candidate_id: c for s, c in zip(valid, cosine_list, strict=True)}
-    else:
-        cohort_screens = screen_cohort(spec, base, cohort, policy)
+            admitted.append(sub)
+    return screens, admitted
+
+
+def screen_updates(
+    spec: ModelSpec,
+    base: Mapping[str, np.ndarray],
+    admitted: Sequence[Submission],
+    policy: ScreeningPolicy,
+    reference: Mapping[str, np.ndarray] | None,
+    lineage_step: float | None,
+) -> tuple[list[Screen], dict[str, float]]:
+    """Each admitted update's screen, and its cosine to Δ_ref by candidate id: against the
+    ``reference`` (``screen_reference``, whatever the cohort; decision 0002) or, with ``None``, against
+    the cohort (``screen_cohort``, no cosines), which needs an honest majority of identities.
+    ``ValueError`` when the reference is not this model's finite parameters."""
+    cohort = [_params(sub) for sub in admitted]
+    if reference is None:
+        return screen_cohort(spec, base, cohort, policy), {}
+    checked = screen_schema(spec, reference)
+    if not checked.accepted:
+        raise ValueError(f"the validator's own update is not usable: {checked}")
+    windows = [sub.windows for sub in admitted]
+    screens, cosines = screen_reference(spec, base, cohort, reference, policy, windows, lineage_step)
+    return screens, {sub.candidate_id: cosine for sub, cosine in zip(admitted, cosines, strict=True)}
+
+
+def measure_alone(
+    admitted: Sequence[Submission],
+    screens: Sequence[Screen],
+    policy: ScreeningPolicy,
+    evaluate: Evaluate,
+    base_metrics: Mapping[str, float],
+) -> tuple[list[Screen], dict[str, dict[str, float]]]:
+    """The screens, an ``untrusted_direction`` turned accepted where ``policy.holdout_overrides_direction``
+    and the update alone lowers the holdout loss below ``base_metrics["loss"]`` (decision 0007), and
+    each screened-in candidate's holdout metrics alone (each candidate evaluated once)."""
+    measured: list[Screen] = []
     metrics: dict[str, dict[str, float]] = {}
-    trusted: list[Submission] = []
-    for sub, screen in zip(valid, cohort_screens, strict=True):
+    for sub, screen in zip(admitted, screens, strict=True):
         alone = None
         if screen.reason is Reason.UNTRUSTED_DIRECTION and policy.holdout_overrides_direction:
             alone = evaluate(_params(sub))
             screen = _measured_direction(screen, alone["loss"], float(base_metrics["loss"]))
-        screens[sub.candidate_id] = screen
+        measured.append(screen)
         if screen.accepted:
             metrics[sub.candidate_id] = alone if alone is not None else evaluate(_params(sub))
-            trusted.append(sub)
-    merge = _Merge(spec, base, trusted, policy, rule, salt, reference if anchored else None)
+    return measured, metrics
+
+
+def leave_one_out(
+    merge: Merge,
+    trusted: Sequence[Submission],
+    policy: ScreeningPolicy,
+    evaluate: Evaluate,
+    base_metrics: Mapping[str, float],
+) -> tuple[dict[str, float], dict[str, Screen]]:
+    """Each of ``merge``'s candidates (``trusted``, its rows) judged by what it adds: its marginal loss,
+    the holdout loss of the linear merge (``Merge.probe``) with it − without it (a lone one's: − the
+    base's), and ``regression`` where that exceeds ``policy.candidate_margin``; nothing when the margin
+    is infinite. The linear merge keeps the robust rule's own jumps out of the comparison (decision 0004)."""
+    if not trusted or not np.isfinite(policy.candidate_margin):
+        return {}, {}
+    with_all = evaluate(merge.probe())["loss"]
     marginal: dict[str, float] = {}
-    accepted = list(trusted)
-    merged: Params | None = None
-    merged_metrics: dict[str, float] | None = None
-    if trusted and np.isfinite(policy.candidate_margin):
-        with_all = evaluate(merge.probe())["loss"]
-        for i, sub in enumerate(trusted):
-            without = evaluate(merge.probe(without=i))["loss"] if len(trusted) > 1 else float(base_metrics["loss"])
-            marginal[sub.candidate_id] = with_all - without
-            if marginal[sub.candidate_id] > policy.candidate_margin:
-                screens[sub.candidate_id] = Screen(
-                    Reason.REGRESSION,
-                    f"val loss with this update {with_all:.4f} > without {without:.4f} + {policy.candidate_margin}",
-                )
-        accepted = [s for s in trusted if screens[s.candidate_id].accepted]
-    next_momentum = momentum  # a window that merges nothing leaves the outer state as it was
-    rows = [i for i, s in enumerate(trusted) if screens[s.candidate_id].accepted]  # ``accepted``, as rows
-    if accepted:
-        stepped, next_momentum = outer.step(merge.base, merge.update(rows), momentum)
-        merged = unflatten(spec, stepped)
-        merged_metrics = evaluate(merged)
-    if merged is not None and merged_metrics is not None:
-        outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin, policy.noise_z)
-        if not outcome.accepted:
-            for sub in accepted:
-                harm = marginal.get(sub.candidate_id, 0.0)
-                screens[sub.candidate_id] = (
-                    Screen(Reason.REGRESSION, f"{outcome.detail}; without this update val loss is {harm:.4f} lower")
-                    if harm > policy.candidate_margin / 2
-                    else Screen(Reason.MERGE_BLOCKED, outcome.detail)
-                )
-            merged, next_momentum = None, None  # a blocked step restarts the outer momentum
-    promoted = merged is not None
-    next_trust = trust.after_window(
+    regressions: dict[str, Screen] = {}
+    for i, sub in enumerate(trusted):
+        without = evaluate(merge.probe(without=i))["loss"] if len(trusted) > 1 else float(base_metrics["loss"])
+        marginal[sub.candidate_id] = with_all - without
+        if marginal[sub.candidate_id] > policy.candidate_margin:
+            regressions[sub.candidate_id] = Screen(
+                Reason.REGRESSION,
+                f"val loss with this update {with_all:.4f} > without {without:.4f} + {policy.candidate_margin}",
+            )
+    return marginal, regressions
+
+
+def outer_step(
+    merge: Merge, rows: Sequence[int], outer: OuterOptimizer, momentum: Vector | None
+) -> tuple[Params, Vector | None]:
+    """The merged parameters, ``outer``'s step from the base with the merge rule's update over
+    ``rows``, and the next outer state (``protocol.outer``: FedAvg has none, DiLoCo's Nesterov step
+    carries ``momentum``)."""
+    stepped, state = outer.step(merge.base, merge.update(rows), momentum)
+    return unflatten(merge.spec, stepped), state
+
+
+def blocked_screens(
+    base_metrics: Mapping[str, float],
+    merged_metrics: Mapping[str, float],
+    accepted: Sequence[Submission],
+    marginal: Mapping[str, float],
+    policy: ScreeningPolicy,
+) -> dict[str, Screen]:
+    """Nothing when the merged head passes the promotion rule (``judge_promotion``: a rise within
+    ``promotion_margin`` or ``noise_z`` standard errors of the holdout losses; decision 0013); else each
+    ``accepted`` candidate's screen: ``regression`` (a half strike) when its marginal loss exceeds half
+    ``policy.candidate_margin``, ``merge_blocked`` (no strike) otherwise."""
+    outcome = judge_promotion(base_metrics, merged_metrics, policy.promotion_margin, policy.noise_z)
+    if outcome.accepted:
+        return {}
+    blocked: dict[str, Screen] = {}
+    for sub in accepted:
+        harm = marginal.get(sub.candidate_id, 0.0)
+        blocked[sub.candidate_id] = (
+            Screen(Reason.REGRESSION, f"{outcome.detail}; without this update val loss is {harm:.4f} lower")
+            if harm > policy.candidate_margin / 2
+            else Screen(Reason.MERGE_BLOCKED, outcome.detail)
+        )
+    return blocked
+
+
+def next_trust(
+    trust: TrustBook, submissions: Sequence[Submission], screens: Mapping[str, Screen], promoted: bool
+) -> TrustBook:
+    """The book after the window (``TrustBook.after_window``, a new book): every submission's peer took
+    part, its candidate accepted only when its screen is and the window promoted."""
+    return trust.after_window(
         (sub.peer_id, screens[sub.candidate_id].accepted and promoted, screens[sub.candidate_id].reason)
-        for sub in sorted(submissions, key=lambda s: s.candidate_id)
-    )
-    step = merge.median_norm(rows) if promoted else base_metrics.get("update_norm")
-    return WindowDecision(
-        screens=screens,
-        accepted=tuple(s.candidate_id for s in accepted) if promoted else (),
-        merged=merged,
-        merged_metrics=merged_metrics,
-        candidate_metrics=metrics,
-        trust=next_trust,
-        anchored=anchored,
-        reference_cosines=cosines,
-        marginal_losses=marginal,
-        outer_state=next_momentum,
-        update_norm=step,
+        for sub in submissions
     )
 
 
 def _measured_direction(untrusted: Screen, loss_alone: float, base_loss: float) -> Screen:
-    """An update the anchor calls opposed passes (at the merge's trust floor) when, applied alone, it
-    lowers the validator's holdout loss: near convergence the reference's direction is noise, what the
-    holdout measures is not."""
+    """Accepted when the update alone lowers the holdout loss, else ``untrusted`` saying it does not."""
     if loss_alone < base_loss:
         return ACCEPT
     return Screen(
@@ -367,7 +427,7 @@ def _params(sub: Submission) -> Mapping[str, np.ndarray]:
     return sub.params
 
 
-class _Merge:
+class Merge:
     """The window's merge rule over any subset of its screened-in candidates (content-id order,
     float64, per-kind weight caps, salted tie keys, the reference update when anchored)."""
 

@@ -6,20 +6,14 @@ returns a ``Screen`` (a typed ``Reason`` and a human-readable detail), never rai
 Per-candidate checks, in order: schema (names, shapes, float32), finiteness, then one of two screens:
 
 * anchored (``screen_reference``, when the validator passes its own reference update Δ_ref and the
-  preset is ``anchored``): the update norm relative to ‖Δ_ref‖ (too large: ``norm_too_large``, near
-  zero: ``free_rider``, relative to the lineage's step when that is smaller) and the cosine to Δ_ref:
-  at or below ``min_trust`` (clearly opposed; 0, i.e. FLTrust's trust 0, in the ``fltrust`` preset) is
-  ``untrusted_direction``. Near convergence honest
-  updates are nearly orthogonal to any reference (measured: cosines of −0.07 to +0.02 on MNIST at
-  ≈ 0.96 test accuracy, with the trainers' updates as weakly aligned with one another), so a
-  threshold at 0 rejected every honest trainer there and quarantined them all, stalling the network;
-  such updates now pass at the merge's ``trust_floor``, and the holdout checks (leave-one-out,
-  promotion) judge what they add. Further on, the anchor's noise makes some honest updates look
-  opposed (cosines below −0.1 on the CNN near 0.98): with ``holdout_overrides_direction`` the judge
-  (``protocol.judging``) measures such an update alone on its holdout and lets it through at the
-  trust floor when it lowers the loss there; what was measured on data no trainer sees outranks a
-  noisy direction. Nothing here depends on the other candidates, so identities an attacker controls
-  cannot move the bounds, and a cohort of one or two is judged like any other.
+  preset is ``anchored``; decision 0002): the update norm relative to ‖Δ_ref‖ (too large:
+  ``norm_too_large``; near zero: ``free_rider``, relative to the lineage's step when that is smaller)
+  and the cosine to Δ_ref: at or below ``min_trust`` (clearly opposed; FLTrust's trust 0 in the
+  ``fltrust`` preset) is ``untrusted_direction``, anything above it merges at ``trust_floor`` or more
+  (decision 0004); with ``holdout_overrides_direction`` the judge (``protocol.judging``) lets an
+  opposed update through when alone it lowers the holdout loss (decision 0007). Nothing here
+  depends on the other candidates, so identities an attacker controls cannot move the bounds, and a
+  cohort of one or two is judged like any other.
 * cohort (``screen_cohort``, the fallback without a reference): the update norm relative to the
   cohort median norm and the cosine to the cohort's coordinate median (``outlier``). With fewer than
   ``min_cohort`` candidates the norm is bounded relative to the base parameters' norm instead, and
@@ -219,18 +213,13 @@ def screen_reference(
     ``min_trust``. Returns the screens and each candidate's cosine to the reference.
 
     s, the scale of the free-rider bound, is the smaller of ‖Δ_ref‖ and ``lineage_step`` (the median
-    norm of the updates the lineage last merged): a fresh-optimizer reference keeps its step size
-    while converged trainers' steps shrink (measured: 241 of 246 honest candidates near convergence
-    refused as free riders against ‖Δ_ref‖ alone), and what honest trainers' updates measured in the
-    last merge is what a trainer's next one is comparable with.
+    norm of the updates the lineage last merged): the bound follows the trainers' shrinking steps, not
+    a fresh-optimizer reference's (decision 0013).
 
-    ``windows`` holds how many windows' worth of optimizer steps each candidate declares (the
-    reference takes one window's): a continuous trainer's update carries its speculative epoch, or a
-    window a newer head overtook, and late in a decayed schedule those steps point the same way, so its
-    norm grows with them (measured: 3.0–3.4 × the reference's on the CNN, every such update refused).
-    w is that count, at least 1 and at most ``max_declared_windows``: steps are declared, not
-    checked, so a liar gains at most that factor on the upper bound, and the merge clips every
-    update to √w × ‖Δ_ref‖ anyway."""
+    w counts the windows' worth of optimizer steps each candidate declares (``windows``; the reference
+    takes one window's), at least 1 and at most ``max_declared_windows`` (``counted_windows``): a
+    continuous trainer's update carries more than one window of steps, declared, not checked, so a
+    liar gains at most that factor, and the merge clips every update to √w × ‖Δ_ref‖ (decision 0008)."""
     base_vector = flatten(spec, base)
     ref = flatten(spec, reference) - base_vector
     ref_norm = float(np.linalg.norm(ref))

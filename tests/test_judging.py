@@ -220,7 +220,7 @@ def test_judge_window_with_a_reference_update(dataset_root) -> None:  # type: ig
 def test_leave_one_out_probes_from_running_sums_equal_the_merge_rebuilt_without_each_update(anchored: bool) -> None:
     """The O(n·D) probes compute what rebuilding the linear merge from the n − 1 others computed."""
     from protocol.aggregation import clipped, weighted_mean
-    from protocol.judging import _Merge
+    from protocol.judging import Merge
 
     rng = np.random.default_rng(7)
     base = init_params(SPEC, 0)
@@ -234,7 +234,7 @@ def test_leave_one_out_probes_from_running_sums_equal_the_merge_rebuilt_without_
     ]  # fmt: skip
     reference = {k: v + 0.01 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()}
     policy = PRESETS["balanced"]
-    merge = _Merge(SPEC, base, subs, policy, "weighted_mean", b"", reference if anchored else None)
+    merge = Merge(SPEC, base, subs, policy, "weighted_mean", b"", reference if anchored else None)
     deltas = np.stack([flatten(SPEC, s.params) - flat for s in subs])  # type: ignore[arg-type]
     weights = np.array([s.examples for s in subs])
     ref = flatten(SPEC, reference) - flat
