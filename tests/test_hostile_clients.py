@@ -80,12 +80,18 @@ def _lease(http: httpx.Client, signer: PureSigner, kind: str = "native") -> Leas
 
 
 def _upload(
-    http: httpx.Client, signer: PureSigner, lease: Lease, artifact: bytes, *, kind: str = "native"
+    http: httpx.Client,
+    signer: PureSigner,
+    lease: Lease,
+    artifact: bytes,
+    *,
+    kind: str = "native",
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     candidate = Candidate.for_lease(
         lease, lease.base_head, artifact, signer, peer_kind=kind, examples=64, steps=1, created_at_ms=1
     )
-    return http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), artifact))
+    return http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), artifact), headers=headers)
 
 
 def _refused(response: httpx.Response, status: int, error: str) -> None:
@@ -384,18 +390,7 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
             trainer = PureSigner(b"\xb3" * 32)
             grant = grant_lease(http, trainer, **bearer("trainer"))
             artifact = encode_tensors(init_params(SPEC, 3))
-            candidate = Candidate.for_lease(
-                grant.lease,
-                grant.lease.base_head,
-                artifact,
-                trainer,
-                peer_kind="native",
-                examples=64,
-                steps=1,
-                created_at_ms=1,
-            )
-            envelope = pack_envelope(candidate.to_wire(), artifact)
-            assert http.post(f"{BASE}/candidates", content=envelope, headers=bearer("trainer")).status_code == 201
+            assert _upload(http, trainer, grant.lease, artifact, headers=bearer("trainer")).status_code == 201
             shard = f"/v1/datasets/mnist/shards/{grant.lease.shard_ids[0]}"
             secret = {LEASE_SECRET_HEADER: grant.secret}
             reads = {
@@ -404,7 +399,7 @@ def test_with_admission_data_leases_and_candidates_are_read_with_a_token(tmp_pat
                 "lease list": (f"{BASE}/leases", {"params": {"base_head": head.head_id}}, "validator"),
                 "one lease": (f"/v1/leases/{grant.lease.lease_id}", {}, "validator"),
                 "candidate list": (f"{BASE}/candidates", {}, "validator"),
-                "candidate artifact": (f"/v1/artifacts/{candidate.candidate_id}", {}, "validator"),
+                "candidate artifact": (f"/v1/artifacts/{content_id(artifact)}", {}, "validator"),
             }
             for name, (path, options, least_role) in reads.items():
                 headers = dict(options.get("headers", {})) | validator_reads(path)  # the window is open
@@ -449,19 +444,8 @@ def test_with_admission_the_event_stream_shows_anonymous_viewers_no_lease_ids_sh
             assert http.post(f"{BASE}/heads", content=genesis, headers=validator).status_code == 201
             grant = grant_lease(http, trainer, authorization=f"Bearer {tokens['trainer']}")
             artifact = encode_tensors(init_params(SPEC, 3))
-            candidate = Candidate.for_lease(
-                grant.lease,
-                grant.lease.base_head,
-                artifact,
-                trainer,
-                peer_kind="native",
-                examples=64,
-                steps=1,
-                created_at_ms=1,
-            )
-            envelope = pack_envelope(candidate.to_wire(), artifact)
-            upload = http.post(
-                f"{BASE}/candidates", content=envelope, headers={"authorization": f"Bearer {tokens['trainer']}"}
+            upload = _upload(
+                http, trainer, grant.lease, artifact, headers={"authorization": f"Bearer {tokens['trainer']}"}
             )
             assert upload.status_code == 201
 
@@ -478,7 +462,7 @@ def test_with_admission_the_event_stream_shows_anonymous_viewers_no_lease_ids_sh
             for seen in (events(viewer), events(trainer_ws), {e["topic"]: e["data"] for e in snapshot}):
                 assert seen["leases"]["shards"] == len(grant.lease.shard_ids)
                 assert seen["leases"]["peer_id"] == grant.lease.peer_id
-                assert seen["candidates"]["candidate_id"] == candidate.candidate_id
+                assert seen["candidates"]["candidate_id"] == content_id(artifact)
                 assert not any(secret in json.dumps(seen) for secret in secrets)
             whole = events(validator_ws)
             assert Lease.from_wire(whole["leases"]) == grant.lease and "lease_id" in whole["candidates"]
