@@ -136,6 +136,13 @@ def _samples_until(
     }
 
 
+def _decided_by_now(candidate: Candidate, heads: list[HeadDescriptor]) -> bool:
+    """Whether ``candidate`` must have a verdict once ``heads`` (the lineage, oldest first) ends: it
+    was trained on a head two or more before the last, or the last head merged it."""
+    older = {head.head_id for head in heads[:-2]}
+    return candidate.base_head in older or candidate.candidate_id in heads[-1].merged
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """What the run proved, for people: checks, accuracy, verdicts."""
     lines = [
@@ -307,13 +314,15 @@ def _summarize(
     reached = next((h for h in lineage[BASELINE] if h["test_accuracy"] >= target_accuracy), None)
     verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
     candidates = {spec.key: edge.candidates(spec.key) for spec in network.experiments}
-    # every candidate of a closed window (its base is not the final head) was decided, with a reason
-    # that matches the decision (``Verdict`` refuses accepted=True with a rejection reason and back)
+    # every candidate decided, with a reason that matches the decision (``Verdict`` refuses
+    # accepted=True with a rejection reason and back), but those the open window is still to judge:
+    # the ones on its head, and the ones on the head before it that came after their window closed
+    # (delayed updates, decision 0011; the final head names the ones it merged)
     judged_ok = all(
         c.candidate_id in {v.candidate_id for v in verdicts[spec.key]}
         for spec in network.experiments
         for c in candidates[spec.key]
-        if c.base_head != lineage[spec.key][-1]["head_id"]
+        if _decided_by_now(c, descriptors[spec.key])
     )
     accepted_peers = {v.peer_id for vs in verdicts.values() for v in vs if v.accepted}
     peers = edge.peers()["known"]
