@@ -332,6 +332,8 @@ class Validator:
         # experiment -> when its open window may close without activity: the newcomers' grace and the
         # deadline (this validator's turn)
         self._due: dict[str, tuple[float, ...]] = {}
+        # experiment -> (open window's head, seconds after it opened when only newcomers' leases were out)
+        self._ready: dict[str, tuple[HeadId, float]] = {}
         self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
@@ -455,7 +457,8 @@ class Validator:
         )
         turn = self._turn(head)  # later proposers step in only when earlier ones did not
         grace_s = window_grace_s(self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline)
-        self._due[spec.key] = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
+        due = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
+        self._due[spec.key] = tuple(t for t in due if t > opened + elapsed_s)  # what is still to come
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
             return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
@@ -469,12 +472,18 @@ class Validator:
         out = [lease for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered]
         unproven = sum(1 for lease in out if lease.peer_id not in self._delivered)
         progress = WindowProgress(len(window), len(leases), len(out) - unproven, elapsed_s, unproven)
+        if progress.outstanding == 0 and len(window) >= spec.min_candidates:
+            ready = self._ready.get(spec.key)
+            if ready is None or ready[0] != head.head_id:  # the first poll that found only newcomers out
+                self._ready[spec.key] = (head.head_id, elapsed_s)
         if not window_closes(
             progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
         ):
             return None
-        if not out and window and turn == 0 and elapsed_s < deadline_s:
-            self.state.add_duration(spec.key, elapsed_s, self.config.deadline.history)
+        if progress.outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
+            # how long the peers with a record took, newcomers' grace aside: the history the deadline
+            # and the grace follow keeps the honest pace while squatters hold leases in every window
+            self.state.add_duration(spec.key, self._ready[spec.key][1], self.config.deadline.history)
         for lease in out:
             self._delivered.missed(lease.peer_id)
         return self._close_window(spec, head, window)
@@ -861,7 +870,8 @@ class Validator:
                 stop.wait(delay_s)
 
     def _idle_s(self) -> float:
-        """How long to wait for activity: until the next grace or deadline of an open window, ``idle_s`` at most
-        (past its deadline, a window that did not close waits for activity: a lease or a candidate)."""
+        """How long to wait for activity: until the next grace or deadline of an open window (none when
+        one passed since the poll that set it), ``idle_s`` at most (past its deadline, a window that did
+        not close waits for activity: a lease or a candidate)."""
         now = self.clock.monotonic_s()
-        return min([self.config.idle_s, *(t - now for due in self._due.values() for t in due if t > now)])
+        return min([self.config.idle_s, *(max(t - now, 0.0) for due in self._due.values() for t in due)])
