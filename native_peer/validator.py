@@ -480,10 +480,12 @@ class Validator:
             progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
         ):
             return None
-        if progress.outstanding == 0 and window and turn == 0 and elapsed_s < deadline_s:
-            # how long the peers with a record took, newcomers' grace aside: the history the deadline
-            # and the grace follow keeps the honest pace while squatters hold leases in every window
-            self.state.add_duration(spec.key, self._ready[spec.key][1], self.config.deadline.history)
+        ready = self._ready.get(spec.key)
+        if window and turn == 0 and ready is not None and ready[0] == head.head_id:
+            # how long the peers with a record took, newcomers' grace aside (a close at the deadline
+            # too: with no history yet the grace is the deadline): the history the deadline and the
+            # grace follow keeps the honest pace while squatters hold leases in every window
+            self.state.add_duration(spec.key, ready[1], self.config.deadline.history)
         for lease in out:
             self._delivered.missed(lease.peer_id)
         return self._close_window(spec, head, window)

@@ -317,6 +317,32 @@ def test_a_lease_of_an_identity_without_a_record_holds_a_window_only_for_the_new
     validator.close()
 
 
+def test_a_squatter_from_the_first_window_on_holds_up_only_that_window(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    """With no history the grace is the deadline: the first squatted window waits for it, and keeps
+    the honest pace as history, so the squatter's next leases hold nothing up."""
+    edge, fixture_validator, root = network_env
+    validator, clock = _validator_with(fixture_validator, edge, dataset_root)
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    worker = _trainer(edge, root, "worker")
+    experiment = worker.experiment(*spec.key.parts)
+    for window in range(2):
+        worker.train_window_once(experiment)
+        validator.edge.request_lease(BASELINE, NodeIdentity.load_or_create(root / f"squat-{window}.key"), "native")
+        if window == 0:
+            assert validator.poll(spec) is None  # the squatter's lease is out
+            clock.advance(spec.window_timeout_s - 0.5)
+            assert validator.poll(spec) is None  # no history: the grace is the deadline
+            clock.advance(1.0)
+        report = validator.poll(spec)  # the next window: its grace is the worker's pace, over at once
+        assert report is not None and report.merged
+        assert validator.state.durations[spec.key] == [0.0] * (window + 1)
+    worker.close()
+    validator.close()
+
+
 def test_a_window_that_rejects_everything_is_followed_by_a_new_attempt(
     network_env: tuple[BackgroundEdge, Validator, Path],
 ) -> None:
