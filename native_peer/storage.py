@@ -51,9 +51,6 @@ class StorageConfig:
     def outcomes_path(self) -> Path:
         return self.root / "outcomes.jsonl"
 
-    def read_json(self, path: Path, default: dict[str, Any]) -> dict[str, Any]:
-        return json.loads(path.read_bytes()) if path.exists() else default
-
     def append_outcome(self, record: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.outcomes_path, "a") as handle:

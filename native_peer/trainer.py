@@ -126,7 +126,9 @@ class ExperimentProgress:
     def from_json(cls, data: bytes) -> ExperimentProgress:
         """Raise ``ValueError`` naming what is wrong unless ``data`` is a saved progress."""
         value = json.loads(data)
-        windows, head = value.get("windows_done"), value.get("last_base_head") if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            raise ValueError(f"not a trainer's saved progress: {data[:200]!r}")
+        windows, head = value.get("windows_done"), value.get("last_base_head")
         if not isinstance(windows, int) or windows < 0 or not (head is None or isinstance(head, str)):
             raise ValueError(f"not a trainer's saved progress: {data[:200]!r}")
         return cls(windows, None if head is None else HeadId(head))
