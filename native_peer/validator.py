@@ -452,11 +452,10 @@ class Validator:
         if self.network.quorum > 1:
             self._attest_proposals(spec, head, window)
         elapsed_s = self.clock.monotonic_s() - opened
-        deadline_s = window_deadline_s(
-            self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline
-        )
+        recent_s = self.state.durations.get(spec.key, [])
+        deadline_s = window_deadline_s(recent_s, spec.window_timeout_s, self.config.deadline)
+        grace_s = window_grace_s(recent_s, spec.window_timeout_s, self.config.deadline)
         turn = self._turn(head)  # later proposers step in only when earlier ones did not
-        grace_s = window_grace_s(self.state.durations.get(spec.key, []), spec.window_timeout_s, self.config.deadline)
         due = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
         self._due[spec.key] = tuple(t for t in due if t > opened + elapsed_s)  # what is still to come
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
@@ -472,16 +471,16 @@ class Validator:
         out = [lease for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered]
         unproven = sum(1 for lease in out if lease.peer_id not in self._delivered)
         progress = WindowProgress(len(window), len(leases), len(out) - unproven, elapsed_s, unproven)
-        if progress.outstanding == 0 and len(window) >= spec.min_candidates:
-            ready = self._ready.get(spec.key)
-            if ready is None or ready[0] != head.head_id:  # the first poll that found only newcomers out
-                self._ready[spec.key] = (head.head_id, elapsed_s)
+        ready = self._ready.get(spec.key)
+        if ready is None or ready[0] != head.head_id:
+            ready = None  # of an earlier window
+            if progress.outstanding == 0 and len(window) >= spec.min_candidates:  # only newcomers are out
+                self._ready[spec.key] = ready = (head.head_id, elapsed_s)
         if not window_closes(
             progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
         ):
             return None
-        ready = self._ready.get(spec.key)
-        if window and turn == 0 and ready is not None and ready[0] == head.head_id:
+        if window and turn == 0 and ready is not None:
             # how long the peers with a record took, newcomers' grace aside (a close at the deadline
             # too: with no history yet the grace is the deadline): the history the deadline and the
             # grace follow keeps the honest pace while squatters hold leases in every window

@@ -1,9 +1,9 @@
 """When a validator closes a window: the rule every validator of a network computes alike. Pure.
 
 A window closes as soon as it holds the experiment's ``min_candidates`` and every live lease has
-delivered, or every live lease of a peer with a record (the validator judged a candidate of its before)
-has and the newcomers' grace is over; otherwise at the deadline, ``factor`` × the median of the recent full-window durations,
-clamped to [``min_s``, the experiment's ``window_timeout_s``] (with no history yet: ``window_timeout_s``).
+delivered, or every live lease of a peer with a record has and the newcomers' grace is over; otherwise
+at the deadline, ``factor`` × the median of the recent window durations, clamped to [``min_s``, the
+experiment's ``window_timeout_s``] (with no history yet: ``window_timeout_s``).
 At the deadline it closes whatever it holds, none included, once anyone leased in it: leases that
 never deliver (a squatter holding every shard) delay the next head by one deadline at most, and never
 stop the experiment. A window nobody leased waits for its first trainer instead of minting empty heads.
