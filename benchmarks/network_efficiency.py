@@ -50,7 +50,6 @@ from protocol.judging import validator_examples
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import MODELS
-from protocol.screening import PRESETS
 
 from . import BENCH_EXPERIMENT, bench_network
 
@@ -165,8 +164,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             candidates = edge.candidates(BENCH_EXPERIMENT)
             verdicts = edge.verdicts(BENCH_EXPERIMENT)
             spec = local.network.experiments[0]
-            anchored = PRESETS[spec.screening].anchored
-            per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id)) if anchored else 0
+            per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
     finally:
         edge.close()
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)

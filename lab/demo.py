@@ -29,7 +29,6 @@ from protocol.judging import validator_examples
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import MODELS
-from protocol.screening import PRESETS
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
@@ -124,9 +123,7 @@ def _samples_until(
     )
     browser = [c for c in candidates if c.peer_kind != "native"]
     browser_samples = samples_until(browser, heads, reached["window"], spec.batch_size)
-    per_window = (
-        validator_examples(spec, edge.fetch_manifest(spec.dataset_id)) if PRESETS[spec.screening].anchored else 0
-    )
+    per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
     validator = validator_samples(heads, reached["window"], per_window)
     return {
         "samples": native_samples + browser_samples + validator,

@@ -43,6 +43,7 @@ from .outer import OuterOptimizer
 from .reasons import Reason
 from .screening import (
     ACCEPT,
+    PRESETS,
     Screen,
     ScreeningPolicy,
     counted_windows,
@@ -179,8 +180,11 @@ def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
 
 
 def validator_examples(spec: ExperimentSpec, manifest: FetchManifest) -> int:
-    """Examples a validator trains on per window of an anchored experiment: its own update,
-    ``reference_steps`` at ``REFERENCE_BATCH_FACTOR`` × the batch (it screens, it never enters a head)."""
+    """Examples a validator trains on per window: in an anchored experiment its own update,
+    ``reference_steps`` at ``REFERENCE_BATCH_FACTOR`` × the batch (it screens, it never enters a head);
+    none in an experiment its preset judges without one."""
+    if not PRESETS[spec.screening].anchored:
+        return 0
     return reference_steps(spec, manifest) * REFERENCE_BATCH_FACTOR * spec.batch_size
 
 
