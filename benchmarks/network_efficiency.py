@@ -164,7 +164,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             candidates = edge.candidates(BENCH_EXPERIMENT)
             verdicts = edge.verdicts(BENCH_EXPERIMENT)
             spec = local.network.experiments[0]
-            per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
+            per_anchor = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
     finally:
         edge.close()
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
@@ -183,7 +183,8 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "target_window": reached.window if reached else None,
         "best_test_accuracy": max((h.metrics["test_accuracy"] for h in heads), default=0.0),
         "samples": max(trained, samples_until(candidates, heads, window, BATCH))
-        + validator_samples(heads, window, per_window),
+        + validator_samples(heads, window, per_anchor, spec.anchor_every),
+        "validator_samples": validator_samples(heads, window, per_anchor, spec.anchor_every),
         "wall_s": round((reached.created_at_ms - heads[0].created_at_ms) / 1000, 1) if reached else None,
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
         "verdicts": len(verdicts),
@@ -220,12 +221,14 @@ def main() -> None:
     ]
     print(f"\n{args.trainers} native trainers, 1 epoch a window; validator: balanced preset; {args.runs} runs each")
     print(
-        "| trainers | configuration | reached | samples × centralized | wall s | honest refused | refused by reason |"
+        "| trainers | configuration | reached | samples × centralized | of which the validator's | wall s "
+        "| honest refused | refused by reason |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in configs:
         mine = [r for r in results if r["config"] == c.name]
         ratios = [r["samples"] / baseline for r in mine if baseline and r["reached"]]
+        own = [r["validator_samples"] / baseline for r in mine if baseline and r["reached"]]
         walls = [r["wall_s"] for r in mine if r["wall_s"] is not None]
         refused = [sum(r["refused"].values()) / max(r["verdicts"], 1) for r in mine]
         reasons: dict[str, int] = {}
@@ -236,7 +239,7 @@ def main() -> None:
         by_reason = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"
         print(
             f"| {args.trainers} | {c.name} | {sum(r['reached'] for r in mine)}/{len(mine)} | {_spread(ratios)} "
-            f"| {_spread(walls, '{:.1f}')} | {_spread(refused, '{:.3f}')} | {by_reason} (of {total}) |"
+            f"| {_spread(own)} | {_spread(walls, '{:.1f}')} | {_spread(refused, '{:.3f}')} | {by_reason} (of {total}) |"
         )
     print(json.dumps({"centralized_samples": baseline, "runs": results}))
 

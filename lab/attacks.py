@@ -10,10 +10,11 @@ Honest peers train real updates (JAX, Adam, kept optimizer state); attackers tra
 attackers on poisoned data), then craft what they submit from their own update or the honest ones
 (which they are assumed to see). Every submission is a real signed ``Candidate`` with a real
 edge-signed ``Lease`` and goes through ``protocol.judging.precheck`` and ``judge_window`` (with a
-``TrustBook``), exactly as a validator runs them, and with the validator's **own update**: each
-window the suite, as the validator, trains the base head for a trainer's number of steps on its
-reference examples, which no trainer gets (``REFERENCE``, disjoint from the ``HOLDOUT`` it judges
-on): the anchor that screens (it never joins a merge), passed to ``judge_window`` with the lineage's
+``TrustBook``), exactly as a validator runs them, and with the validator's **own update**
+(``native_peer.anchor.Anchor``): in every ``ANCHOR_EVERY``-th window the suite, as the validator,
+trains the base head for a trainer's number of steps on its reference examples, which no trainer
+gets (``REFERENCE``, disjoint from the ``HOLDOUT`` it judges on), and screens each window until the
+next against its base + that update: the anchor that screens (it never joins a merge), passed to ``judge_window`` with the lineage's
 step size as the heads record it; the tie-break salt is drawn from the closed window.
 
 The scorecard reports harm, not only acceptance, per setting × attack × fraction × preset: malicious
@@ -41,14 +42,16 @@ import optax
 
 from datasets import mnist
 from datasets.layout import load_split, load_train, split_path
+from native_peer.anchor import Anchor
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
-from protocol.judging import FRESH_TRUST, Submission, judge_window, precheck, reference_batches
+from protocol.judging import FRESH_TRUST, Submission, anchor_window, judge_window, precheck
 from protocol.leases import assign_leases
+from protocol.manifests import ExperimentSpec
 from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import Params
 from protocol.screening import PRESETS
@@ -80,6 +83,7 @@ STEPS = SHARD_EXAMPLES // BATCH  # a trainer's optimizer steps per window
 HOLDOUT = 5000  # what the validator judges candidates and heads on (never a trainer's)
 REFERENCE = 4000  # what the validator trains its own update on (never a trainer's)
 REFERENCE_BATCH = 2 * BATCH  # 2 x the trainers' batch, their step count: what validators do (Validator._reference)
+ANCHOR_EVERY = ExperimentSpec.anchor_every  # the validator trains its own update every this many windows
 # a 12-pixel patch in the top-left corner that no MNIST training image lights (tests check it)
 TRIGGER_PIXELS = tuple(r * 28 + c for r in range(4) for c in range(4) if r < 2 or c < 2)
 TARGET = 0
@@ -357,14 +361,6 @@ class Suite:
         pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
         return self._train_x[pick], self._train_y[pick]
 
-    def own_update(self, base: Params, head_id: str) -> Params:
-        """The validator's update for the window on ``head_id``, the anchor that screens: a fresh
-        optimizer from the base head, a trainer's number of steps on the reference examples (never a
-        trainer's), batches of ``REFERENCE_BATCH`` drawn by ``protocol.judging.reference_batches``."""
-        x, y = self.data.reference
-        index = reference_batches(head_id, len(x), STEPS, REFERENCE_BATCH)
-        return self.engine.fresh_window(base, x[index], y[index])
-
     def run(
         self, attack: str, fraction: float, preset: str, setting: str = "iid", *, use_reference: bool = True
     ) -> dict[str, Any]:
@@ -391,7 +387,11 @@ class Suite:
         head_id = HeadId(content_id(encode_tensors(base)))
         previous_head = head_id
         peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
+        anchor = Anchor(self.engine, *self.data.reference, STEPS, REFERENCE_BATCH)
+        anchored = (head_id, base)  # the head the validator's own update trains from, and its parameters
         for window in range(self.windows):
+            if anchor_window(window, ANCHOR_EVERY) == window:
+                anchored = (head_id, base)
             assignment = assign_leases(head_id, peer_ids, [str(i) for i in range(len(self.data.shards))], 1)  # type: ignore[arg-type]
             parent = previous_head if window else None
             current = HeadDescriptor(KEY, head_id, parent, window, 0, (), VALIDATOR_KEY, 0)  # the window's head
@@ -438,7 +438,8 @@ class Suite:
             decision = judge_window(
                 self.learner.model, base, base_metrics | step, submissions, policy,
                 lambda p: self.evaluate(p, self.data.holdout), trust,
-                reference=self.own_update(base, head_id) if use_reference else None, salt=salt,
+                reference=anchor.reference(base, anchored[0], lambda held=anchored[1]: held) if use_reference else None,
+                salt=salt,
             )  # fmt: skip
             step = {} if decision.update_norm is None else {"update_norm": decision.update_norm}
             trust = decision.trust

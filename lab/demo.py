@@ -123,8 +123,8 @@ def _samples_until(
     )
     browser = [c for c in candidates if c.peer_kind != "native"]
     browser_samples = samples_until(browser, heads, reached["window"], spec.batch_size)
-    per_window = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
-    validator = validator_samples(heads, reached["window"], per_window)
+    per_anchor = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
+    validator = validator_samples(heads, reached["window"], per_anchor, spec.anchor_every)
     return {
         "samples": native_samples + browser_samples + validator,
         "native_samples": native_samples,

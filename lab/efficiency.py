@@ -6,8 +6,8 @@ demo summary and ``benchmarks.network_efficiency`` compute samples, utilization 
                                                      leased examples plus the steps it carried
     trained_samples_until(outcomes, at_ms)           examples one native trainer trained on in one
                                                      experiment by ``at_ms``, dropped work included
-    validator_samples(heads, window, per_window)     examples the validator trained on for those heads
-                                                     (``protocol.judging.validator_examples``)
+    validator_samples(heads, window, per_anchor,     examples the validator trained on for those heads:
+                      every)                         its anchor updates (``protocol.judging``)
     utilization(outcomes)                            a trainer's seconds in training steps / wall
                                                      seconds, from its first to its last window
     fp32_bytes(model)                                a full float32 model's tensor bytes
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from protocol.judging import anchor_window
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.model import ModelSpec
 
@@ -51,10 +52,13 @@ def trained_samples_until(outcomes: Sequence[dict[str, Any]], at_ms: int) -> int
     return total + previous
 
 
-def validator_samples(heads: Sequence[HeadDescriptor], window: int, per_window: int) -> int:
-    """Samples the validator trained on for the heads of windows before ``window``: its own updates,
-    ``per_window`` for each (0 for an experiment judged without them)."""
-    return per_window * sum(1 for head in heads if head.window < window)
+def validator_samples(heads: Sequence[HeadDescriptor], window: int, per_anchor: int, every: int) -> int:
+    """Samples the validator trained on for the heads of windows before ``window``: its own update,
+    ``per_anchor`` examples for each anchor head among them (every ``every``-th window,
+    ``protocol.judging.anchor_window``; 0 examples for an experiment judged without one)."""
+    return per_anchor * sum(
+        1 for head in heads if head.window < window and anchor_window(head.window, every) == head.window
+    )
 
 
 def utilization(outcomes: Sequence[dict[str, Any]]) -> float | None:

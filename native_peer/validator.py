@@ -90,9 +90,9 @@ from protocol.judging import (
     REFERENCE_BATCH_FACTOR,
     Submission,
     WindowDecision,
+    anchor_window,
     judge_window,
     precheck,
-    reference_batches,
     reference_steps,
     stale_base,
     staleness,
@@ -105,6 +105,7 @@ from protocol.screening import PRESETS, Screen, ScreeningPolicy
 from protocol.trust import TrustBook
 from protocol.updates import decode_update
 
+from .anchor import Anchor
 from .edge_client import EdgeClient, EdgeRequestError
 from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner, TrainEngine
@@ -323,10 +324,9 @@ class Validator:
         self.state = ValidatorState.load(self._state_path)
         self._windows: dict[str, tuple[HeadId, float]] = {}  # experiment -> (open window's base, opened at)
         self._disputed: set[str] = set()  # proposals of others this validator computed differently
-        self._engines: dict[str, TrainEngine] = {}  # experiment -> training for its reference updates
-        # experiment -> (head id, its reference update): computed once the head is current, before
-        # the window's candidates arrive (``warm``)
-        self._reference_cache: dict[str, tuple[HeadId, dict[str, np.ndarray]]] = {}
+        # experiment -> its own update (``native_peer.anchor``): trained once an anchor head is current,
+        # before the window's candidates arrive (``warm``)
+        self._anchors: dict[str, Anchor] = {}
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
         # experiment -> when its open window may close without activity: the newcomers' grace and the
@@ -567,32 +567,52 @@ class Validator:
     def _reference(
         self, spec: ExperimentSpec, head: HeadDescriptor, base: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """This validator's own update from ``base`` on its ``reference`` split (data no trainer gets),
-        as trained parameters: the trust anchor that screens and bounds the window's candidates and
-        never enters a head. It takes as many optimizer steps as a trainer's window, batches of
-        ``REFERENCE_BATCH_FACTOR`` × the experiment's drawn by ``protocol.judging.reference_batches``
-        from the head id, a fresh optimizer: the same bytes at every validator holding the same
-        prepared dataset."""
-        cached_head, cached = self._reference_cache.get(spec.key, (None, None))
-        if cached_head == head.head_id and cached is not None:
-            return cached
-        x, y = self._split(spec, "reference")
-        steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))
-        if spec.key not in self._engines:
-            self._engines[spec.key] = TrainEngine(self.learner(spec), self.learner(spec).make_optimizer(spec))
-        index = reference_batches(head.head_id, len(x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
-        reference = self._engines[spec.key].fresh_window(base, x[index], y[index], spec.learning_rate_at(head.window))
-        self._reference_cache[spec.key] = (head.head_id, reference)
-        return reference
+        """θ_ref for the window on ``head`` (parameters ``base``): ``base`` + this validator's own update
+        from the head of its anchor window (``protocol.judging.anchor_window``), trained on its
+        ``reference`` split (data no trainer gets) by ``native_peer.anchor.Anchor``: the trust anchor
+        that screens and bounds the window's candidates and never enters a head."""
+        at = self._anchor_head(spec, head)
+        return self._anchor(spec).reference(
+            base, at.head_id, lambda: self._head_params(at), spec.learning_rate_at(at.window)
+        )
+
+    def _anchor(self, spec: ExperimentSpec) -> Anchor:
+        if spec.key not in self._anchors:
+            x, y = self._split(spec, "reference")
+            learner = self.learner(spec)
+            steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))
+            engine = TrainEngine(learner, learner.make_optimizer(spec))
+            self._anchors[spec.key] = Anchor(engine, x, y, steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
+        return self._anchors[spec.key]
+
+    def _anchor_head(self, spec: ExperimentSpec, head: HeadDescriptor) -> HeadDescriptor:
+        """The head of ``head``'s anchor window in its lineage (parents read from the edge when not seen,
+        each verified). A lineage the edge no longer holds back to it anchors at ``head`` itself."""
+        target = anchor_window(head.window, spec.anchor_every)
+        at = head
+        while at.window > target and at.parent is not None:
+            parent = self._seen_heads.get(at.parent) or self.edge.head(spec.key, at.parent)
+            if parent is None:
+                log.warning(
+                    "%s: anchor head of window %d unknown at the edge; anchoring at %s",
+                    spec.key,
+                    target,
+                    head.head_id[:19],
+                )
+                return head
+            parent.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._remember(parent)
+            at = parent
+        return at
 
     def warm(self, spec: ExperimentSpec) -> None:
         """Work that depends only on the current head, done before its window's candidates arrive:
-        the reference update of an anchored experiment."""
+        the anchor update of an anchored experiment when the head is (or anchors at) a new anchor."""
         head = self._current.get(spec.key)
         if head is None or not PRESETS[spec.screening].anchored:
             return
-        if self._reference_cache.get(spec.key, (None, None))[0] != head.head_id:
-            self._reference(spec, head, self._head_params(head))
+        at = self._anchor_head(spec, head)
+        self._anchor(spec).prepare(at.head_id, lambda: self._head_params(at), spec.learning_rate_at(at.window))
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)

@@ -61,6 +61,7 @@ __all__ = [
     "Submission",
     "WindowDecision",
     "admit",
+    "anchor_window",
     "blocked_screens",
     "judge_window",
     "leave_one_out",
@@ -179,10 +180,20 @@ def reference_steps(spec: ExperimentSpec, manifest: FetchManifest) -> int:
     return max(1, spec.shards_per_lease * per_shard * spec.local_epochs // spec.batch_size)
 
 
+def anchor_window(window: int, every: int) -> int:
+    """The window whose head the validator's own update (the anchor) is trained from, for the window
+    on the head of ``window``: the last multiple of ``every`` at or before it (``every`` 1: its own).
+    Between anchors a window is judged against its base + the anchor's Δ_ref (``native_peer.anchor``):
+    the validator trains one update per ``every`` windows, not one per window (decision 0017)."""
+    if every < 1 or window < 0:
+        raise ValueError("anchor windows need a window of 0 or more and every of 1 or more")
+    return window - window % every
+
+
 def validator_examples(spec: ExperimentSpec, manifest: FetchManifest) -> int:
-    """Examples a validator trains on per window: in an anchored experiment its own update,
-    ``reference_steps`` at ``REFERENCE_BATCH_FACTOR`` × the batch (it screens, it never enters a head);
-    none in an experiment its preset judges without one."""
+    """Examples a validator trains on per anchor (every ``spec.anchor_every`` windows, ``anchor_window``)
+    in an anchored experiment: its own update, ``reference_steps`` at ``REFERENCE_BATCH_FACTOR`` × the
+    batch (it screens, it never enters a head); none in an experiment its preset judges without one."""
     if not PRESETS[spec.screening].anchored:
         return 0
     return reference_steps(spec, manifest) * REFERENCE_BATCH_FACTOR * spec.batch_size

@@ -138,7 +138,8 @@ class ExperimentSpec:
     ``max_shards_per_lease`` (``None``: exactly ``shards_per_lease``): a fast trainer sizes its
     leases to keep its core busy while the validator judges (``protocol.lease_size``). The
     validator's own update always takes one ``shards_per_lease`` window of steps
-    (``protocol.judging.reference_steps``), whatever the trainers lease.
+    (``protocol.judging.reference_steps``), whatever the trainers lease, and is trained once every
+    ``anchor_every`` windows (``protocol.judging.anchor_window``; decision 0017).
     """
 
     key: ExperimentKey
@@ -161,6 +162,7 @@ class ExperimentSpec:
     lr_schedule: str = "constant"
     lr_decay_windows: int = 0
     lr_min_factor: float = 0.1
+    anchor_every: int = 4  # the validator trains its own update on every this-many-th head (decision 0017)
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -229,6 +231,7 @@ class ExperimentSpec:
             lr_schedule=read_str(d, "lr_schedule", max_len=16) if "lr_schedule" in d else "constant",
             lr_decay_windows=read_int(d, "lr_decay_windows", low=0, high=10**9) if "lr_decay_windows" in d else 0,
             lr_min_factor=read_float(d, "lr_min_factor") if "lr_min_factor" in d else 0.1,
+            anchor_every=read_int(d, "anchor_every", low=1, high=1000) if "anchor_every" in d else 4,
         )
 
 

@@ -25,8 +25,8 @@ def test_mixed_fleet_demo_proves_every_check(tmp_path: Path) -> None:
     # every example anyone trained on: native trainers' (dropped work too), the browser's, the validator's
     parts = ("native_samples", "browser_samples", "validator_samples")
     assert reached["samples"] == sum(reached[part] for part in parts) and reached["native_samples"] > 0
-    # the validator's own updates count too: the same examples for every head before the target
-    assert reached["validator_samples"] > 0 and reached["validator_samples"] % reached["window"] == 0
+    # the validator's own updates count too: the same examples for every anchor head before the target
+    assert reached["validator_samples"] > 0
     assert summary["candidate_bytes"]["mean"] > 0 and summary["candidate_bytes"]["vs_fp32"] > 0
     assert any(0 < (u or 0) <= 1 for u in summary["trainer_utilization"].values())
     assert (tmp_path / "demo" / "accuracy.svg").read_text().startswith("<svg")

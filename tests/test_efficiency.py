@@ -20,8 +20,11 @@ def test_trained_samples_count_every_example_up_to_a_moment_across_restarts() ->
     assert trained_samples_until(outcomes, 10**6) == 19000
 
 
-def test_validator_samples_count_its_update_for_every_head_before_the_window() -> None:
+def test_validator_samples_count_its_update_for_every_anchor_head_before_the_window() -> None:
     key = ExperimentKey.parse("study/mnist/rev-1")
-    heads = [HeadDescriptor(key, HeadId(f"sha256:{i:064x}"), None, i, 0, (), bytes(32), 0) for i in range(5)]
-    assert validator_samples(heads, 3, 7936) == 3 * 7936
-    assert validator_samples(heads, 0, 7936) == 0
+    heads = [HeadDescriptor(key, HeadId(f"sha256:{i:064x}"), None, i, 0, (), bytes(32), 0) for i in range(9)]
+    assert validator_samples(heads, 3, 7936, 1) == 3 * 7936
+    assert validator_samples(heads, 0, 7936, 1) == 0
+    assert validator_samples(heads, 4, 7936, 4) == 7936  # the anchor of window 0 serves windows 0-3
+    assert validator_samples(heads, 5, 7936, 4) == 2 * 7936
+    assert validator_samples(heads, 9, 7936, 4) == 3 * 7936

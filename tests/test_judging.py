@@ -16,6 +16,7 @@ from protocol.judging import (
     Submission,
     judge_window,
     precheck,
+    anchor_window,
     reference_batches,
     staleness,
     staleness_weight,
@@ -153,6 +154,20 @@ def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: 
         lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), decision.trust,
     )  # fmt: skip
     assert not again.promoted and again.screens["sha256:" + "f" * 64].reason is Reason.QUARANTINED
+
+
+@pytest.mark.parametrize(
+    ("window", "every", "anchor"),
+    [(0, 1, 0), (5, 1, 5), (0, 4, 0), (3, 4, 0), (4, 4, 4), (7, 4, 4), (9, 4, 8), (2, 3, 0), (6, 3, 6)],
+)
+def test_a_window_is_anchored_at_the_last_multiple_of_anchor_every(window: int, every: int, anchor: int) -> None:
+    assert anchor_window(window, every) == anchor
+
+
+@pytest.mark.parametrize(("window", "every"), [(-1, 4), (3, 0)])
+def test_anchor_windows_refuse_a_negative_window_or_no_period(window: int, every: int) -> None:
+    with pytest.raises(ValueError):
+        anchor_window(window, every)
 
 
 def test_reference_batches_are_seeded_by_the_head_and_cover_the_split() -> None:

@@ -409,6 +409,41 @@ def test_validator_state_survives_restart(
     trainer.close()
 
 
+def test_the_validator_trains_its_own_update_once_per_anchor_and_a_restarted_one_computes_the_same(
+    network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
+) -> None:
+    """Windows between anchors are judged against their base + the anchor head's update: the validator
+    trains one update for windows 0-3 (``anchor_every`` 4), and a restarted validator, which has seen
+    none of the earlier heads, finds the anchor head at the edge and computes the same bytes."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    assert spec.anchor_every == 4
+    genesis = validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "t-anchor")
+    experiment = trainer.experiment(*BASELINE.parts)
+    heads = [genesis]
+    for _ in range(2):
+        trainer.train_window_once(experiment)
+        report = validator.poll(spec)
+        assert report is not None and report.merged
+        heads.append(report.head)
+    anchor = validator._anchors[spec.key]
+    assert anchor.trained == 1  # windows 0 and 1 share the update trained on the genesis head
+    params = {h.head_id: validator._head_params(h) for h in heads}
+    delta = {k: anchor.prepare(genesis.head_id, lambda: params[genesis.head_id])[k] for k in params[genesis.head_id]}
+    reference = validator._reference(spec, heads[2], params[heads[2].head_id])
+    for name, value in reference.items():
+        expected = (params[heads[2].head_id][name].astype(np.float64) + delta[name]).astype(np.float32)
+        np.testing.assert_array_equal(value, expected)
+    assert anchor.trained == 1
+    restarted = Validator(validator.learners, validator.network, validator.storage, edge.url, dataset_root)
+    again = restarted._reference(spec, heads[2], params[heads[2].head_id])
+    for name in reference:
+        np.testing.assert_array_equal(again[name], reference[name])
+    restarted.close()
+    trainer.close()
+
+
 def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
