@@ -5,6 +5,7 @@ learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoa
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
+anchor       Anchor: the validator's own update, trained once per anchor head
 edge_client  HTTP client for the edge
 dataset_client  lease-scoped shard downloads, verified and cached
 identity     Ed25519 node identity (cryptography)
