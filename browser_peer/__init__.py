@@ -6,6 +6,10 @@
     peer           BrowserPeer: join the relay, lease, fetch, train, sign, publish, repeat (pure
                    but for the bridge)
     js_bridge      the only module that touches ``js`` / ``pyodide``: the bridge in a browser
+    session        EdgeSession: the peer's HTTP to the edge (the upload and download plans)
+    parts          one window on several cores of one tab, in parts
+    progress       what the peer keeps across page loads (optimizer, codec residual, progress)
+    throughput     how fast this runtime trains a model (the page's benchmark)
 
 The page's worker (``static/worker.js``) loads Pyodide and this package (served by the edge as one
 zip with ``protocol``, at the content-addressed URL ``/v1/peer-runtime`` names, checked against its

@@ -3,6 +3,9 @@
     stack    local networks: prepare MNIST + a validator identity + the manifest, run nodes as
              processes (``Fleet``) or in threads (``validating``, ``serve_stack``)
     demo     the single-machine mixed-fleet MNIST sanity run and its summary
+    efficiency  what a run cost (samples, utilization, bytes), for the demo and the benchmarks
+    workloads   ``python -m lab workloads``: the models beyond the MLP, trained by a mixed fleet
+    simulated   simulated trainers: many real identities in one process, for the fleet benchmark
     attacks  the attack suite: the validators' real rules against attackers on real MNIST updates
     charts   a dependency-free SVG accuracy chart
     cli      ``python -m lab demo | attack-suite | stack``

@@ -1,6 +1,7 @@
 """Native peers: JAX + optax trainers and validators that join a network through its edge.
 
 trainer      NodeBuilder → TrainerBuilder → Trainer: the user-facing trainer API
+head_follower  following an experiment's head in the background (long poll, download)
 learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoader, TrainEngine, Evaluator
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload
