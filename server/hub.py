@@ -42,6 +42,7 @@ from .metrics import EdgeMetrics
 
 __all__ = [
     "ACTIVITY_TOPICS",
+    "NETWORK_SCOPE",
     "TOPICS",
     "Connection",
     "ConnectionState",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
+# what a subscription or an event names instead of an experiment key when it is about the whole
+# network (peers joining the relay): ``_`` keeps it apart from every key (study/experiment/revision)
+NETWORK_SCOPE = "_network"
 ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates"})  # what can decide a window
 _PRIVATE_FIELDS = {"leases": ("lease_id", "shard_ids", "principal", "signature"), "candidates": ("lease_id",)}
 

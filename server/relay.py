@@ -81,7 +81,7 @@ from .errors import (
     status_for,
 )
 from .holders import Holders
-from .hub import TOPICS, Connection, ConnectionState
+from .hub import NETWORK_SCOPE, TOPICS, Connection, ConnectionState
 from .intake import accept_candidate
 from .leasing import LeaseIssuer
 from .ratelimit import TokenBucket
@@ -222,7 +222,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         "max_frame_bytes": min(state.settings.max_frame_bytes, state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES),
     }
     connection.offer(orjson.dumps(welcome).decode())
-    state.hub.publish("_network", "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})
+    state.hub.publish(NETWORK_SCOPE, "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})
     return connection
 
 
@@ -363,9 +363,9 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         connection.offer('{"type":"pong"}')
     elif kind == "subscribe":
         experiment = data.get("experiment")
-        key = "_network" if experiment == "_network" else ExperimentKey.parse(experiment)
+        key = NETWORK_SCOPE if experiment == NETWORK_SCOPE else ExperimentKey.parse(experiment)
         topics = read_list(data, "topics", lambda t: t if t in TOPICS else _bad_topic(t), max_len=len(TOPICS))
-        if key != "_network":
+        if key != NETWORK_SCOPE:
             state.experiment(key)
         state.hub.subscribe(connection, key, topics)  # type: ignore[arg-type]
         connection.offer(orjson.dumps({"type": "subscribed", "experiment": str(key), "topics": topics}).decode())

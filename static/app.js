@@ -275,7 +275,7 @@ function eventItem(event) {
       : `head ${head} of window ${d.window} ${d.event} by validator ${d.validator.slice(0, 8)}…`;
     if (d.rivals.length || d.event === "disputed") li.className = "bad";
   }
-  li.textContent = `${time} ${event.experiment === "_network" ? "" : event.experiment.split("/")[1] + ": "}${text}`;
+  li.textContent = `${time} ${event.experiment === "_network" /* server.hub.NETWORK_SCOPE */ ? "" : event.experiment.split("/")[1] + ": "}${text}`;
   return li;
 }
 
