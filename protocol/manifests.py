@@ -203,6 +203,29 @@ class ExperimentSpec:
     def outer(self) -> OuterOptimizer:
         return OuterOptimizer(self.outer_optimizer, self.outer_learning_rate, self.outer_momentum)
 
+    def check_dataset(self, dataset: FetchManifest) -> None:
+        """Raise ``InvalidMessage`` naming the first mismatch unless the model fits ``dataset``: its input
+        shape is the features' shape, it reads the features' kind (an embedding first for token ids), and
+        its classes (a next-token model's vocabulary) are the dataset's label range."""
+        model = self.model
+        if dataset.dataset_id != self.dataset_id:
+            raise InvalidMessage(f"dataset {dataset.dataset_id} is not the experiment's dataset {self.dataset_id}")
+        if model.input_shape != dataset.feature_shape:
+            raise InvalidMessage(
+                f"model input {_features(model.input_shape)}, dataset {dataset.dataset_id} has "
+                f"{_features(dataset.feature_shape)}"
+            )
+        if model.reads_tokens != (dataset.features == "tokens"):
+            reads = "token ids (an embedding first)" if model.reads_tokens else "pixels (no embedding first)"
+            raise InvalidMessage(f"model reads {reads}, dataset {dataset.dataset_id} holds {dataset.features}")
+        if model.objective == "next-token" and dataset.features != "tokens":
+            raise InvalidMessage(f"a next-token model needs tokens, dataset {dataset.dataset_id} holds pixels")
+        if model.classes != dataset.num_classes:
+            what = "vocabulary {} tokens" if model.objective == "next-token" else "output {} classes"
+            raise InvalidMessage(
+                f"model {what.format(model.classes)}, dataset {dataset.dataset_id} has {dataset.num_classes}"
+            )
+
     def to_wire(self) -> dict[str, Any]:
         shallow = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**shallow, "key": str(self.key), "model": self.model.to_wire()}
@@ -249,6 +272,10 @@ def _model(d: Mapping[str, object]) -> ModelSpec:
         return ModelSpec.from_wire(d.get("model"))
     except InvalidMessage as exc:
         raise InvalidMessage(f"field 'model': {exc}") from None
+
+
+def _features(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]} features" if len(shape) == 1 else f"features of shape {list(shape)}"
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,11 @@ class ModelSpec:
         return activation_shapes(self.layers, self.input_shape)[-1][-1]
 
     @property
+    def reads_tokens(self) -> bool:
+        """Whether the model takes token ids (its first layer is an embedding) rather than pixels."""
+        return isinstance(self.layers[0], Embedding)
+
+    @property
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.shapes.values())
 

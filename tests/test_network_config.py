@@ -49,9 +49,9 @@ def test_the_demo_network_file_gives_the_network_the_demo_always_ran() -> None:
     assert mnist_network(KEY).to_wire() == _old_preset(KEY).to_wire()
 
 
-def test_init_network_reads_experiments_from_a_toml_or_json_file(tmp_path: Path) -> None:
+def test_init_network_reads_experiments_from_a_toml_or_json_file(tmp_path: Path, dataset_root: Path) -> None:
     (tmp_path / "mine.toml").write_text(GOOD)
-    storage = ["--validator-storage", str(tmp_path / "v")]
+    storage = ["--validator-storage", str(tmp_path / "v"), "--datasets", str(dataset_root)]
     tools_main(
         ["init-network", *storage, "--out", str(tmp_path / "mine.json"), "--config", str(tmp_path / "mine.toml")]
     )

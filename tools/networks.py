@@ -1,6 +1,6 @@
 """Networks from config files: ``read_experiments`` (a file's experiments, each with its model),
 ``mnist_network`` (the demo's network, ``networks/mnist.toml``) and ``write_network`` (validator identities
-plus the manifest file).
+plus the manifest file, once every experiment's model fits its prepared dataset).
 
 A config file (TOML, or JSON when it ends in ``.json``) holds ``experiments``: a list of tables, each one
 ``ExperimentSpec`` by its field names (``protocol.manifests``: key, dataset_id, model, learning_rate,
@@ -24,6 +24,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from datasets.layout import dataset_manifest, manifest_path
 from native_peer.identity import NodeIdentity
 from native_peer.models import BUILTIN_MODELS, builtin_models, read_models
 from native_peer.storage import StorageConfig
@@ -35,15 +36,18 @@ from protocol.screening import PRESETS
 
 __all__ = [
     "BASELINE",
+    "DATASETS",
     "LOW_LR",
     "MNIST_NETWORK",
     "NetworkConfigError",
+    "check_datasets",
     "mnist_network",
     "read_experiments",
     "write_network",
 ]
 
 MNIST_NETWORK = Path(__file__).resolve().parent.parent / "networks" / "mnist.toml"
+DATASETS = Path("var/datasets")  # where `python -m datasets.*` and `dtn dataset shard` prepare them by default
 BASELINE = ExperimentKey.parse("study/mnist/rev-1")  # the experiments of MNIST_NETWORK
 LOW_LR = ExperimentKey.parse("study/mnist-low-lr/rev-1")
 
@@ -111,6 +115,27 @@ def _experiment(entry: dict[str, Any], models: dict[str, ModelSpec], where: str)
     return spec
 
 
+def check_datasets(experiments: Sequence[ExperimentSpec], datasets: Path, config: Path) -> None:
+    """Raise ``NetworkConfigError`` naming the first experiment (of ``config``) whose dataset is not
+    prepared under ``datasets`` or whose model does not fit it (``ExperimentSpec.check_dataset``)."""
+    for spec in experiments:
+        where = f"{config}: experiment {spec.key}"
+        root = datasets / spec.dataset_id
+        try:
+            dataset = dataset_manifest(root)
+        except FileNotFoundError:
+            raise NetworkConfigError(
+                f"{where}: dataset {spec.dataset_id} is not prepared under {datasets} (no {manifest_path(root)}); "
+                "prepare it first (docs/datasets.md) or pass --datasets"
+            ) from None
+        except (OSError, ValueError, InvalidMessage) as exc:
+            raise NetworkConfigError(f"{where}: {manifest_path(root)}: {exc}") from None
+        try:
+            spec.check_dataset(dataset)
+        except InvalidMessage as exc:
+            raise NetworkConfigError(f"{where}: {exc}") from None
+
+
 def mnist_network(validator_key: bytes, network_id: str = "demo") -> NetworkManifest:
     """The demo's network (``MNIST_NETWORK``: ``BASELINE`` and ``LOW_LR``) with one validator."""
     return NetworkManifest(network_id, (validator_key,), read_experiments(MNIST_NETWORK))
@@ -122,11 +147,14 @@ def write_network(
     network_id: str = "demo",
     quorum: int = 1,
     config: Path = MNIST_NETWORK,
+    datasets: Path = DATASETS,
 ) -> NetworkManifest:
     """Create (or reuse) a validator identity under each of ``validator_storages`` and write their
     network running ``config``'s experiments to ``out``: a head is canonical once ``quorum`` of them
-    vouch for it."""
+    vouch for it. Nothing is written unless every experiment's model fits its dataset as prepared
+    under ``datasets`` (``check_datasets``)."""
     experiments = read_experiments(config)
+    check_datasets(experiments, datasets, config)
     keys = tuple(
         NodeIdentity.load_or_create(StorageConfig(path).identity_path).public_key for path in validator_storages
     )
