@@ -221,24 +221,14 @@ def test_init_network_writes_a_network_whose_model_fits_its_dataset(tmp_path: Pa
 
 
 # -- a declared model trained through a real edge -----------------------------------------------
-NARROW = """
-[models.mnist-narrow]  # 784 -> 32 ReLU -> 10: a width no built-in model has
-input_shape = [784]
-layers = [
-  { type = "dense", name = "dense0", units = 32 },
-  { type = "relu", name = "relu0" },
-  { type = "dense", name = "dense1", units = 10 },
-]
-
-[[experiments]]
-key = "study/narrow/rev-1"
-dataset_id = "mnist"
-model = "mnist-narrow"
-learning_rate = 2e-3
-batch_size = 64
-local_epochs = 1
-shards_per_lease = 2
-"""
+NARROW = (  # the digits network's MLP on MNIST: 784 -> 32 ReLU -> 10, a width no built-in model has
+    (DIGITS_MLP + EXPERIMENT)
+    .replace("[64]", "[784]")
+    .replace("digits-mlp", "mnist-narrow")
+    .replace('dataset_id = "digits"', 'dataset_id = "mnist"')
+    .replace("study/digits", "study/narrow")
+    .replace("shards_per_lease = 1", "shards_per_lease = 2")
+)
 NARROW_KEY = ExperimentKey.parse("study/narrow/rev-1")
 
 
