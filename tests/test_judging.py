@@ -15,9 +15,9 @@ from protocol.hashing import content_id
 from protocol.ids import DatasetId, HeadId, LeaseId, ShardId
 from protocol.judging import (
     Submission,
+    anchor_window,
     judge_window,
     precheck,
-    anchor_window,
     reference_batches,
     staleness,
     staleness_weight,
