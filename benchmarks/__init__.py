@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from native_peer.models import builtin_model
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 
@@ -23,7 +24,7 @@ def bench_network(
     spec = ExperimentSpec(
         BENCH_EXPERIMENT,
         DatasetId("mnist"),
-        "mnist-mlp",
+        builtin_model("mnist-mlp"),
         1e-3,
         64,
         1,

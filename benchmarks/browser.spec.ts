@@ -92,18 +92,22 @@ test("cold vs warm start to training", async ({ page }, testInfo) => {
 test("models: browser vs native NumPy vs JAX", async ({ page }, testInfo) => {
   const native = JSON.parse(execFileSync(".venv/bin/python", ["-m", "benchmarks.model_throughput"]).toString());
   await page.goto("/");
-  const browser = await page.evaluate(async (models: Record<string, number>) => {
+  // each model's spec (networks/models.toml) and batch size, as the native run measured it
+  const models = Object.entries(native as Record<string, { spec: string; batch_size: number }>).map(
+    ([name, { spec, batch_size }]) => [name, spec, batch_size] as [string, string, number],
+  );
+  const browser = await page.evaluate(async (models: [string, string, number][]) => {
     const worker = new Worker("/static/worker.js");
     const rates: Record<string, number> = {};
-    for (const [model, batchSize] of Object.entries(models)) {
-      rates[model] = await new Promise((resolve) => {
+    for (const [name, model, batchSize] of models) {
+      rates[name] = await new Promise((resolve) => {
         worker.onmessage = ({ data }) => data.type === "benchmark" && resolve(data.samples_per_s);
         worker.postMessage({ type: "benchmark", model, batchSize, steps: 20 });
       });
     }
     worker.terminate();
     return rates;
-  }, { "mnist-mlp": 64, "mnist-cnn": 64, "char-lm": 32 });
+  }, models);
   for (const [model, rate] of Object.entries(browser)) {
     const { numpy, jax } = native[model];
     console.log(

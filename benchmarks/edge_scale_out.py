@@ -30,12 +30,13 @@ import httpx
 from deploy.services import PrivatePostgres, PrivateRedis
 from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.identity import NodeIdentity
+from native_peer.models import builtin_model
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import HeadId
 from protocol.messages import HeadDescriptor, PeerProof
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.signing import PureSigner
 
 from . import BENCH_EXPERIMENT, bench_network
@@ -46,7 +47,7 @@ HEADS = f"/v1/experiments/{BENCH_EXPERIMENT}/heads"
 
 
 def _head(validator: NodeIdentity, parent: HeadId | None, window: int) -> bytes:
-    artifact = encode_tensors(init_params(MODELS["mnist-mlp"], window))
+    artifact = encode_tensors(init_params(builtin_model("mnist-mlp"), window))
     head = HeadDescriptor(
         experiment=BENCH_EXPERIMENT,
         head_id=HeadId(content_id(artifact)),

@@ -44,12 +44,12 @@ from lab.stack import Fleet, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
+from native_peer.models import builtin_model
 from native_peer.storage import StorageConfig
 from protocol.batches import make_batches
 from protocol.judging import validator_examples
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
-from protocol.model import MODELS
 
 from . import BENCH_EXPERIMENT, bench_network
 
@@ -189,7 +189,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
         "verdicts": len(verdicts),
         "refused": refused,
-        "bytes_vs_fp32": float(np.mean(sizes)) / fp32_bytes(MODELS["mnist-mlp"]) if sizes else None,
+        "bytes_vs_fp32": float(np.mean(sizes)) / fp32_bytes(builtin_model("mnist-mlp")) if sizes else None,
     }
 
 

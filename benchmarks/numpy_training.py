@@ -15,8 +15,9 @@ import numpy as np
 
 from browser_peer.numpy_trainer import Adam, train_epoch
 from datasets import mnist
+from native_peer.models import builtin_model
 from protocol.batches import make_batches
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.shards import decode_shard
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +28,7 @@ def main() -> None:
     manifest = mnist.prepare(datasets)
     parts = [decode_shard((datasets / "mnist/train" / e.locator).read_bytes()) for e in manifest.shards[:4]]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    spec = MODELS["mnist-mlp"]
+    spec = builtin_model("mnist-mlp")
     params, optimizer = init_params(spec, 0), Adam(2e-3)
     xb, yb = make_batches(x, y, 64, 0)
     train_epoch(spec, params, optimizer, xb[:4], yb[:4])  # warm up

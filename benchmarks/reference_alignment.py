@@ -86,7 +86,7 @@ def main() -> None:
 
     network = NetworkManifest.from_wire(json.loads((args.run / "network.json").read_bytes()))
     spec = network.experiment(ExperimentKey.parse(args.experiment))
-    learner = network_learners(network)[spec.model]
+    learner = network_learners(network)[spec.model.name]
     engine = TrainEngine(learner, learner.make_optimizer(spec))
     dataset = args.run / "datasets" / spec.dataset_id
     train_x, train_y = load_train(dataset)

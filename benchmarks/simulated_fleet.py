@@ -50,10 +50,10 @@ from pathlib import Path
 from datasets import mnist
 from lab.simulated import SimulatedFleet, UpdateBank, record_bank
 from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
+from native_peer.models import builtin_model
 from protocol.ids import DatasetId
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import HeadDescriptor
-from protocol.model import MODELS
 from server.settings import Settings
 
 from . import BENCH_EXPERIMENT, cpu_seconds
@@ -65,7 +65,15 @@ HEAD_TIMEOUT_S = 600.0
 def sim_network(validator_key: bytes, codec: str = "fp32") -> NetworkManifest:
     """One experiment for one-shard leases of ``SHARD_SIZE`` examples: batch 32, 2 local epochs."""
     spec = ExperimentSpec(
-        BENCH_EXPERIMENT, DatasetId("mnist"), "mnist-mlp", 1e-3, 32, 2, 1, window_timeout_s=300.0, codec=codec
+        BENCH_EXPERIMENT,
+        DatasetId("mnist"),
+        builtin_model("mnist-mlp"),
+        1e-3,
+        32,
+        2,
+        1,
+        window_timeout_s=300.0,
+        codec=codec,
     )
     return NetworkManifest("simulated", (validator_key,), (spec,))
 
@@ -114,7 +122,7 @@ def stack(local: LocalNetwork, size: int, *, profile: Path | None = None) -> Ite
     processes in a ``Fleet`` under ``local.root``; ``profile``: the validator runs under cProfile,
     its profile written there when it stops."""
     spec = local.network.experiments[0]
-    quota = max(Settings.window_quota_bytes, 2 * size * MODELS[spec.model].max_artifact_bytes)
+    quota = max(Settings.window_quota_bytes, 2 * size * spec.model.max_artifact_bytes)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with Fleet(local.root) as fleet:

@@ -21,15 +21,16 @@ import numpy as np
 from browser_peer.numpy_trainer import Adam, train_epoch
 from datasets import mnist
 from datasets.layout import load_split
+from native_peer.models import builtin_model
 from protocol.aggregation import merge_params
 from protocol.batches import make_batches
 from protocol.codec import encode_tensors
-from protocol.model import MODELS, Params, evaluate, init_params
+from protocol.model import Params, evaluate, init_params
 from protocol.shards import decode_shard
 from protocol.updates import CODECS, decode_update, encode_update
 
 REPO = Path(__file__).resolve().parent.parent
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 def run(codec: str, shards: list[tuple[np.ndarray, np.ndarray]], args: argparse.Namespace) -> tuple[float, float]:

@@ -17,7 +17,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
-from protocol.model import MODELS
+from protocol.model import ModelSpec
 
 from .bridge import HttpAnswer, PeerBytes, SocketClosed
 from .numpy_trainer import fastest_matmul
@@ -160,5 +160,6 @@ def guide_parts(paused: str | None, share: float) -> None:
 
 
 def benchmark(model: str, batch_size: int, steps: int) -> float:
-    """Samples per second training ``model`` here (``browser_peer.throughput``; the browser benchmark)."""
-    return samples_per_s(MODELS[model], batch_size, steps, fastest_matmul()[0])
+    """Samples per second training ``model`` (a model spec's wire form as JSON) here
+    (``browser_peer.throughput``; the browser benchmark)."""
+    return samples_per_s(ModelSpec.from_wire(json.loads(model)), batch_size, steps, fastest_matmul()[0])

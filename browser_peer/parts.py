@@ -25,8 +25,8 @@ import numpy.typing as npt
 
 from protocol.batches import make_batches
 from protocol.codec import decode_tensors, encode_tensors
-from protocol.errors import CodecError
-from protocol.model import MODELS, ModelSpec, Params
+from protocol.errors import CodecError, InvalidMessage
+from protocol.model import ModelSpec, Params
 
 from .guest import Guest
 from .numpy_trainer import Adam, Matmul, fastest_matmul, gradients
@@ -56,7 +56,7 @@ def _unflatten(tensors: Mapping[str, np.ndarray], model: ModelSpec) -> dict[str,
 
 @dataclass(frozen=True)
 class PartTask:
-    model: str
+    model: ModelSpec  # the experiment's, as the network's manifest declares it
     batch_size: int
     seeds: tuple[int, ...]  # the batch order of each epoch
     params: Params
@@ -66,7 +66,7 @@ class PartTask:
 
     def encode(self) -> bytes:
         tensors = _flatten(params=self.params, mu=self.optimizer.mu, nu=self.optimizer.nu) | {"x": self.x, "y": self.y}
-        settings = {"model": self.model, "batch_size": self.batch_size, "seeds": self.seeds,
+        settings = {"model": self.model.to_wire(), "batch_size": self.batch_size, "seeds": self.seeds,
                     "learning_rate": self.optimizer.learning_rate, "count": self.optimizer.count}  # fmt: skip
         return encode_tensors(tensors, {"task": json.dumps(settings)})
 
@@ -75,16 +75,16 @@ class PartTask:
         try:
             tensors, metadata = decode_tensors(data)
             settings = json.loads(metadata["task"])
-            model = MODELS[settings["model"]]
+            model = ModelSpec.from_wire(settings["model"])
             groups = _unflatten(tensors, model)
             optimizer = Adam(
                 float(settings["learning_rate"]), count=int(settings["count"]), mu=groups["mu"], nu=groups["nu"]
             )
             seeds = tuple(int(seed) for seed in settings["seeds"])
             return cls(
-                model.name, int(settings["batch_size"]), seeds, groups["params"], optimizer, tensors["x"], tensors["y"]
+                model, int(settings["batch_size"]), seeds, groups["params"], optimizer, tensors["x"], tensors["y"]
             )
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, InvalidMessage) as exc:
             raise CodecError(f"not a part task: {exc!r}") from None
 
 
@@ -150,7 +150,7 @@ async def train(
 ) -> PartResult:
     """Train ``task``'s params on its examples with its optimizer (``on_batch(steps, total, seconds)``
     after each batch)."""
-    model = MODELS[task.model]
+    model = task.model
     params, optimizer = task.params, task.optimizer
     started = time.perf_counter()
     steps, loss_sum = 0, 0.0

@@ -43,7 +43,7 @@ from protocol.hashing import verify_content
 from protocol.ids import ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
-from protocol.model import MODELS, ModelSpec, Params
+from protocol.model import ModelSpec, Params
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
@@ -236,7 +236,7 @@ class BrowserPeer:
             return
         self._restored = True
         saved = await self.bridge.load(storage_key(self.key))
-        progress = None if saved is None else Progress.decode(saved, self.key, MODELS[spec.model], spec.learning_rate)
+        progress = None if saved is None else Progress.decode(saved, self.key, spec.model, spec.learning_rate)
         if progress is not None:
             self._optimizer, self._residual, self._last_base = progress.optimizer, progress.residual, progress.last_base
             self._report(windows_done=progress.windows_done, resumed_steps=progress.optimizer.count)
@@ -365,7 +365,7 @@ class BrowserPeer:
             self._last_base,
             quorum=self._network.quorum,
         )
-        model = MODELS[spec.model]
+        model = spec.model  # as the network's manifest declares it
         ahead, self._ahead = self._ahead, None
         if ahead is not None and lease_window(ahead.grant.lease, head):  # trained before this head existed
             grant = ahead.grant
@@ -396,7 +396,7 @@ class BrowserPeer:
             tensors,
             self.signer,
             peer_kind=self.peer_kind,
-            model=spec.model,
+            model=model.name,
             codec=spec.codec,
             examples=examples,
             steps=done.steps,
@@ -469,7 +469,7 @@ class BrowserPeer:
         in parts over the page's workers, the optimizer's moments merged back."""
         lease = grant.lease
         start = {name: array.copy() for name, array in params.items()}  # training updates in place
-        model = MODELS[spec.model]
+        model = spec.model
         if self._manifest is None:
             self._manifest = FetchManifest.from_wire(
                 await self.http.fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")

@@ -31,6 +31,7 @@ __all__ = [
     "HELD_OUT_SPLITS",
     "PreparedDataset",
     "check_dataset",
+    "dataset_manifest",
     "load_split",
     "load_train",
     "manifest_path",
@@ -67,7 +68,7 @@ def split_path(dataset_root: Path, split: str) -> Path:
 
 def read_train_manifest(dataset_root: Path) -> FetchManifest:
     """The train manifest under ``dataset_root``, with every shard file checked against it."""
-    manifest = _read_manifest(dataset_root)
+    manifest = dataset_manifest(dataset_root)
     for _ in _checked_shards(dataset_root, manifest):
         pass
     return manifest
@@ -75,7 +76,7 @@ def read_train_manifest(dataset_root: Path) -> FetchManifest:
 
 def load_train(dataset_root: Path) -> tuple[np.ndarray, np.ndarray]:
     """Every train shard, checked against the manifest, concatenated in manifest order."""
-    manifest = _read_manifest(dataset_root)
+    manifest = dataset_manifest(dataset_root)
     parts = [decode_shard(data, manifest.features) for data in _checked_shards(dataset_root, manifest)]
     return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
@@ -88,7 +89,7 @@ def load_split(dataset_root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 def check_dataset(dataset_root: Path) -> PreparedDataset:
     """The dataset at ``dataset_root``, every shard and split read and checked: shards against the
     manifest's sha256 and example counts, all against its feature kind, feature shape and classes."""
-    manifest = _read_manifest(dataset_root)
+    manifest = dataset_manifest(dataset_root)
     examples = {"train": 0}
     for entry, data in zip(manifest.shards, _checked_shards(dataset_root, manifest), strict=True):
         x, y = decode_shard(data, manifest.features)
@@ -103,7 +104,9 @@ def check_dataset(dataset_root: Path) -> PreparedDataset:
     return PreparedDataset(dataset_root, manifest, examples)
 
 
-def _read_manifest(dataset_root: Path) -> FetchManifest:
+def dataset_manifest(dataset_root: Path) -> FetchManifest:
+    """The train manifest under ``dataset_root``, its shards not read: what the dataset holds (feature
+    kind and shape, classes) and its table of shards."""
     return FetchManifest.from_wire(json.loads(manifest_path(dataset_root).read_bytes()))
 
 

@@ -209,7 +209,7 @@ def prepare(env_file: Path, pyodide_from: Path | None) -> None:
         network = NetworkManifest.from_wire(json.loads(network_path.read_bytes()))
         log.info("keeping the network manifest %s", network_path)
     else:
-        network = write_network([validator], network_path, env.get("DTN_NETWORK_ID", "public"))
+        network = write_network([validator], network_path, env.get("DTN_NETWORK_ID", "public"), datasets=datasets)
     if pyodide_from is not None:
         copy_runtime(pyodide_from, pyodide)
     elif _runtime_complete(pyodide):

@@ -28,7 +28,6 @@ from protocol.ids import ExperimentKey
 from protocol.judging import validator_examples
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor
-from protocol.model import MODELS
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
@@ -382,7 +381,7 @@ def _summarize(
         },
         "candidate_bytes": {
             "mean": round(float(np.mean(sizes))) if sizes else None,
-            "vs_fp32": round(float(np.mean(sizes)) / fp32_bytes(MODELS[baseline.model]), 3) if sizes else None,
+            "vs_fp32": round(float(np.mean(sizes)) / fp32_bytes(baseline.model), 3) if sizes else None,
             "codec": baseline.codec,
         },
         "trainer_utilization": {name: utilization(records) for name, records in native.items()},

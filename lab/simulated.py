@@ -39,7 +39,6 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor, LeaseGrant
-from protocol.model import MODELS
 from protocol.updates import decode_update, encode_update
 from protocol.window import check_lease, head_to_train, package_candidate
 
@@ -112,7 +111,7 @@ def record_bank(
         if code != 0:
             raise RuntimeError(f"{name} exited with {code}; see {fleet.log_path(name)}")
     spec = local.network.experiment(key)
-    model = MODELS[spec.model]
+    model = spec.model
     reader = NodeIdentity.load_or_create(local.validator_storage.identity_path)
     edge = EdgeClient(url, reader=reader)
     cache = local.root / "recorded"
@@ -254,11 +253,11 @@ class SimulatedFleet:
         rng = np.random.default_rng([self.seed, head.window, index])
         delta = self.bank.draw(rng)
         trained = {k: (base[k] + delta[k]).astype(np.float32) for k in base}
-        tensors, _ = encode_update(MODELS[spec.model], base, trained, spec.codec)
+        tensors, _ = encode_update(spec.model, base, trained, spec.codec)
         leased = spec.local_epochs * sum(self.manifest.shard(s).examples for s in lease.shard_ids)
         steps = max(1, leased // spec.batch_size)  # a lease short of one batch (the last shard) claims one
         _, envelope = package_candidate(
-            lease, head, tensors, me, peer_kind="native", model=spec.model, codec=spec.codec,
+            lease, head, tensors, me, peer_kind="native", model=spec.model.name, codec=spec.codec,
             examples=min(leased, steps * spec.batch_size), steps=steps, created_at_ms=int(time.time() * 1000), metrics={},
         )  # fmt: skip
         return envelope

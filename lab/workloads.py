@@ -28,7 +28,7 @@ from native_peer.edge_client import EdgeClient
 from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey
 from protocol.manifests import NetworkManifest
-from protocol.model import MODELS, ModelSpec, forward
+from protocol.model import ModelSpec, forward
 from protocol.screening import PRESETS
 from tools.networks import read_experiments
 
@@ -52,7 +52,7 @@ def prepare_workloads(root: Path, keys: tuple[ExperimentKey, ...] = (CNN, LM)) -
     experiments = tuple(spec for spec in read_experiments(WORKLOADS_NETWORK) if spec.key in keys)
     local = prepare_network(root, network=lambda key: NetworkManifest("workloads", (key,), experiments))
     if LM in keys:
-        context = MODELS["char-lm"].input_shape[0]
+        context = next(spec.model for spec in experiments if spec.key == LM).input_shape[0]
         pystdlib.prepare(local.datasets, context=context, max_bytes=CORPUS_BYTES, fractions=SPLITS)
     return local
 
@@ -165,8 +165,8 @@ def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browse
         lineage[str(spec.key)] = [{"window": h.window, **h.metrics} for h in heads]
         verdicts = edge.verdicts(spec.key)
         experiments[str(spec.key)] = {
-            "model": spec.model,
-            "params": MODELS[spec.model].num_params,
+            "model": spec.model.name,
+            "params": spec.model.num_params,
             "windows": heads[-1].window,
             "final": heads[-1].metrics,
             "accepted": sum(v.accepted for v in verdicts),
@@ -192,7 +192,7 @@ def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browse
         checks["lm_bits_per_char_fell"] = bool(bits[-1] < bits[0])
         final = edge.heads(LM)[-1]
         params, _ = decode_tensors(edge.artifact(ContentId(final.head_id), out / "lm-head.safetensors"))
-        sample = sample_text(MODELS["char-lm"], params, b"def ", 240)
+        sample = sample_text(network.experiment(LM).model, params, b"def ", 240)
     checks["browser_candidates_accepted_in_each"] = (not browser) or all(
         e["browser_accepted"] > 0 for e in experiments.values()
     )

@@ -5,6 +5,7 @@ head_follower  following an experiment's head in the background (long poll, down
 learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoader, TrainEngine, Evaluator
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload
+models       models from config: [models.<name>] tables, the built-in models (networks/models.toml)
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
 anchor       Anchor: the validator's own update, trained once per anchor head
 edge_client  HTTP client for the edge

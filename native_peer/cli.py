@@ -41,7 +41,6 @@ from datasets.sources import read_images, read_npz, read_text
 from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import NetworkManifest, SupportedWorkload
-from protocol.model import MODELS
 from protocol.signing import b64encode, use_verifier
 
 from .edge_client import EdgeClient
@@ -149,8 +148,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
     ((model, dataset_id),) = workloads
     builder = (
-        NodeBuilder(spec_learner(MODELS[model]))
-        .trainer(RELEASE, SupportedWorkload(f"{model}-cpu", model, dataset_id))
+        NodeBuilder(spec_learner(model))  # the model as the network's manifest declares it
+        .trainer(RELEASE, SupportedWorkload(f"{model.name}-cpu", model.name, dataset_id))
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
         .with_bootstrap_peer(args.edge)

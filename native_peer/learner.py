@@ -21,7 +21,7 @@ import optax
 
 from protocol.batches import make_batches
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.model import MODELS, ModelSpec, evaluation_metrics, init_params
+from protocol.model import ModelSpec, evaluation_metrics, init_params
 
 from . import jax_layers
 
@@ -228,5 +228,5 @@ class Evaluator:
 
 
 def network_learners(network: NetworkManifest) -> dict[str, JaxLearner]:
-    """A learner (``spec_learner``, Adam) for every model the network's experiments train."""
-    return {spec.model: spec_learner(MODELS[spec.model]) for spec in network.experiments}
+    """A learner (``spec_learner``, Adam) for every model the network's experiments train, by model name."""
+    return {spec.model.name: spec_learner(spec.model) for spec in network.experiments}

@@ -1,5 +1,5 @@
-"""The MNIST MLP as a ``JaxLearner`` (784 → 128 ReLU → 10), with Adam and an optional schedule, and the
-release / workload a trainer of it declares (``RELEASE``, ``WORKLOAD``)."""
+"""The MNIST MLP as a ``JaxLearner`` (the built-in ``mnist-mlp``, 784 → 128 ReLU → 10), with Adam and an
+optional schedule, and the release / workload a trainer of it declares (``RELEASE``, ``WORKLOAD``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import optax
 
 from protocol.ids import DatasetId
 from protocol.manifests import ExperimentSpec, ReleaseManifest, SupportedWorkload
-from protocol.model import MODELS
 
 from .learner import JaxLearner, adam, spec_learner
+from .models import builtin_model
 
 __all__ = ["RELEASE", "WORKLOAD", "mlp_learner"]
 
@@ -21,4 +21,4 @@ WORKLOAD = SupportedWorkload("mnist-mlp-cpu", "mnist-mlp", DatasetId("mnist"))
 
 def mlp_learner(make_optimizer: Callable[[ExperimentSpec], optax.GradientTransformation] = adam) -> JaxLearner:
     """The MNIST MLP learner; pass ``make_optimizer`` to bring your own optax chain or schedule."""
-    return spec_learner(MODELS["mnist-mlp"], make_optimizer)
+    return spec_learner(builtin_model("mnist-mlp"), make_optimizer)

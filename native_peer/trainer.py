@@ -306,7 +306,9 @@ class Trainer:
         except KeyError:
             raise ValueError(f"the network runs no experiment {key}") from None
         if not self.workload.supports(spec):
-            raise ValueError(f"experiment {key} needs {spec.model} on {spec.dataset_id}; workload cannot run it")
+            raise ValueError(f"experiment {key} needs {spec.model.name} on {spec.dataset_id}; workload cannot run it")
+        if spec.model != self.project.learner.model:
+            raise ValueError(f"experiment {key} declares model {spec.model.name} other than this trainer's learner")
         return Experiment(key, spec)
 
     # -- state kept in the storage dir ------------------------------------------------------
@@ -512,7 +514,7 @@ class Trainer:
             tensors,
             self.identity,
             peer_kind=self.peer_kind,
-            model=experiment.spec.model,
+            model=experiment.spec.model.name,
             codec=codec,
             examples=examples,
             steps=all_steps,

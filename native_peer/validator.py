@@ -353,16 +353,17 @@ class Validator:
         return cache[split]
 
     def _evaluate(self, spec: ExperimentSpec, params: Any, split: str) -> dict[str, float]:
-        return self._evaluators[spec.model](params, *self._split(spec, split))
+        return self._evaluators[spec.model.name](params, *self._split(spec, split))
 
     def learner(self, spec: ExperimentSpec) -> JaxLearner:
         """The learner of ``spec``'s model (a ``KeyError`` naming it when this validator has none)."""
-        try:
-            return self.learners[spec.model]
-        except KeyError:
+        learner = self.learners.get(spec.model.name)
+        if learner is None or learner.model != spec.model:
             raise KeyError(
-                f"no learner for model {spec.model} of {spec.key}; this validator has {sorted(self.learners)}"
-            ) from None
+                f"no learner for model {spec.model.name} of {spec.key} as the network declares it; this validator "
+                f"has {sorted(self.learners)}"
+            )
+        return learner
 
     # -- heads -----------------------------------------------------------------------------
     def _sign_head(
@@ -381,7 +382,8 @@ class Validator:
         ``update_norm`` the lineage's step size after it (``WindowDecision.update_norm``)."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
-            self.learner(spec).to_tensors(params), {"model": spec.model, "experiment": spec.key, "window": str(window)}
+            self.learner(spec).to_tensors(params),
+            {"model": spec.model.name, "experiment": spec.key, "window": str(window)},
         )
         head = HeadDescriptor(
             experiment=spec.key,
@@ -525,7 +527,7 @@ class Validator:
             _unnamed("val", head.metrics) | _lineage_step(head),
             share_principal_weight([self._precheck(spec, head, base, window_steps, c) for c in window], policy),
             policy,
-            lambda params: self._evaluators[spec.model](learner.from_tensors(params), val_x, val_y),
+            lambda params: self._evaluators[spec.model.name](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
             reference=self._reference(spec, head, base) if policy.anchored else None,
             # robust rules break ties by a salt no submitter knows before the window's set is closed

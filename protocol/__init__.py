@@ -14,7 +14,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     manifests    network / release / workload / experiment / dataset manifests
     envelope     descriptor + artifact in one upload body or binary frame
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward
-    model        model specs (input shape, layers, objective), MODELS, the reference forward and evaluation
+    model        model specs (input shape, layers, objective), the reference forward and evaluation
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
     lease_size   how many shards a continuous trainer asks for: enough to fill the window period

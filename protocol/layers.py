@@ -53,6 +53,7 @@ __all__ = [
     "forward_chain",
     "init_chain",
     "layer_from_wire",
+    "read_layers",
 ]
 
 F32 = npt.NDArray[np.float32]
@@ -675,5 +676,18 @@ def layer_from_wire(value: object, *, nested: bool = False) -> Layer:
         elif f.type == "tuple[int, ...]":
             values[f.name] = tuple(read_list(d, f.name, _dim, max_len=MAX_RANK))
         else:  # tuple[Layer, ...]
-            values[f.name] = tuple(read_list(d, f.name, lambda v: layer_from_wire(v, nested=True), max_len=MAX_LAYERS))
+            values[f.name] = read_layers(d, f.name, nested=True)
     return cls(**values)
+
+
+def read_layers(data: Mapping[str, object], key: str, *, nested: bool = False) -> tuple[Layer, ...]:
+    """The chain of layers in field ``key`` of ``data`` (at most ``MAX_LAYERS``); a layer that does not
+    read is an ``InvalidMessage`` naming its place (``layers[2]: unknown layer type 'dens'``)."""
+    items = read_list(data, key, lambda value: value, max_len=MAX_LAYERS)
+    layers = []
+    for index, item in enumerate(items):
+        try:
+            layers.append(layer_from_wire(item, nested=nested))
+        except InvalidMessage as exc:
+            raise InvalidMessage(f"{key}[{index}]: {exc}") from None
+    return tuple(layers)

@@ -1,7 +1,8 @@
 """Manifests: what a network, a release, a workload, an experiment and a dataset look like.
 
 ``NetworkManifest`` is what a peer is told before it joins: the keys of the validators (only they
-make a head canonical), the edge's key (it signs leases) and the experiments the network runs.
+make a head canonical), the edge's key (it signs leases) and the experiments the network runs, each
+with the whole spec of its model (``protocol.model``), from which every peer builds it.
 ``FetchManifest`` is the dataset origin's table of shards, each with its sha256, so a peer verifies
 every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 """
@@ -9,12 +10,14 @@ every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
+from .model import ModelSpec
 from .outer import OuterOptimizer
 from .signing import b64decode, b64encode
 from .updates import CODECS
@@ -144,7 +147,7 @@ class ExperimentSpec:
 
     key: ExperimentKey
     dataset_id: DatasetId
-    model: str
+    model: ModelSpec
     learning_rate: float
     batch_size: int
     local_epochs: int
@@ -200,8 +203,32 @@ class ExperimentSpec:
     def outer(self) -> OuterOptimizer:
         return OuterOptimizer(self.outer_optimizer, self.outer_learning_rate, self.outer_momentum)
 
+    def check_dataset(self, dataset: FetchManifest) -> None:
+        """Raise ``InvalidMessage`` naming the first mismatch unless the model fits ``dataset``: its input
+        shape is the features' shape, it reads the features' kind (an embedding first for token ids), and
+        its classes (a next-token model's vocabulary) are the dataset's label range."""
+        model = self.model
+        if dataset.dataset_id != self.dataset_id:
+            raise InvalidMessage(f"dataset {dataset.dataset_id} is not the experiment's dataset {self.dataset_id}")
+        if model.input_shape != dataset.feature_shape:
+            raise InvalidMessage(
+                f"model input {_features(model.input_shape)}, dataset {dataset.dataset_id} has "
+                f"{_features(dataset.feature_shape)}"
+            )
+        if model.reads_tokens != (dataset.features == "tokens"):
+            reads = "token ids (an embedding first)" if model.reads_tokens else "pixels (no embedding first)"
+            raise InvalidMessage(f"model reads {reads}, dataset {dataset.dataset_id} holds {dataset.features}")
+        if model.objective == "next-token" and dataset.features != "tokens":
+            raise InvalidMessage(f"a next-token model needs tokens, dataset {dataset.dataset_id} holds pixels")
+        if model.classes != dataset.num_classes:
+            what = "vocabulary {} tokens" if model.objective == "next-token" else "output {} classes"
+            raise InvalidMessage(
+                f"model {what.format(model.classes)}, dataset {dataset.dataset_id} has {dataset.num_classes}"
+            )
+
     def to_wire(self) -> dict[str, Any]:
-        return {**asdict(self), "key": str(self.key)}
+        shallow = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**shallow, "key": str(self.key), "model": self.model.to_wire()}
 
     @classmethod
     def from_wire(cls, value: object) -> ExperimentSpec:
@@ -209,7 +236,7 @@ class ExperimentSpec:
         return cls(
             key=ExperimentKey.parse(d.get("key")),
             dataset_id=DatasetId(d.get("dataset_id")),
-            model=read_str(d, "model", max_len=64),
+            model=_model(d),
             learning_rate=read_float(d, "learning_rate"),
             batch_size=read_int(d, "batch_size", low=1, high=65536),
             local_epochs=read_int(d, "local_epochs", low=1, high=1000),
@@ -235,6 +262,22 @@ class ExperimentSpec:
         )
 
 
+def _model(d: Mapping[str, object]) -> ModelSpec:
+    if isinstance(d.get("model"), str):
+        raise InvalidMessage(
+            f"field 'model' names a model ({d['model']!r}) where a manifest holds its spec: write the manifest "
+            "again from its config (python -m tools init-network)"
+        )
+    try:
+        return ModelSpec.from_wire(d.get("model"))
+    except InvalidMessage as exc:
+        raise InvalidMessage(f"field 'model': {exc}") from None
+
+
+def _features(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]} features" if len(shape) == 1 else f"features of shape {list(shape)}"
+
+
 @dataclass(frozen=True)
 class NetworkManifest:
     """Everything a peer must know before it joins a network."""
@@ -251,6 +294,10 @@ class NetworkManifest:
             raise InvalidMessage(
                 f"quorum {self.quorum} must be between 1 and the {len(self.validator_keys)} validators"
             )
+        models: dict[str, ModelSpec] = {}
+        for spec in self.experiments:  # peers keep one learner per model name
+            if models.setdefault(spec.model.name, spec.model) != spec.model:
+                raise InvalidMessage(f"experiments declare two different models named {spec.model.name}")
 
     def experiment(self, key: str) -> ExperimentSpec:
         for spec in self.experiments:
@@ -290,11 +337,11 @@ class SupportedWorkload:
     """A workload a peer can run: a model architecture trained on a dataset."""
 
     workload_id: str
-    model: str
+    model: str  # the model's name
     dataset_id: DatasetId
 
     def supports(self, spec: ExperimentSpec) -> bool:
-        return spec.model == self.model and spec.dataset_id == self.dataset_id
+        return spec.model.name == self.model and spec.dataset_id == self.dataset_id
 
 
 @dataclass(frozen=True)

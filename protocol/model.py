@@ -6,7 +6,9 @@ A ``ModelSpec`` is an input shape (one example), a chain of ``protocol.layers`` 
 (``dense0.kernel``, ``conv0.bias``, ``attn0.self.qkv.kernel``), float32, in every artifact; JAX and
 NumPy trainers map them to and from their own structures. ``forward`` / ``evaluate`` are the
 reference numerics the JAX models are tested against; ``softmax_cross_entropy`` is the one loss the
-NumPy trainer and evaluation share. Specs travel as plain JSON (``to_wire`` / ``from_wire``).
+NumPy trainer and evaluation share. Specs travel as plain JSON (``to_wire`` / ``from_wire``) in the
+network manifest, each experiment with its model, so every peer builds the model the network declares;
+models are written in network config files (``networks/models.toml`` holds the built-in ones).
 """
 
 from __future__ import annotations
@@ -23,22 +25,15 @@ import numpy.typing as npt
 from .errors import InvalidMessage
 from .fields import read_list, read_object, read_str
 from .layers import (
-    GELU,
     MAX_ACTIVATION,
     MAX_DIM,
     MAX_RANK,
-    CausalSelfAttention,
-    Conv2D,
     Dense,
     Embedding,
-    Flatten,
     Layer,
-    LayerNorm,
     Matmul,
-    MaxPool2D,
     Params,
     ReLU,
-    Reshape,
     Residual,
     Shape,
     activation_shapes,
@@ -46,12 +41,11 @@ from .layers import (
     check_chain,
     forward_chain,
     init_chain,
-    layer_from_wire,
+    read_layers,
 )
 
 __all__ = [
     "MAX_ARTIFACT_METADATA_BYTES",
-    "MODELS",
     "OBJECTIVES",
     "ModelSpec",
     "Params",
@@ -118,6 +112,16 @@ class ModelSpec:
         return chain_param_shapes(self.layers, self.input_shape)
 
     @property
+    def classes(self) -> int:
+        """The classes a classifier tells apart, or a next-token model's vocabulary (its output's last axis)."""
+        return activation_shapes(self.layers, self.input_shape)[-1][-1]
+
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether the model takes token ids (its first layer is an embedding) rather than pixels."""
+        return isinstance(self.layers[0], Embedding)
+
+    @property
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.shapes.values())
 
@@ -152,14 +156,14 @@ class ModelSpec:
         return cls(
             name=read_str(d, "name", max_len=64),
             input_shape=tuple(read_list(d, "input_shape", _size, max_len=MAX_RANK)),
-            layers=tuple(read_list(d, "layers", layer_from_wire, max_len=64)),
+            layers=read_layers(d, "layers"),
             objective=read_str(d, "objective", max_len=16),
         )
 
 
 def _size(value: object) -> int:
     if type(value) is not int:
-        raise InvalidMessage("expected an integer")
+        raise InvalidMessage("field 'input_shape' must be a list of integers")
     return value
 
 
@@ -170,41 +174,6 @@ def mlp(name: str, layer_sizes: Sequence[int]) -> ModelSpec:
         layers += [ReLU(f"relu{i - 1}")] if i else []
         layers.append(Dense(f"dense{i}", units))
     return ModelSpec(name, (layer_sizes[0],), tuple(layers))
-
-
-def _char_lm(name: str, *, context: int, width: int, blocks: int, heads: int) -> ModelSpec:
-    """A byte-level pre-LN transformer: embedding, ``blocks`` x (attention, MLP) residuals, norm, head."""
-    layers: list[Layer] = [Embedding("embed", 256, width, context)]
-    for i in range(blocks):
-        layers.append(Residual(f"attn{i}", (LayerNorm("norm"), CausalSelfAttention("self", heads))))
-        layers.append(
-            Residual(f"mlp{i}", (LayerNorm("norm"), Dense("fc", 4 * width), GELU("gelu"), Dense("proj", width)))
-        )
-    layers += [LayerNorm("norm"), Dense("head", 256)]
-    return ModelSpec(name, (context,), tuple(layers), "next-token")
-
-
-MODELS: dict[str, ModelSpec] = {
-    "mnist-mlp": mlp("mnist-mlp", (784, 128, 10)),
-    "mnist-cnn": ModelSpec(
-        "mnist-cnn",
-        (784,),
-        (
-            Reshape("image", (28, 28, 1)),
-            Conv2D("conv0", 8, 5),
-            ReLU("relu0"),
-            MaxPool2D("pool0"),
-            Conv2D("conv1", 16, 5),
-            ReLU("relu1"),
-            MaxPool2D("pool1"),
-            Flatten("flatten"),
-            Dense("dense0", 128),
-            ReLU("relu2"),
-            Dense("dense1", 10),
-        ),
-    ),
-    "char-lm": _char_lm("char-lm", context=64, width=64, blocks=2, heads=4),
-}
 
 
 def init_params(spec: ModelSpec, seed: int) -> Params:

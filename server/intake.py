@@ -44,7 +44,6 @@ from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
-from protocol.model import MODELS
 from protocol.signing import b64encode
 from protocol.updates import read_artifact
 from protocol.window import lease_covers
@@ -77,11 +76,11 @@ async def _store_artifact(
     model under ``codec`` (candidates: the experiment's; heads: plain float32 parameters), and no larger
     than the experiment's model allows (``EdgeState.artifact_limit``: over HTTP and the relay alike)."""
     if len(artifact) > (limit := state.artifact_limit(spec.key)):
-        raise TooLarge(f"an artifact of {len(artifact)} bytes; {spec.model} artifacts are at most {limit}")
+        raise TooLarge(f"an artifact of {len(artifact)} bytes; {spec.model.name} artifacts are at most {limit}")
 
     def work() -> None:
         verify_content(artifact, cid)
-        read_artifact(MODELS[spec.model], artifact, codec)
+        read_artifact(spec.model, artifact, codec)
         state.blobs.put(artifact, cid)
 
     await anyio.to_thread.run_sync(work)

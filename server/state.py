@@ -17,7 +17,6 @@ from datasets.layout import manifest_path, read_train_manifest
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
-from protocol.model import MODELS
 from protocol.signing import PureSigner
 
 from .admission import Admission
@@ -105,7 +104,7 @@ class EdgeState:
     def artifact_limit(self, key: ExperimentKey | str) -> int:
         """The largest artifact of ``key``: its model's float32 parameters and header (``max_artifact_bytes``
         is the ceiling for every experiment), so a small model's uploads are refused early."""
-        return min(self.settings.max_artifact_bytes, MODELS[self.experiment(key).model].max_artifact_bytes)
+        return min(self.settings.max_artifact_bytes, self.experiment(key).model.max_artifact_bytes)
 
     def inline_limit(self, key: ExperimentKey | str) -> int:
         """The largest artifact of ``key`` one request body may carry (``max_inline_bytes``); a larger

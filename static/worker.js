@@ -3,8 +3,8 @@
 // Messages in: {type: "start", edgeUrl, experiment, token?, heads?, workers?} | {type: "stop"} |
 // {type: "pause", reason} | {type: "resume"} | {type: "share", share} (the fraction of a core to use,
 // browser_peer/guest.py) | {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in
-// a helper, below) | {type: "benchmark", model, batchSize, steps} (answered with {type: "benchmark",
-// model, samples_per_s}).
+// a helper, below) | {type: "benchmark", model, batchSize, steps} (model: a model spec as JSON, its wire
+// form; answered with {type: "benchmark", model, samples_per_s}).
 // Messages out: {type: "status", status} | {type: "error", message} | {type: "part-done", id, result} |
 // {type: "part-failed", id, message}.
 // Heads from peers (heads: the page has WebRTC), answered by static/head_sharing.js: the messages below.

@@ -17,6 +17,7 @@ import pytest
 
 from native_peer import NodeBuilder, StorageConfig
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.models import builtin_model
 from native_peer.trainer import Trainer
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
@@ -24,14 +25,14 @@ from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import READ_PROOF_HEADER, Candidate, HeadDescriptor, Lease, LeaseGrant, PeerProof
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.signing import PureSigner, Signer, peer_id_from_public_key
 from protocol.updates import encode_update
 from server.settings import Settings
 
 VALIDATOR = PureSigner(b"\x11" * 32)
 EXPERIMENT = ExperimentKey.parse("study/mnist/rev-1")
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 def now_ms() -> int:
@@ -42,7 +43,7 @@ def experiment_spec(key: ExperimentKey = EXPERIMENT, **overrides: object) -> Exp
     options: dict[str, object] = {
         "key": key,
         "dataset_id": DatasetId("mnist"),
-        "model": "mnist-mlp",
+        "model": SPEC,
         "learning_rate": 1e-3,
         "batch_size": 64,
         "local_epochs": 1,

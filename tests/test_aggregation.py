@@ -8,6 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from native_peer.models import builtin_model
 from protocol.aggregation import (
     AGGREGATORS,
     AggregationContext,
@@ -29,9 +30,9 @@ from protocol.aggregation import (
     unflatten,
     weighted_mean,
 )
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 def test_fedavg_matches_the_formula_in_float64() -> None:

@@ -216,7 +216,6 @@ def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> 
 
 def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork) -> None:
     from browser_peer.progress import Progress, storage_key
-    from protocol.model import MODELS
 
     spec = stack.network.experiment(BASELINE)
     storage: dict[str, bytes] = {}  # one browser profile's IndexedDB, across two page loads
@@ -235,12 +234,12 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     first, second = peers
     assert first.status["windows_done"] == 1 and second.status["windows_done"] == 2
     assert second.status["resumed_steps"] == 62  # one window of 62 Adam steps, carried over
-    saved = Progress.decode(storage[storage_key(BASELINE)], BASELINE, MODELS[spec.model], spec.learning_rate)
+    saved = Progress.decode(storage[storage_key(BASELINE)], BASELINE, spec.model, spec.learning_rate)
     assert saved is not None and saved.optimizer.count == 2 * 62 and saved.windows_done == 2
     assert saved.last_base is not None and saved.residual is not None  # int8 codec: its residual is kept
     # another experiment's (or a damaged) state is never used
-    assert Progress.decode(storage[storage_key(BASELINE)], "study/other/rev-1", MODELS[spec.model], 1e-3) is None
-    assert Progress.decode(b"\x00" * 16, BASELINE, MODELS[spec.model], 1e-3) is None
+    assert Progress.decode(storage[storage_key(BASELINE)], "study/other/rev-1", spec.model, 1e-3) is None
+    assert Progress.decode(b"\x00" * 16, BASELINE, spec.model, 1e-3) is None
 
 
 STAGE_IDLE_S = 1.0

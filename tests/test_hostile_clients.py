@@ -20,12 +20,13 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from native_peer.models import builtin_model
 from protocol.codec import encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import HeadId
 from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.signing import PureSigner, b64encode, canonical_json
 from server.admission import REVOCATION_CHECK_S, issue_token, token_id
 from server.connections import ACCEPT_BACKLOG, FD_RESERVE, ConnectionLimits
@@ -48,7 +49,7 @@ from .support import (
 )
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 def _start(tmp_path: Path, dataset_root: Path, **settings: object) -> BackgroundEdge:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from native_peer.models import builtin_model
 from protocol.aggregation import flatten, fltrust_trimmed_mean
 from protocol.codec import encode_tensors
 from protocol.hashing import content_id
@@ -22,7 +23,7 @@ from protocol.judging import (
     staleness_weight,
 )
 from protocol.messages import Candidate, HeadDescriptor, Lease
-from protocol.model import MODELS, evaluate, init_params
+from protocol.model import evaluate, init_params
 from protocol.reasons import Reason
 from protocol.screening import ACCEPT, PRESETS
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -30,7 +31,7 @@ from protocol.trust import TrustBook
 
 from .support import EXPERIMENT
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 EDGE = PureSigner(b"\xee" * 32)
 TRAINER = PureSigner(b"\x61" * 32)
 HEAD = HeadId(content_id(b"current head"))

@@ -11,6 +11,7 @@ rejected.
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 from browser_peer.numpy_trainer import fastest_matmul, gradients
 from native_peer.jax_layers import apply_layer
 from native_peer.learner import Evaluator, spec_learner
+from native_peer.models import builtin_model, builtin_models, read_models
 from protocol.errors import InvalidMessage
 from protocol.layers import (
     GELU,
@@ -36,7 +38,7 @@ from protocol.layers import (
     Reshape,
     Residual,
 )
-from protocol.model import MODELS, ModelSpec, evaluate, forward, init_params, mlp
+from protocol.model import ModelSpec, evaluate, forward, init_params, mlp
 
 BATCH = 3
 LAYERS: list[tuple[Layer, tuple[int, ...]]] = [
@@ -118,11 +120,30 @@ def _batch(spec: ModelSpec, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if spec.objective == "next-token":
         tokens = rng.integers(0, 256, (n, spec.input_shape[0] + 1))
         return tokens[:, :-1].astype(np.float32), tokens[:, 1:].astype(np.int32)
-    classes = spec.shapes[list(spec.shapes)[-1]][0]
-    return rng.random((n, *spec.input_shape), np.float32), rng.integers(0, classes, n).astype(np.int32)
+    return rng.random((n, *spec.input_shape), np.float32), rng.integers(0, spec.classes, n).astype(np.int32)
 
 
 MATMULS: dict[str, Callable[..., Any]] = {"numpy": np.matmul, "blas": fastest_matmul()[0]}
+# the built-in models, and one a network config declares: layers chained as no built-in chains them
+MODELS = {
+    **builtin_models(),
+    **read_models(
+        tomllib.loads("""
+[models.digits-cnn]
+input_shape = [64]
+layers = [
+  { type = "reshape", name = "image", shape = [8, 8, 1] },
+  { type = "conv2d", name = "conv0", filters = 4, kernel_size = 3, padding = "valid" },
+  { type = "gelu", name = "gelu0" },
+  { type = "maxpool2d", name = "pool0", window = 3 },
+  { type = "flatten", name = "flatten" },
+  { type = "layernorm", name = "norm" },
+  { type = "residual", name = "block", layers = [{ type = "dense", name = "fc", units = 16 }, { type = "relu", name = "relu" }] },
+  { type = "dense", name = "head", units = 7 },
+]
+""")["models"]
+    ),
+}
 
 
 @pytest.mark.parametrize("matmul", sorted(MATMULS))
@@ -170,14 +191,14 @@ def test_mlp_init_is_he_normal_drawn_kernel_by_kernel() -> None:
         "dense1.kernel": (rng.standard_normal((128, 10)) * np.sqrt(2.0 / 128)).astype(np.float32),
         "dense1.bias": np.zeros(10, np.float32),
     }
-    params = init_params(MODELS["mnist-mlp"], 7)
-    assert list(params) == list(expected) == list(MODELS["mnist-mlp"].shapes)
+    params = init_params(builtin_model("mnist-mlp"), 7)
+    assert list(params) == list(expected) == list(builtin_model("mnist-mlp").shapes)
     for name, value in expected.items():
         assert params[name].tobytes() == value.tobytes(), name
 
 
 def test_spec_learner_init_is_the_shared_init() -> None:
-    spec = MODELS["mnist-cnn"]
+    spec = builtin_model("mnist-cnn")
     learner = spec_learner(spec)
     first = learner.to_tensors(learner.init(jax.random.PRNGKey(1)))
     again = learner.to_tensors(learner.init(jax.random.PRNGKey(1)))
@@ -194,7 +215,7 @@ def test_model_specs_survive_their_wire_form(model: str) -> None:
 
 
 def _wire(**changes: Any) -> dict[str, Any]:
-    return {**MODELS["mnist-cnn"].to_wire(), **changes}
+    return {**builtin_model("mnist-cnn").to_wire(), **changes}
 
 
 def _classifier(*layers: dict[str, Any], input_shape: list[int] | None = None) -> dict[str, Any]:
@@ -264,14 +285,14 @@ HOSTILE: dict[str, object] = {
         {"type": "conv2d", "name": "c", "filters": 2, "kernel_size": 1, "padding": "circular"},
     ),
     "heads that do not divide the width": {
-        **MODELS["char-lm"].to_wire(),
+        **builtin_model("char-lm").to_wire(),
         "layers": [
             {"type": "embedding", "name": "e", "vocab": 256, "dim": 6, "max_len": 64},
             {"type": "attention", "name": "a", "heads": 4},
             {"type": "dense", "name": "h", "units": 256},
         ],
     },
-    "context beyond the embedding": {**MODELS["char-lm"].to_wire(), "input_shape": [65]},
+    "context beyond the embedding": {**builtin_model("char-lm").to_wire(), "input_shape": [65]},
     "eps out of range": _classifier({"type": "layernorm", "name": "n", "eps": 1.0}, DENSE),
     "unknown model field": _wire(code="print(1)"),
 }

@@ -22,6 +22,7 @@ from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.learner import TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
+from native_peer.models import builtin_model
 from native_peer.trainer import Trainer
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
@@ -29,7 +30,7 @@ from protocol.codec import decode_tensors
 from protocol.ids import ContentId
 from protocol.manifests import ExperimentSpec, FetchManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.reasons import Reason
 from protocol.shards import decode_shard, decode_shard_stored, feature_scale
 from protocol.signing import peer_id_from_public_key
@@ -40,7 +41,7 @@ from tools.networks import BASELINE, LOW_LR, mnist_network
 
 from .support import candidate_envelope, edge_settings, mnist_trainer
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from native_peer.models import builtin_model
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from tools.cli import main as tools_main
@@ -17,7 +18,7 @@ KEY = b"\x07" * 32
 GOOD = """
 [[experiments]]
 key = "study/mine/rev-1"
-dataset_id = "pystdlib"
+dataset_id = "mnist"
 model = "mnist-mlp"
 learning_rate = 1e-3
 batch_size = 32
@@ -33,7 +34,7 @@ def _old_preset(key: bytes) -> NetworkManifest:
 
     def spec(experiment: ExperimentKey, learning_rate: float) -> ExperimentSpec:
         return ExperimentSpec(
-            experiment, DatasetId("mnist"), "mnist-mlp", learning_rate, 64, 1, 4,
+            experiment, DatasetId("mnist"), builtin_model("mnist-mlp"), learning_rate, 64, 1, 4,
             min_candidates=1, window_timeout_s=30.0, screening="balanced",
         )  # fmt: skip
 
@@ -48,19 +49,20 @@ def test_the_demo_network_file_gives_the_network_the_demo_always_ran() -> None:
     assert mnist_network(KEY).to_wire() == _old_preset(KEY).to_wire()
 
 
-def test_init_network_reads_experiments_from_a_toml_or_json_file(tmp_path: Path) -> None:
+def test_init_network_reads_experiments_from_a_toml_or_json_file(tmp_path: Path, dataset_root: Path) -> None:
     (tmp_path / "mine.toml").write_text(GOOD)
-    storage = ["--validator-storage", str(tmp_path / "v")]
+    storage = ["--validator-storage", str(tmp_path / "v"), "--datasets", str(dataset_root)]
     tools_main(
         ["init-network", *storage, "--out", str(tmp_path / "mine.json"), "--config", str(tmp_path / "mine.toml")]
     )
     network = NetworkManifest.from_wire(json.loads((tmp_path / "mine.json").read_text()))
     (spec,) = network.experiments
     assert (spec.key, spec.dataset_id, spec.learning_rate, spec.batch_size, spec.local_epochs) == (
-        "study/mine/rev-1", "pystdlib", 1e-3, 32, 2,
+        "study/mine/rev-1", "mnist", 1e-3, 32, 2,
     )  # fmt: skip
     assert (spec.codec, spec.outer_optimizer, spec.window_timeout_s) == ("fp32", "fedavg", 60.0)  # the defaults
-    (tmp_path / "mine.config.json").write_text(json.dumps({"experiments": [spec.to_wire()]}))
+    assert spec.model == builtin_model("mnist-mlp")  # the manifest carries the model's whole spec
+    (tmp_path / "mine.config.json").write_text(json.dumps({"experiments": [spec.to_wire() | {"model": "mnist-mlp"}]}))
     assert read_experiments(tmp_path / "mine.config.json") == (spec,)
     tools_main(["init-network", *storage, "--out", str(tmp_path / "demo.json")])  # no --config: the demo's file
     demo = NetworkManifest.from_wire(json.loads((tmp_path / "demo.json").read_text()))
@@ -78,7 +80,7 @@ BAD = {
     "bad key": (GOOD.replace("study/mine/rev-1", "mine"), "experiment mine: "),
     "listed twice": (GOOD + GOOD, "experiment study/mine/rev-1 is listed twice"),
     "no experiments": ("experiments = []\n", "`experiments` must be a non-empty list of tables"),
-    "other top-level field": (GOOD + "[network]\nquorum = 2\n", "expected exactly one field, `experiments`"),
+    "other top-level field": (GOOD + "[network]\nquorum = 2\n", "expected `experiments` and, optionally, `models`"),
     "not TOML": ("[[experiments]\n", "bad.toml: "),
 }
 

@@ -22,6 +22,7 @@ import pytest
 from native_peer import StorageConfig, Validator, ValidatorConfig
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
+from native_peer.models import builtin_model
 from protocol.aggregation import flatten
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors, encode_tensors
@@ -32,7 +33,7 @@ from protocol.ids import ContentId
 from protocol.judging import Submission, judge_window
 from protocol.manifests import ExperimentSpec
 from protocol.messages import HeadDescriptor
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.outer import OuterOptimizer, decode_state, encode_state
 from protocol.screening import ACCEPT, PRESETS
 from server.serve import BackgroundEdge
@@ -40,7 +41,7 @@ from tools.networks import BASELINE, mnist_network
 
 from .support import edge_settings, mnist_trainer
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 NESTEROV = OuterOptimizer("nesterov", 0.7, 0.9)
 
 

@@ -19,9 +19,9 @@ from browser_peer.numpy_trainer import Adam, gradients, train_epoch
 from datasets.layout import load_split
 from native_peer.learner import BatchLoader, TrainEngine
 from native_peer.mnist import mlp_learner
-from protocol.model import MODELS
+from native_peer.models import builtin_model
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 @pytest.fixture(scope="module")

@@ -214,9 +214,9 @@ def test_an_attestation_must_name_exactly_the_proposed_head(quorum_env: Env, dat
     assert response.status_code == 201 and _current(edge) is not None
 
 
-def test_init_network_writes_a_k_of_n_manifest(tmp_path: Path) -> None:
+def test_init_network_writes_a_k_of_n_manifest(tmp_path: Path, dataset_root: Path) -> None:
     storages = [str(tmp_path / f"v{i}") for i in range(3)]
-    argv = [arg for path in storages for arg in ("--validator-storage", path)]
+    argv = [arg for path in storages for arg in ("--validator-storage", path)] + ["--datasets", str(dataset_root)]
     tools_main(["init-network", *argv, "--quorum", "2", "--out", str(tmp_path / "network.json")])
     network = NetworkManifest.from_wire(json.loads((tmp_path / "network.json").read_text()))
     assert network.quorum == 2 and len(network.validator_key_set) == 3

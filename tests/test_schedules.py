@@ -13,9 +13,9 @@ import optax
 import pytest
 
 from native_peer.learner import TrainEngine, adam, at_learning_rate, scan_lengths, spec_learner
+from native_peer.models import builtin_model
 from protocol.errors import InvalidMessage
 from protocol.manifests import ExperimentSpec
-from protocol.model import MODELS
 
 from .support import experiment_spec
 
@@ -42,7 +42,7 @@ def test_schedules_travel_on_the_wire_and_bad_ones_are_refused() -> None:
 
 
 def test_the_default_native_optimizer_follows_the_schedule_and_is_adam_at_that_rate() -> None:
-    model = MODELS["mnist-mlp"]
+    model = builtin_model("mnist-mlp")
     spec = replace(experiment_spec(), learning_rate=1e-3)
     learner = spec_learner(model)
     params = learner.init(jax.random.PRNGKey(0))
@@ -66,7 +66,7 @@ def test_an_epoch_runs_in_three_compiled_lengths_and_trains_as_one_scan() -> Non
     assert scan_lengths(77) == [32, 32, 8, 1, 1, 1, 1, 1] and scan_lengths(64) == [32, 32] and scan_lengths(0) == []
     assert {n for steps in range(1, 500) for n in scan_lengths(steps)} == {32, 8, 1}
     assert all(sum(scan_lengths(steps)) == steps for steps in range(500))
-    learner = spec_learner(MODELS["mnist-mlp"])
+    learner = spec_learner(builtin_model("mnist-mlp"))
     engine = TrainEngine(learner, adam(experiment_spec()))
     params = learner.init(jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)

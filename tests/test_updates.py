@@ -14,17 +14,18 @@ import pytest
 from native_peer import StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
+from native_peer.models import builtin_model
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import InvalidMessage, TooLarge
 from protocol.manifests import ExperimentSpec
-from protocol.model import MODELS, init_params
+from protocol.model import init_params
 from protocol.updates import INT8_BLOCK, decode_update, encode_update, layout, read_artifact
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, mnist_network
 
 from .support import edge_settings, mnist_trainer
 
-SPEC = MODELS["mnist-mlp"]
+SPEC = builtin_model("mnist-mlp")
 
 
 def _trained(seed: int, scale: float = 0.01) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -111,7 +112,7 @@ def test_artifacts_must_match_the_codecs_layout_and_size() -> None:
     with pytest.raises(InvalidMessage):
         read_artifact(SPEC, encode_tensors(fp16), "fp32")
     with pytest.raises(InvalidMessage):
-        replace(ExperimentSpec(BASELINE, "mnist", "mnist-mlp", 1e-3, 64, 1, 2), codec="int4")  # type: ignore[arg-type]
+        replace(ExperimentSpec(BASELINE, "mnist", SPEC, 1e-3, 64, 1, 2), codec="int4")  # type: ignore[arg-type]
 
 
 def test_a_network_trains_on_int8_updates(tmp_path: Path, dataset_root: Path) -> None:

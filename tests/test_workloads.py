@@ -6,18 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from lab.workloads import CNN, LM, WORKLOADS_NETWORK, sample_text, summary_markdown
-from protocol.model import MODELS, init_params
+from native_peer.models import builtin_model
+from protocol.model import init_params
 from tools.networks import read_experiments
 
 
 def test_the_workloads_network_runs_the_cnn_and_the_language_model() -> None:
     specs = {spec.key: spec for spec in read_experiments(WORKLOADS_NETWORK)}
-    assert (specs[CNN].model, specs[CNN].dataset_id) == ("mnist-cnn", "mnist")
-    assert (specs[LM].model, specs[LM].dataset_id) == ("char-lm", "pystdlib")
+    assert (specs[CNN].model, specs[CNN].dataset_id) == (builtin_model("mnist-cnn"), "mnist")
+    assert (specs[LM].model, specs[LM].dataset_id) == (builtin_model("char-lm"), "pystdlib")
 
 
 def test_the_sampler_continues_the_prompt_and_is_reproducible() -> None:
-    model = MODELS["char-lm"]
+    model = builtin_model("char-lm")
     params = init_params(model, 3)
     text = sample_text(model, params, b"def ", 80, seed=1)
     assert text.startswith("def ") and text == sample_text(model, params, b"def ", 80, seed=1)

@@ -13,7 +13,7 @@ from pathlib import Path
 from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
 from server.store import EdgeStore, open_store
 
-from .networks import MNIST_NETWORK, NetworkConfigError, write_network
+from .networks import DATASETS, MNIST_NETWORK, NetworkConfigError, write_network
 from .pyodide_runtime import CORE_SOURCES, PYODIDE_VERSION, copy_runtime, prepare_runtime
 
 __all__ = ["main"]
@@ -59,7 +59,9 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
 
 def cmd_init_network(args: argparse.Namespace) -> None:
     try:
-        network = write_network(args.validator_storage, args.out, args.network_id, args.quorum, args.config)
+        network = write_network(
+            args.validator_storage, args.out, args.network_id, args.quorum, args.config, args.datasets
+        )
     except NetworkConfigError as exc:
         raise SystemExit(str(exc)) from None
     print(f"wrote {args.out}: experiments {[s.key for s in network.experiments]}")
@@ -129,8 +131,14 @@ def main(argv: list[str] | None = None) -> None:
         "--config",
         type=Path,
         default=MNIST_NETWORK,
-        help="the network's experiments, TOML or .json (tools/networks.py describes the fields; default: the "
-        "demo's, networks/mnist.toml)",
+        help="the network's experiments and models, TOML or .json (tools/networks.py describes the fields, "
+        "docs/models.md the models; default: the demo's, networks/mnist.toml)",
+    )
+    init.add_argument(
+        "--datasets",
+        type=Path,
+        default=DATASETS,
+        help="the prepared datasets each experiment's model is checked against (shapes, classes)",
     )
     init.set_defaults(run=cmd_init_network)
 
