@@ -45,11 +45,15 @@ class NativeSocket:
 class NativeBridge:
     shares_heads = False
 
-    def __init__(self, storage: dict[str, bytes] | None = None, part_workers: int = 0) -> None:
+    def __init__(
+        self, storage: dict[str, bytes] | None = None, part_workers: int = 0, shards: dict[str, bytes] | None = None
+    ) -> None:
         self.runners = [PartRunner() for _ in range(part_workers)]  # each in a thread of its own when used
         self.statuses: list[dict[str, Any]] = []
         self.fetched: list[str] = []
+        self.received: list[tuple[str, int]] = []  # (url, body bytes) of every answer, in order
         self.storage = {} if storage is None else storage  # the tab's IndexedDB: pass one to share it
+        self.shards = {} if shards is None else shards  # its shard store, likewise
         self._http = httpx.AsyncClient(timeout=30)
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
@@ -59,6 +63,7 @@ class NativeBridge:
             response = await self._http.request(method, url, headers=headers, content=body)
         except httpx.TransportError as exc:
             raise OSError(f"{method} {url}: {exc}") from exc  # as pyfetch fails
+        self.received.append((url, len(response.content)))
         return HttpAnswer(response.status_code, dict(response.headers), response.content)
 
     async def connect(self, url: str) -> NativeSocket:
@@ -72,6 +77,19 @@ class NativeBridge:
 
     async def save(self, key: str, data: bytes) -> None:
         self.storage[key] = data
+
+    async def shard_keys(self) -> list[str]:
+        return list(self.shards)
+
+    async def shard_get(self, key: str) -> bytes | None:
+        return self.shards.get(key)
+
+    async def shard_put(self, key: str, data: bytes) -> bool:
+        self.shards[key] = data
+        return True
+
+    async def shard_delete(self, key: str) -> None:
+        self.shards.pop(key, None)
 
     def part_workers(self) -> int:
         return len(self.runners)

@@ -552,7 +552,7 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
     try:
         outcome = local.train_window_once(local.experiment(*BASELINE.parts))
         assert local.shards.local_reads == len(outcome.shard_ids) == spec.shards_per_lease  # only the leased ones
-        assert local.shards.downloads == 0 and not (root / "local/datasets").exists()  # read where they lie
+        assert local.shards.downloads == 0 and not (root / "local/shards").exists()  # read where they lie
         outcome = fallback.train_window_once(fallback.experiment(*BASELINE.parts))
         assert fallback.shards.local_reads == 0 and fallback.shards.downloads == len(outcome.shard_ids)
     finally:
