@@ -6,7 +6,8 @@ trainers run too: read the current head over HTTP (``head_to_train``: signed by 
 trained on yet), ask for a lease over the WebSocket (``check_lease``: edge-signed, for this head,
 this peer and experiment), download the head artifact and the leased shards it does not hold (each
 verified against its content id / the fetch-manifest's sha256; shards are kept by content across
-windows and page loads, ``shard_store``), train one window with Adam in NumPy in
+windows and page loads, ``shard_store``; a head whose parent it holds comes as a delta from it,
+``protocol.head_delta``), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
 frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
 frame limit is staged over HTTP in chunks first and published over HTTP too, by its envelope without
@@ -41,6 +42,7 @@ from protocol.codec import decode_tensors
 from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
+from protocol.head_delta import apply_delta
 from protocol.ids import ExperimentKey, HeadId, ShardId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
@@ -122,6 +124,7 @@ class BrowserPeer:
             "head_edge_bytes": 0,  # head artifacts from the edge (also in downloaded_bytes)
             "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
             "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
+            "head_delta_bytes": 0,  # heads as deltas from the edge (also in downloaded_bytes)
             "shard_downloads": 0,  # leased shards downloaded
             "shard_cache_hits": 0,  # leased shards read back from the shard store, verified
         }
@@ -148,6 +151,7 @@ class BrowserPeer:
         self._restored = False
         self._dropped: set[str] = set()
         self._shards = ShardStore(bridge, config.shard_cache_bytes)
+        self._held: tuple[HeadId, bytes] | None = None  # the last head's artifact: the next one's delta base
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -324,18 +328,39 @@ class BrowserPeer:
         self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, max_bytes: int
     ) -> bytes:
         """The head's artifact, verified by content id: from a peer that announced it where the host
-        reaches peers, else (none could, or one lied) from the edge. A held head is announced."""
+        reaches peers, else (none could, or one lied) from the edge: as a delta from the last head when
+        that is its parent, else whole. A held head is announced."""
         artifact = None
         if self.bridge.shares_heads:
             holders = await self._holders(socket, reader, head.head_id)
             sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
             artifact = None if sent is None else self._checked(sent, head.head_id)
         if artifact is None:
+            artifact = await self._from_delta(head, max_bytes)
+        if artifact is None:
             artifact = await self.http.download(head.head_id, max_bytes)
             self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
+        self._held = (head.head_id, artifact)
         if self.bridge.shares_heads:
             self.bridge.keep_head(head.head_id, artifact)
             await socket.send_text(json.dumps({"type": "have", "experiment": self.key, "head_id": head.head_id}))
+        return artifact
+
+    async def _from_delta(self, head: HeadDescriptor, max_bytes: int) -> bytes | None:
+        """``head``'s artifact rebuilt from the last head's and the edge's delta, when the last head is its
+        parent; None when it is not, the edge serves no delta, or the delta does not rebuild the head."""
+        if self._held is None or head.parent != self._held[0]:
+            return None
+        base_id, base = self._held
+        delta = await self.http.head_delta(self.key, head.head_id, base_id, max_bytes)
+        if delta is None:
+            return None
+        try:
+            artifact = apply_delta(base, base_id, delta, head.head_id)
+        except ProtocolError as exc:
+            self._report(phase=f"head {head.window}: its delta is unusable ({exc}); downloading the head")
+            return None
+        self._report(head_delta_bytes=self.status["head_delta_bytes"] + len(delta))
         return artifact
 
     async def _holders(self, socket: Socket, reader: asyncio.Task[None], head_id: HeadId) -> list[str]:
