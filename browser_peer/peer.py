@@ -93,6 +93,7 @@ class PeerConfig:
     piece_bytes: int = UPLOAD_CHUNK_BYTES  # heads larger than this come in Range pieces of this size
     train_ahead: bool = True  # lease and train the next window while the last is judged (``_train_ahead``)
     shard_cache_bytes: int = SHARD_CACHE_BYTES  # shards kept for later leases and page loads (``shard_store``)
+    head_deltas: bool = True  # a head whose parent the peer holds comes as a delta (``_from_delta``)
 
 
 class BrowserPeer:
@@ -349,7 +350,7 @@ class BrowserPeer:
     async def _from_delta(self, head: HeadDescriptor, max_bytes: int) -> bytes | None:
         """``head``'s artifact rebuilt from the last head's and the edge's delta, when the last head is its
         parent; None when it is not, the edge serves no delta, or the delta does not rebuild the head."""
-        if self._held is None or head.parent != self._held[0]:
+        if not self.config.head_deltas or self._held is None or head.parent != self._held[0]:
             return None
         base_id, base = self._held
         delta = await self.http.head_delta(self.key, head.head_id, base_id, max_bytes)

@@ -10,8 +10,8 @@ the browser's Python has too). Applying it is exact arithmetic modulo 2³²: the
 checked against H′'s content id, the id the validators signed, and are used only if they match.
 
 Exact means every bit of H′ travels: a window moves float32 weights by a few per cent of their size,
-which leaves about 20 of a word's 32 bits to send (a head delta of the MNIST MLP is about 0.67 × the
-head early in training, less as steps shrink; ``benchmarks.download_bytes``). A delta exists only
+which leaves about 20 of a word's 32 bits to send (the demo's MNIST MLP: 0.67 × the head over its
+first 40 windows, ``benchmarks.download_bytes``). A delta exists only
 between artifacts whose data sections have the same length, a multiple of 4 (heads of one model).
 
 The delta is itself a safetensors artifact (``protocol.codec``): tensors ``header`` (uint8, H′'s

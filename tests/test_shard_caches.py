@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from browser_peer.shard_store import INDEX_KEY, ShardStore
+from lab.browser_host import NativeBridge
 from protocol.content_cache import CacheIndex
 from protocol.manifests import FetchManifest, ShardEntry
-
-from .native_bridge import NativeBridge
 
 
 def test_the_index_keeps_the_most_recently_used_within_its_byte_capacity() -> None:
