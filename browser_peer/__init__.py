@@ -5,6 +5,7 @@
     guest          when and how much the peer may compute (paused, CPU share), as the page decides
     peer           BrowserPeer: join the relay, lease, fetch, train, sign, publish, repeat (pure
                    but for the bridge)
+    shard_store    the shards a tab keeps by content, across leases and page loads
     js_bridge      the only module that touches ``js`` / ``pyodide``: the bridge in a browser
     session        EdgeSession: the peer's HTTP to the edge (the upload and download plans)
     parts          one window on several cores of one tab, in parts

@@ -1,5 +1,5 @@
 """What the browser peer needs from its host, as a small interface: HTTP, a WebSocket, status
-reports, durable storage and other peers' copies of heads.
+reports, durable storage (small values, and shards by content) and other peers' copies of heads.
 
 ``js_bridge.JsBridge`` implements it with ``pyfetch`` and ``js.WebSocket`` inside Pyodide, and heads
 from peers through the page's WebRTC connections (``static/head_sharing.js``); tests implement it
@@ -64,6 +64,22 @@ class Bridge(Protocol):
         ...
 
     async def save(self, key: str, data: bytes) -> None: ...
+
+    # -- shards by content (``shard_store.ShardStore`` keeps their index) -------------------------
+    async def shard_keys(self) -> list[str]:
+        """The keys of every stored shard."""
+        ...
+
+    async def shard_get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or None (never stored, or lost); unchecked."""
+        ...
+
+    async def shard_put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key``: durably where the host can (IndexedDB), else in memory; False
+        when it could not be stored at all."""
+        ...
+
+    async def shard_delete(self, key: str) -> None: ...
 
     def part_workers(self) -> int:
         """Other workers ready to train parts of a window (``browser_peer.parts``); 0: this one alone."""

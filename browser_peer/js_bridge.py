@@ -103,6 +103,19 @@ class JsBridge:
     async def save(self, key: str, data: bytes) -> None:
         await js.dtnSave(key, to_js(data))
 
+    async def shard_keys(self) -> list[str]:
+        return [str(key) for key in (await js.dtnShardKeys()).to_py()]  # static/worker.js: IndexedDB or memory
+
+    async def shard_get(self, key: str) -> bytes | None:
+        value = await js.dtnShardGet(key)
+        return None if value is None else bytes(value.to_bytes())
+
+    async def shard_put(self, key: str, data: bytes) -> bool:
+        return bool(await js.dtnShardPut(key, to_js(data)))
+
+    async def shard_delete(self, key: str) -> None:
+        await js.dtnShardDelete(key)
+
     def part_workers(self) -> int:
         return int(js.dtnPartWorkers())  # static/worker.js: the helpers that have loaded the runtime
 

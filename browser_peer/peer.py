@@ -4,8 +4,10 @@ A session: open the relay WebSocket, sign the edge's challenge with the tab's ke
 the experiment's heads and verdicts. A window follows ``protocol.window``, the routine native
 trainers run too: read the current head over HTTP (``head_to_train``: signed by a validator, not
 trained on yet), ask for a lease over the WebSocket (``check_lease``: edge-signed, for this head,
-this peer and experiment), download the head artifact and only the leased shards (each verified
-against its content id / the fetch-manifest's sha256), train one window with Adam in NumPy in
+this peer and experiment), download the head artifact and the leased shards it does not hold (each
+verified against its content id / the fetch-manifest's sha256; shards are kept by content across
+windows and page loads, ``shard_store``; a head whose parent it holds comes as a delta from it,
+``protocol.head_delta``), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
 frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
 frame limit is staged over HTTP in chunks first and published over HTTP too, by its envelope without
@@ -40,7 +42,8 @@ from protocol.codec import decode_tensors
 from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
-from protocol.ids import ExperimentKey, HeadId
+from protocol.head_delta import apply_delta
+from protocol.ids import ExperimentKey, HeadId, ShardId
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import ModelSpec, Params
@@ -56,12 +59,14 @@ from .numpy_trainer import Adam, fastest_matmul
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
 from .progress import Progress, storage_key
 from .session import EdgeSession, HttpError
+from .shard_store import ShardStore
 
 __all__ = ["BrowserPeer", "PeerConfig"]
 
 STATUS_EVERY_BATCHES = 8
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
+SHARD_CACHE_BYTES = 128 << 20  # all of MNIST's training shards (37 MB) fit, several times over
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ class PeerConfig:
     token: str | None = None  # admission token, for networks that require one
     piece_bytes: int = UPLOAD_CHUNK_BYTES  # heads larger than this come in Range pieces of this size
     train_ahead: bool = True  # lease and train the next window while the last is judged (``_train_ahead``)
+    shard_cache_bytes: int = SHARD_CACHE_BYTES  # shards kept for later leases and page loads (``shard_store``)
+    head_deltas: bool = True  # a head whose parent the peer holds comes as a delta (``_from_delta``)
 
 
 class BrowserPeer:
@@ -118,6 +125,9 @@ class BrowserPeer:
             "head_edge_bytes": 0,  # head artifacts from the edge (also in downloaded_bytes)
             "head_peer_bytes": 0,  # head artifacts from other peers, verified (also in downloaded_bytes)
             "peers_dropped": [],  # peers that sent a head's bytes wrong, never asked again
+            "head_delta_bytes": 0,  # heads as deltas from the edge (also in downloaded_bytes)
+            "shard_downloads": 0,  # leased shards downloaded
+            "shard_cache_hits": 0,  # leased shards read back from the shard store, verified
         }
         self.http = EdgeSession(
             bridge,
@@ -141,6 +151,8 @@ class BrowserPeer:
         self._ahead: _Trained | None = None  # the next window's lease, trained before its head existed
         self._restored = False
         self._dropped: set[str] = set()
+        self._shards = ShardStore(bridge, config.shard_cache_bytes)
+        self._held: tuple[HeadId, bytes] | None = None  # the last head's artifact: the next one's delta base
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -231,10 +243,12 @@ class BrowserPeer:
             await socket.close()
 
     async def _restore(self, spec: ExperimentSpec) -> None:
-        """Once per page load: the optimizer, residual and progress a previous load saved (``progress``)."""
+        """Once per page load: the optimizer, residual and progress a previous load saved (``progress``),
+        and the shards it kept (``shard_store``)."""
         if self._restored:
             return
         self._restored = True
+        await self._shards.open()
         saved = await self.bridge.load(storage_key(self.key))
         progress = None if saved is None else Progress.decode(saved, self.key, spec.model, spec.learning_rate)
         if progress is not None:
@@ -315,18 +329,39 @@ class BrowserPeer:
         self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, max_bytes: int
     ) -> bytes:
         """The head's artifact, verified by content id: from a peer that announced it where the host
-        reaches peers, else (none could, or one lied) from the edge. A held head is announced."""
+        reaches peers, else (none could, or one lied) from the edge: as a delta from the last head when
+        that is its parent, else whole. A held head is announced."""
         artifact = None
         if self.bridge.shares_heads:
             holders = await self._holders(socket, reader, head.head_id)
             sent = await self.bridge.fetch_head(head.head_id, holders, max_bytes) if holders else None
             artifact = None if sent is None else self._checked(sent, head.head_id)
         if artifact is None:
+            artifact = await self._from_delta(head, max_bytes)
+        if artifact is None:
             artifact = await self.http.download(head.head_id, max_bytes)
             self._report(head_edge_bytes=self.status["head_edge_bytes"] + len(artifact))
+        self._held = (head.head_id, artifact)
         if self.bridge.shares_heads:
             self.bridge.keep_head(head.head_id, artifact)
             await socket.send_text(json.dumps({"type": "have", "experiment": self.key, "head_id": head.head_id}))
+        return artifact
+
+    async def _from_delta(self, head: HeadDescriptor, max_bytes: int) -> bytes | None:
+        """``head``'s artifact rebuilt from the last head's and the edge's delta, when the last head is its
+        parent; None when it is not, the edge serves no delta, or the delta does not rebuild the head."""
+        if not self.config.head_deltas or self._held is None or head.parent != self._held[0]:
+            return None
+        base_id, base = self._held
+        delta = await self.http.head_delta(self.key, head.head_id, base_id, max_bytes)
+        if delta is None:
+            return None
+        try:
+            artifact = apply_delta(base, base_id, delta, head.head_id)
+        except ProtocolError as exc:
+            self._report(phase=f"head {head.window}: its delta is unusable ({exc}); downloading the head")
+            return None
+        self._report(head_delta_bytes=self.status["head_delta_bytes"] + len(delta))
         return artifact
 
     async def _holders(self, socket: Socket, reader: asyncio.Task[None], head_id: HeadId) -> list[str]:
@@ -462,6 +497,24 @@ class BrowserPeer:
         check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key, ahead=True)
         return await self._train(spec, head.window + 1, grant, published)
 
+    async def _shard(self, grant: LeaseGrant, shard_id: ShardId) -> bytes:
+        """A leased shard's bytes, verified: from the shard store, else downloaded with the lease and kept."""
+        assert self._manifest is not None
+        entry = self._manifest.shard(shard_id)
+        data = await self._shards.get(entry)
+        if data is not None:
+            self.status["shard_cache_hits"] += 1
+            return data
+        lease = grant.lease
+        data = await self.http.fetch(
+            f"/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}",
+            {LEASE_SECRET_HEADER: grant.secret},
+        )
+        verify_shard(entry, data)
+        await self._shards.keep(entry, data)
+        self.status["shard_downloads"] += 1
+        return data
+
     async def _train(
         self, spec: ExperimentSpec, window: int, grant: LeaseGrant, params: dict[str, np.ndarray]
     ) -> _Trained:
@@ -474,17 +527,9 @@ class BrowserPeer:
             self._manifest = FetchManifest.from_wire(
                 await self.http.fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
             )
-        xs, ys = [], []
-        for shard_id in lease.shard_ids:
-            data = await self.http.fetch(
-                f"/v1/datasets/{lease.dataset_id}/shards/{shard_id}?lease={lease.lease_id}",
-                {LEASE_SECRET_HEADER: grant.secret},
-            )
-            verify_shard(self._manifest.shard(shard_id), data)
-            x, y = decode_shard(data)
-            xs.append(x)
-            ys.append(y)
-        x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+        shards = [decode_shard(await self._shard(grant, shard_id)) for shard_id in lease.shard_ids]
+        await self._shards.save()
+        x_all, y_all = np.concatenate([x for x, _ in shards]), np.concatenate([y for _, y in shards])
         if self._optimizer is None:
             self._optimizer = Adam(spec.learning_rate)
         self._optimizer.learning_rate = spec.learning_rate_at(window)  # the experiment's schedule

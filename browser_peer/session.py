@@ -89,6 +89,16 @@ class EdgeSession:
         assert isinstance(data, bytes)
         return data
 
+    async def head_delta(self, key: ExperimentKey, head_id: HeadId, base: HeadId, max_bytes: int) -> bytes | None:
+        """Head ``head_id`` as a delta from its parent ``base`` (``protocol.head_delta``; unchecked): None
+        when the edge serves none, the transfer fails or it sends more than ``max_bytes`` (the caller
+        downloads the head instead)."""
+        try:
+            answer = await self.request("GET", f"/v1/experiments/{key}/heads/{head_id}/delta?from={base}")
+        except OSError:
+            return None
+        return answer.body if answer.status == 200 and len(answer.body) <= max_bytes else None
+
     async def publish_staged(self, key: ExperimentKey, candidate: Candidate, artifact: bytes) -> str:
         """Stage the candidate's ``artifact`` and publish it by ``POST …/candidates`` (``StagedUpload``, as
         native trainers do), not on the relay: the POST names the stage, so a balancer in front of

@@ -8,8 +8,9 @@
     simulated   simulated trainers: many real identities in one process, for the fleet benchmark
     attacks  the attack suite: the validators' real rules against attackers on real MNIST updates
     charts   a dependency-free SVG accuracy chart
+    browser_host  the browser peer's host under CPython (httpx, websockets): its code as a tab runs it
     cli      ``python -m lab demo | attack-suite | stack``
 
-``lab`` sits on top: it imports ``tools``, ``native_peer``, ``server``, ``datasets`` and ``protocol``;
-nothing but tests and benchmarks imports ``lab``.
+``lab`` sits on top: it imports ``tools``, ``native_peer``, ``browser_peer``, ``server``, ``datasets``
+and ``protocol``; nothing but tests and benchmarks imports ``lab``.
 """

@@ -1,10 +1,11 @@
 """Shards, lease by lease: downloaded with the lease, verified against the fetch-manifest, cached.
 
-A cached shard is re-verified before use, so a corrupted cache is refetched, never trained on. Decoded
-shards are also kept in memory as stored, uint8 (``protocol.shards.decode_shard_stored``: the trainer's
-compiled step scales them), least recently used first out, ``memory_bytes`` at most, keyed by their
-manifest hash: a trainer leasing a shard again trains on the examples it verified and decoded
-before, instead of re-reading, re-hashing and re-decoding them every window. With
+Shards are kept by the rule of ``protocol.content_cache``, keyed by their fetch-manifest sha256 (leases
+differ from window to window, the bytes do not): on disk, each file verified again before use, so a
+corrupted cache is refetched, never trained on; and decoded in memory as stored, uint8
+(``protocol.shards.decode_shard_stored``: the trainer's compiled step scales them), least recently
+used first out, ``memory_bytes`` at most: a trainer leasing a shard again trains on the examples it
+verified and decoded before, instead of re-reading, re-hashing and re-decoding them every window. With
 ``local_datasets`` (``TrainerBuilder.with_sharded_dataset``) a leased shard is read from a prepared
 copy on disk instead (``datasets.layout``: ``<dir>/<dataset>/train/<locator>``), verified against the
 fetch-manifest the edge serves like a download; one that is missing there or differs is downloaded.
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from datasets.layout import shard_path
+from protocol.content_cache import CacheIndex
 from protocol.errors import IntegrityError
 from protocol.manifests import ShardEntry
 from protocol.messages import LeaseGrant
@@ -56,8 +57,8 @@ class ShardCache:
         self.memory_hits = 0  # shards served decoded from memory
         self.local_reads = 0
         self.downloads = 0
-        self._memory: OrderedDict[tuple[str, str], Examples] = OrderedDict()
-        self._held = 0  # bytes of decoded shards in memory
+        self._memory: dict[str, Examples] = {}  # decoded shards by content, as ``_kept`` says
+        self._kept = CacheIndex(memory_bytes)
         self._lock = threading.Lock()  # the pool's threads share the memory cache
 
     def _local_bytes(self, dataset_id: str, entry: ShardEntry) -> bytes | None:
@@ -81,7 +82,7 @@ class ShardCache:
         local = self._local_bytes(lease.dataset_id, entry)
         if local is not None:
             return local
-        path = self.storage.shard_path(lease.dataset_id, shard_id)
+        path = self.storage.shard_path(entry.sha256)
         if path.exists():
             data = path.read_bytes()
             try:
@@ -100,21 +101,17 @@ class ShardCache:
         """One leased shard's uint8 arrays (read-only): from memory, else verified bytes decoded."""
         manifest = self.edge.fetch_manifest(grant.lease.dataset_id)
         entry = manifest.shard(shard_id)
-        key = (grant.lease.dataset_id, entry.sha256)
         with self._lock:
-            if key in self._memory:
-                self._memory.move_to_end(key)
+            if self._kept.touch(entry.sha256):
                 self.memory_hits += 1
-                return self._memory[key]
+                return self._memory[entry.sha256]
         x, y, _ = decode_shard_stored(self._shard_bytes(grant, shard_id), manifest.features)
         x.flags.writeable = y.flags.writeable = False  # shared by every lease that holds the shard
         with self._lock:
-            if key not in self._memory and x.nbytes + y.nbytes <= self.memory_bytes:
-                self._memory[key] = (x, y)
-                self._held += x.nbytes + y.nbytes
-                while self._held > self.memory_bytes:
-                    _, (old_x, old_y) = self._memory.popitem(last=False)
-                    self._held -= old_x.nbytes + old_y.nbytes
+            if entry.sha256 not in self._kept:
+                self._memory[entry.sha256] = (x, y)
+                for dropped in self._kept.admit(entry.sha256, x.nbytes + y.nbytes):
+                    del self._memory[dropped]
         return x, y
 
     def prefetch(self, grant: LeaseGrant) -> list[Future[Examples]]:

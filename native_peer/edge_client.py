@@ -294,6 +294,24 @@ class EdgeClient:
         assert isinstance(step.value, bytes)
         return step.value
 
+    def head_delta(self, key: ExperimentKey, head_id: HeadId, base: HeadId, max_bytes: int) -> bytes | None:
+        """Head ``head_id`` as a delta from its parent ``base`` (``protocol.head_delta``; unchecked), in one
+        request: None when the edge serves none, the transfer fails or the answer runs past ``max_bytes``
+        (the caller downloads the head instead)."""
+        path = f"{self._experiment_path(key)}/heads/{head_id}/delta"
+        try:
+            with self._http.stream("GET", path, params={"from": base}) as response:
+                if response.status_code != 200:
+                    return None
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) > max_bytes:
+                        return None
+                return bytes(data)
+        except httpx.TransportError:
+            return None
+
     def _stream(self, plan: RangedDownload, step: Request, partial: Path) -> None:
         """One answer to ``step``, its body written to ``partial`` as it arrives, where ``plan`` says."""
         headers = {**step.headers, **self._read_proof(step.path)}

@@ -5,8 +5,10 @@ and downloads and decodes each new head's artifact at once, in its own thread. A
 latest head (``current``) or waits for one newer than a given head (``newer``) without a request of
 its own on its critical path: while it trains, the next head is already on its way.
 
-A head is handed out only with its artifact's tensors. Only the newest ``KEEP_HEADS`` head artifacts
-stay on disk. Trust is the caller's to check (``protocol.window.head_to_train``): the follower only
+A head is handed out only with its artifact's tensors. A head whose parent's artifact is on disk comes
+as a delta from it (``protocol.head_delta``: rebuilt exactly and checked against the head's content
+id), else, or when the edge serves no delta or it does not rebuild the head, as the whole artifact.
+Only the newest ``KEEP_HEADS`` head artifacts stay on disk. Trust is the caller's to check (``protocol.window.head_to_train``): the follower only
 fetches. When the edge cannot be reached the follower retries with back-off
 (``protocol.backoff``), and a caller that has no head yet gets the error it met.
 """
@@ -22,16 +24,19 @@ import numpy as np
 
 from protocol.backoff import Backoff
 from protocol.codec import decode_tensors
+from protocol.errors import ProtocolError
+from protocol.head_delta import apply_delta
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.messages import HeadDescriptor
 
 from .edge_client import EdgeClient
-from .storage import StorageConfig
+from .storage import StorageConfig, write_atomic
 
 __all__ = ["KEEP_HEADS", "FollowedHead", "HeadFollower"]
 
 log = logging.getLogger(__name__)
 
+DELTA_SLACK_BYTES = 1 << 16  # a delta larger than its base by more than this is not taken
 KEEP_HEADS = 3  # head artifacts a follower keeps on disk: the newest ones (a trainer reconciles onto the latest)
 LONG_POLL_S = 20.0  # how long one request waits for a newer head (the edge caps it at its max_long_poll_s)
 NO_HEAD_POLL_S = 0.2  # between asks while the experiment has no head yet (there is nothing to wait on)
@@ -66,6 +71,7 @@ class HeadFollower:
         self._error: Exception | None = None  # the last request's failure, cleared by the next success
         self._stop = threading.Event()
         self._kept: list[ContentId] = []
+        self.delta_bytes = 0  # head deltas downloaded
         self._thread = threading.Thread(target=self._follow, name=f"head-{key}", daemon=True)
         self._thread.start()
 
@@ -142,9 +148,34 @@ class HeadFollower:
 
     def _download(self, head: HeadDescriptor) -> dict[str, np.ndarray]:
         path = self._storage.head_path(head.head_id)
-        tensors, _ = decode_tensors(self._edge.artifact(head.head_id, path))
+        data = self._from_delta(head)
+        if data is None:
+            data = self._edge.artifact(head.head_id, path)
+        else:
+            write_atomic(path, data)
+        tensors, _ = decode_tensors(data)
         self._kept = [cid for cid in self._kept if cid != head.head_id] + [head.head_id]
         for old in self._kept[:-KEEP_HEADS]:
             self._storage.head_path(old).unlink(missing_ok=True)
         self._kept = self._kept[-KEEP_HEADS:]
         return tensors
+
+    def _from_delta(self, head: HeadDescriptor) -> bytes | None:
+        """``head``'s artifact rebuilt from its parent's, kept here, and the edge's delta; None when the
+        parent is not kept, the edge serves no delta, or the delta does not rebuild the head."""
+        if head.parent is None or head.parent not in self._kept:
+            return None
+        try:
+            base = self._storage.head_path(head.parent).read_bytes()
+        except OSError:
+            return None
+        delta = self._edge.head_delta(self._key, head.head_id, head.parent, max_bytes=len(base) + DELTA_SLACK_BYTES)
+        if delta is None:
+            return None
+        try:
+            data = apply_delta(base, head.parent, delta, head.head_id)
+        except ProtocolError as exc:
+            log.warning("head %s: its delta is unusable (%s); downloading the head", head.head_id, exc)
+            return None
+        self.delta_bytes += len(delta)
+        return data

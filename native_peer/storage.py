@@ -2,7 +2,7 @@
 
 <root>/identity.key                       32-byte Ed25519 seed (0600)
 <root>/heads/<hex>.safetensors            downloaded head artifacts
-<root>/datasets/<dataset>/<shard>.safetensors   verified shard cache
+<root>/shards/<sha256>.safetensors        shard cache, by content (verified on use)
 <root>/experiments/<study>__<exp>__<rev>/state.json, optimizer.safetensors
 <root>/outcomes.jsonl                     one line per published candidate
 """
@@ -41,8 +41,9 @@ class StorageConfig:
     def head_path(self, cid: ContentId) -> Path:
         return self.root / "heads" / f"{cid.removeprefix('sha256:')}.safetensors"
 
-    def shard_path(self, dataset_id: str, shard_id: str) -> Path:
-        return self.root / "datasets" / dataset_id / f"{shard_id}.safetensors"
+    def shard_path(self, sha256: str) -> Path:
+        """Where a shard whose fetch-manifest sha256 is ``sha256`` is cached (``protocol.content_cache``)."""
+        return self.root / "shards" / f"{sha256}.safetensors"
 
     def experiment_dir(self, key: ExperimentKey) -> Path:
         return self.root / "experiments" / key.replace("/", "__")

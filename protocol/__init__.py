@@ -20,6 +20,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     lease_size   how many shards a continuous trainer asks for: enough to fill the window period
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
+    head_delta   heads as exact deltas from their parents: encode, apply and check by content id
+    content_cache  what peers keep of downloaded shards: by content, verified on use, LRU within a byte cap
     aggregation  merge rules (FedAvg and robust aggregators)
     outer        the outer optimizer: FedAvg, or DiLoCo's Nesterov step with its momentum as lineage state
     reasons      Reason: the typed accept/reject reasons, and which count as strikes

@@ -16,7 +16,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     credit            contributors' credit, tallied from the verdicts validators signed
     holders           which peers hold an experiment's current head (offered to browsers)
     replay            what the edge accepts only once within a while (validators' read proofs)
-    leasing           issues leases and their holder-only secrets (rendezvous over untaken shards)
+    leasing           issues leases and their holder-only secrets (rendezvous over untaken shards, homes first)
     intake            candidates, heads and verdicts taken in, by HTTP or WebSocket alike
     admission         optional operator-issued bearer tokens with roles, revocable
     signatures        native Ed25519 verification installed at start-up
@@ -32,6 +32,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     dataset_routes    fetch-manifest and lease-scoped shard bytes
     experiment_routes an experiment's heads, leases, candidates and verdicts
     artifact_routes   head and candidate artifacts by content id
+    head_deltas       heads as deltas from their parents, made once each and kept in memory
     portal            the network manifest, directories, /portal/snapshot, /healthz, /metrics
     relay             the WebSocket relay/signaling endpoint and the viewers' event stream
     peer_runtime      what a tab loads to be a peer (Pyodide, the peer bundle) at content-addressed URLs

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
@@ -30,7 +30,7 @@ from .intake import (
     accept_verdict,
     accept_verdicts,
 )
-from .responses import JSON
+from .responses import IMMUTABLE, JSON, conditional_get
 
 router = APIRouter(prefix="/v1", tags=["experiments"])
 
@@ -113,6 +113,26 @@ async def one_head(key: Experiment, state: State, head_id: Annotated[str, Path(m
     if head is None:
         raise NotFound(f"experiment {key} has no head {head_id}")
     return JSON(head.to_wire())
+
+
+@router.get(f"{EXPERIMENT}/heads/{{head_id}}/delta", responses=_READ)
+async def head_delta(
+    request: Request,
+    key: Experiment,
+    state: State,
+    head_id: Annotated[str, Path(max_length=80)],
+    base: Annotated[str, Query(alias="from", max_length=80)],
+) -> Response:
+    """Head ``head_id``'s artifact as a delta from its parent ``from`` (``protocol.head_delta``: apply it
+    to the parent's artifact and check the result against ``head_id``), for a peer that holds the parent;
+    immutable. 404 when ``from`` is not the head's parent, or the delta would be no smaller than the head:
+    download the artifact then."""
+    state.experiment(key)
+    delta = await state.head_deltas.delta(state.store, state.blobs, key, HeadId(head_id), base)
+    response = conditional_get(request, delta.data, delta.delta_id, cache_control=IMMUTABLE)
+    if request.method == "GET" and response.status_code == 200:
+        state.metrics.head_delta_bytes.inc(len(delta.data))
+    return response
 
 
 @router.post(

@@ -2,8 +2,11 @@
 
 A window is identified by its base head. A peer asking twice in one window gets the same lease
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
-holds (``protocol.leases.assign_shards``), ``shards_per_lease`` of them, or as many as it asks for
-up to the experiment's ``max_shards_per_lease`` and half the shards still free. A trainer that just
+holds (``protocol.leases.assign_shards``), those of its home first: its share of the dataset among
+the peers that lease in this window or leased in the one before (``protocol.leases.Homes``, kept per
+experiment until that set of peers changes), so that it trains on the shards it already holds. It
+gets ``shards_per_lease`` of them, or as many as it asks for up to the experiment's
+``max_shards_per_lease`` and what the peers expected in the window leave (``protocol.lease_size``). A trainer that just
 published may ask for the next window's lease (``after`` the current head) before the next head
 exists, so it never waits for one; such a lease is granted on the current head for the next window number and belongs to that window
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
@@ -28,9 +31,9 @@ import hmac
 import math
 import secrets
 
-from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId
+from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.lease_size import granted_shards
-from protocol.leases import assign_shards
+from protocol.leases import Homes, assign_shards, home_seed
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
 from .errors import Conflict, Forbidden, NotFound
@@ -44,6 +47,7 @@ class LeaseIssuer:
     def __init__(self, state: EdgeState) -> None:
         self.state = state
         self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
+        self._homes: dict[ExperimentKey, Homes] = {}  # the latest homes per experiment
 
     def secret(self, lease_id: LeaseId) -> str:
         return hmac.new(self._secret_key, lease_id.encode(), hashlib.sha256).hexdigest()
@@ -55,6 +59,16 @@ class LeaseIssuer:
         if lease is None or presented is None or not hmac.compare_digest(self.secret(lease_id), presented):
             raise Forbidden("unknown lease or wrong lease secret")
         return lease
+
+    def _homes_among(
+        self, experiment: ExperimentKey, dataset_id: str, peers: set[PeerId], shard_ids: tuple[ShardId, ...]
+    ) -> Homes:
+        """The homes of ``experiment``'s shards among ``peers``: those kept for it when they are of the
+        same peers and shards (as long as the peers training stay the same), else drawn anew."""
+        homes = self._homes.get(experiment)
+        if homes is None or homes.peers != tuple(sorted(peers)) or homes.shard_ids != shard_ids:
+            homes = self._homes[experiment] = Homes.among(home_seed(experiment, dataset_id), peers, shard_ids)
+        return homes
 
     async def grant(
         self,
@@ -107,15 +121,18 @@ class LeaseIssuer:
                     return lease
             taken = {shard for lease in live for shard in lease.shard_ids}
             seed = f"{head.head_id}/ahead" if ahead else head.head_id  # not the shards it drew on this head
-            expected = {lease.peer_id for lease in granted if lease.window == window - 1}  # who trained last window
-            expected -= {lease.peer_id for lease in live} | {peer_id}
+            last = {lease.peer_id for lease in granted if lease.window == window - 1}  # who trained last window
+            expected = last - {lease.peer_id for lease in live} - {peer_id}
             count = granted_shards(
                 spec.lease_shards(shards),
                 len(manifest.shard_ids) - len(taken),
                 least=spec.shards_per_lease,
                 expected_peers=len(expected),
             )
-            chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count)
+            home = self._homes_among(
+                experiment, spec.dataset_id, last | {lease.peer_id for lease in live}, manifest.shard_ids
+            )
+            chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count, home.of(peer_id))
             if not chosen:
                 lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))
                 raise Conflict(

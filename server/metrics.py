@@ -19,6 +19,9 @@ class EdgeMetrics:
         self.head_bytes = Counter(
             "dtn_head_bytes_total", "Head artifact bytes served over HTTP (full bodies)", registry=self.registry
         )
+        self.head_delta_bytes = Counter(
+            "dtn_head_delta_bytes_total", "Head deltas served over HTTP (bytes)", registry=self.registry
+        )
         self.leases = Counter("dtn_leases_total", "Leases issued", registry=self.registry)
         self.candidates = Counter("dtn_candidates_total", "Candidates stored", ["via"], registry=self.registry)
         self.heads = Counter("dtn_heads_total", "Heads promoted", registry=self.registry)

@@ -25,13 +25,12 @@ from starlette.types import Scope
 from protocol.hashing import content_id
 
 from .errors import NotFound
-from .responses import JSON, conditional_get
+from .responses import IMMUTABLE, JSON, conditional_get
 
-__all__ = ["IMMUTABLE", "ImmutableFiles", "PeerBundle", "PyodideRuntime", "router"]
+__all__ = ["ImmutableFiles", "PeerBundle", "PyodideRuntime", "router"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "browser_peer")
-IMMUTABLE = "public, max-age=31536000, immutable"
 URL_ID_HEX = 32  # 128 bits of the sha256 in URLs
 
 router = APIRouter(tags=["browser"])

@@ -17,7 +17,9 @@ from fastapi import Request, Response
 from fastapi.responses import FileResponse
 from starlette.responses import RangeNotSatisfiable
 
-__all__ = ["JSON", "byte_ranges", "conditional_get", "immutable_file"]
+__all__ = ["IMMUTABLE", "JSON", "byte_ranges", "conditional_get", "immutable_file"]
+
+IMMUTABLE = "public, max-age=31536000, immutable"  # content-addressed: cacheable forever
 
 MAX_RANGES = 100  # more ranges than this in one request: ignored (RFC 9110 §14.2), the whole body is sent
 _OPAQUE_TAG = re.compile(r'(?:W/)?("[^"]*")')  # an entity-tag; weak comparison keeps only its opaque-tag

@@ -23,6 +23,7 @@ from .admission import Admission
 from .blobs import Blobs, BlobStore
 from .credit import CreditBook
 from .errors import NotFound
+from .head_deltas import HeadDeltas
 from .holders import HeadHolders
 from .hub import Fanout, Hub
 from .metrics import EdgeMetrics
@@ -58,6 +59,7 @@ class EdgeState:
     credit: CreditBook
     uploads: Uploads  # artifacts staged in chunks, this edge's own
     holders: HeadHolders = field(default_factory=HeadHolders)  # who holds each current head
+    head_deltas: HeadDeltas = field(default_factory=HeadDeltas)  # heads as deltas from their parents
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:

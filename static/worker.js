@@ -42,13 +42,14 @@ async function fetchVerified({ url, id }) {
   return bytes;
 }
 
-// IndexedDB "dtn-peer": the identity seed (store "identity") and the peer's saved progress
-// (store "progress": optimizer state and windows done, browser_peer/progress.py).
+// IndexedDB "dtn-peer": the identity seed (store "identity"), the peer's saved progress (store
+// "progress": optimizer state and windows done, browser_peer/progress.py; the shard index) and the
+// shards it keeps by content (store "shards", browser_peer/shard_store.py).
 function database() {
   return new Promise((resolve, reject) => {
-    const open = indexedDB.open("dtn-peer", 2);
+    const open = indexedDB.open("dtn-peer", 3);
     open.onupgradeneeded = () => {
-      for (const store of ["identity", "progress"]) {
+      for (const store of ["identity", "progress", "shards"]) {
         if (!open.result.objectStoreNames.contains(store)) open.result.createObjectStore(store);
       }
     };
@@ -57,21 +58,54 @@ function database() {
   });
 }
 
-async function stored(store, key, value) {
-  // the value under key (undefined: none); with a value, puts it first
+async function transact(store, mode, operation) {
+  // the result of operation(objectStore), once its transaction has completed
   const db = await database();
   return new Promise((resolve, reject) => {
-    const transaction = db.transaction(store, value === undefined ? "readonly" : "readwrite");
-    const request = value === undefined ? transaction.objectStore(store).get(key) : transaction.objectStore(store).put(value, key);
-    transaction.oncomplete = () => resolve(value === undefined ? request.result : value);
-    transaction.onerror = () => reject(transaction.error);
+    const transaction = db.transaction(store, mode);
+    const request = operation(transaction.objectStore(store));
+    transaction.oncomplete = () => resolve(request.result);
+    transaction.onerror = transaction.onabort = () => reject(transaction.error);
   });
+}
+
+async function stored(store, key, value) {
+  // the value under key (undefined: none); with a value, puts it first
+  if (value === undefined) return transact(store, "readonly", (s) => s.get(key));
+  await transact(store, "readwrite", (s) => s.put(value, key));
+  return value;
 }
 
 self.dtnLoad = async (key) => (await stored("progress", key)) ?? null; // called by browser_peer/js_bridge.py
 self.dtnSave = async (key, bytes) => {
   await stored("progress", key, bytes);
 };
+
+// Shards by content id, for browser_peer/shard_store.py (which keeps their index and byte cap, and
+// verifies every shard it reads back): in IndexedDB, or in a Map from the first failure on (no
+// IndexedDB, or its quota spent), kept as long as the page lives.
+const shards = {
+  memory: null,
+  async run(mode, operation, inMemory) {
+    if (this.memory === null) {
+      try {
+        return await transact("shards", mode, operation);
+      } catch (error) {
+        console.info("keeping shards in memory:", error);
+        this.memory = new Map();
+      }
+    }
+    return inMemory(this.memory);
+  },
+};
+self.dtnShardKeys = () => shards.run("readonly", (s) => s.getAllKeys(), (m) => [...m.keys()]);
+self.dtnShardGet = async (key) => (await shards.run("readonly", (s) => s.get(key), (m) => m.get(key))) ?? null;
+self.dtnShardPut = (key, bytes) =>
+  shards.run("readwrite", (s) => s.put(bytes, key), (m) => m.set(key, bytes.slice())).then(
+    () => true,
+    () => false,
+  );
+self.dtnShardDelete = (key) => shards.run("readwrite", (s) => s.delete(key), (m) => m.delete(key));
 
 async function identitySeed() {
   // 32 random bytes, created once per browser profile

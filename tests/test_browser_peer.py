@@ -16,6 +16,7 @@ import pytest
 
 from browser_peer.bridge import HttpAnswer
 from browser_peer.peer import BrowserPeer, PeerConfig
+from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
@@ -24,7 +25,7 @@ from protocol.uploads import UPLOAD_HEADER
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE
 
-from .native_bridge import NativeBridge, Swarm, SwarmBridge
+from .native_bridge import Swarm, SwarmBridge
 from .support import edge_settings, experiment_spec, head_envelope, write_network
 
 
@@ -221,9 +222,9 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     storage: dict[str, bytes] = {}  # one browser profile's IndexedDB, across two page loads
     with _judged_edge(stack) as edge:
         peers = []
-        for windows in (1, 2):  # the first load trains one window; the reloaded page goes on to two
+        for done in (1, 2):  # the first load trains one window; the reloaded page goes on to two
             bridge = NativeBridge(storage)
-            peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x44" * 32, max_windows=windows))
+            peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x44" * 32, max_windows=done))
 
             async def contribute(peer: BrowserPeer = peer, bridge: NativeBridge = bridge) -> None:
                 await asyncio.wait_for(peer.run(), 120)
@@ -240,6 +241,41 @@ def test_a_reloaded_page_resumes_its_optimizer_and_progress(stack: LocalNetwork)
     # another experiment's (or a damaged) state is never used
     assert Progress.decode(storage[storage_key(BASELINE)], "study/other/rev-1", spec.model, 1e-3) is None
     assert Progress.decode(b"\x00" * 16, BASELINE, spec.model, 1e-3) is None
+
+
+JSON_BYTES = 16 << 10  # a window's head descriptor and a page load's fetch-manifest (6 KB), with room
+
+
+def test_a_contributor_downloads_each_byte_once(stack: LocalNetwork) -> None:
+    """Issue 25: after a page load's first window a tab downloads per window no more than one head
+    delta and the shards it never held (and a little JSON): shards are kept by content across windows
+    and page loads, heads come as deltas from the head trained on. Without the shard store a shard
+    leased again is downloaded again; without deltas every head comes whole."""
+    storage: dict[str, bytes] = {}
+    stored: dict[str, bytes] = {}  # one browser profile's IndexedDB, across a reload
+    loads = []
+    with _judged_edge(stack) as edge:
+        for done in (3, 6):  # the reloaded page goes on to six windows
+            bridge = NativeBridge(storage, shards=stored)
+            peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x48" * 32, max_windows=done))
+            _run_to_end(peer, bridge)
+            loads.append((bridge, peer))
+    held: set[str] = set()
+    head_bytes = next(size for url, size in loads[0][0].received if "/v1/artifacts/" in url)
+    for bridge, peer in loads:
+        for number, window in enumerate(windows(bridge.received, BASELINE)):
+            shards = [(url.split("?")[0], size) for url, size in window if "/shards/" in url]
+            deltas = [size for url, size in window if "/delta?from=" in url]
+            heads = [size for url, size in window if "/v1/artifacts/" in url]
+            assert not {url for url, _ in shards} & held, "a shard held before was downloaded again"
+            held |= {url for url, _ in shards}
+            if number == 0:  # the page's first head comes whole: it holds none to take a delta from
+                continue
+            assert not heads and len(deltas) <= 1 and all(size < 0.8 * head_bytes for size in deltas), window
+            assert sum(size for _, size in window) <= sum(deltas) + sum(size for _, size in shards) + JSON_BYTES
+        assert peer.status["head_delta_bytes"] > 0
+    assert sum(peer.status["shard_cache_hits"] for _, peer in loads) > 0  # shards leased again were kept
+    assert loads[1][1].status["windows_done"] == 6
 
 
 STAGE_IDLE_S = 1.0

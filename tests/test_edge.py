@@ -37,6 +37,7 @@ from .support import (
     EXPERIMENT,
     candidate_envelope,
     edge_settings,
+    experiment_spec,
     grant_lease,
     head_envelope,
     proof,
@@ -329,6 +330,26 @@ def test_leases_are_distinct_and_idempotent(client: httpx.Client) -> None:
         lease.verify(edge_key)
     listed = client.get(f"{BASE}/leases", params={"base_head": head}).json()
     assert len(listed) == 5
+
+
+def test_peers_keep_to_their_own_shards_from_window_to_window(tmp_path: Path, dataset_root: Path) -> None:
+    """Leases with homes (``protocol.leases.Homes``): once two peers have trained a window, each one's
+    leases come from its own share of the dataset, so neither is ever leased a shard the other held."""
+    write_network(tmp_path / "network.json", experiment_spec(shards_per_lease=4))
+    peers = [PureSigner(bytes([i]) * 32) for i in (50, 51)]
+    held: list[set[str]] = [set(), set()]
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge, httpx.Client(base_url=edge.url) as http:
+        parent = None
+        for window in range(7):
+            head, body = head_envelope(parent=parent, window=window)
+            assert http.post(f"{BASE}/heads", content=body).status_code == 201
+            parent = head.head_id
+            for peer, shards in zip(peers, held, strict=True):
+                lease = _lease(http, peer)
+                if window:  # in the first window nobody trained before: no homes yet
+                    shards.update(lease.shard_ids)
+    assert not held[0] & held[1]
+    assert len(held[0]) >= 4 and len(held[1]) >= 4
 
 
 def test_head_upload_requires_validator_signature(client: httpx.Client) -> None:

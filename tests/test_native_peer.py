@@ -553,12 +553,44 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
     try:
         outcome = local.train_window_once(local.experiment(*BASELINE.parts))
         assert local.shards.local_reads == len(outcome.shard_ids) == spec.shards_per_lease  # only the leased ones
-        assert local.shards.downloads == 0 and not (root / "local/datasets").exists()  # read where they lie
+        assert local.shards.downloads == 0 and not (root / "local/shards").exists()  # read where they lie
         outcome = fallback.train_window_once(fallback.experiment(*BASELINE.parts))
         assert fallback.shards.local_reads == 0 and fallback.shards.downloads == len(outcome.shard_ids)
     finally:
         local.close()
         fallback.close()
+
+
+def _served(edge: BackgroundEdge) -> dict[str, float]:
+    """The edge's counters of bytes served: shards, whole heads and head deltas."""
+    names = ("dtn_shard_bytes_total", "dtn_head_bytes_total", "dtn_head_delta_bytes_total")
+    lines = httpx.get(f"{edge.url}/metrics").text.splitlines()
+    return {name: float(line.split()[1]) for line in lines for name in names if line.startswith(name + " ")}
+
+
+def test_a_native_trainer_downloads_each_byte_once(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:
+    """Issue 25, counted at the edge: over five windows a trainer downloads each shard it leased once
+    and one whole head (the first); every later head comes as a delta from the head it trained on."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    manifest = validator.edge.fetch_manifest(spec.dataset_id)
+    trainer = _trainer(edge, root, "once")
+    experiment = trainer.experiment(*BASELINE.parts)
+    leased: list[str] = []
+    try:
+        for _ in range(5):
+            leased += trainer.train_window_once(experiment).shard_ids
+            report = validator.poll(spec)
+            assert report is not None and report.merged
+        leased += trainer.train_window_once(experiment).shard_ids  # on the last head
+    finally:
+        trainer.close()
+    served = _served(edge)
+    head_bytes = len(validator.edge.artifact(genesis.head_id, root / "genesis.safetensors"))
+    assert served["dtn_shard_bytes_total"] == sum(manifest.shard(s).size_bytes for s in set(leased))
+    assert served["dtn_head_bytes_total"] == head_bytes  # the trainer's first head
+    assert 0 < served["dtn_head_delta_bytes_total"] < 5 * 0.8 * head_bytes  # five heads, each a delta
 
 
 def test_a_shard_leased_again_is_served_decoded_from_memory(

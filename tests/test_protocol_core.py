@@ -30,7 +30,7 @@ from protocol.ids import (
     ShardId,
     StudyId,
 )
-from protocol.leases import assign_leases, assign_shards
+from protocol.leases import Homes, assign_leases, assign_shards
 from protocol.messages import MAX_WINDOW_CANDIDATES, Candidate, HeadDescriptor
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.signatures import native_verify
@@ -256,3 +256,46 @@ def test_incremental_assignment_matches_taken_set() -> None:
         taken |= set(shards)
     assert assign_shards(seed, PEERS[0], SHARDS[:2], {SHARDS[0]}, 2) == SHARDS[1:2]  # only what is free
     assert assign_shards(seed, PEERS[0], SHARDS[:2], set(SHARDS[:2]), 2) == ()  # a full window: nothing
+
+
+@pytest.mark.parametrize("peers", [1, 2, 3, 8])
+def test_homes_partition_the_shards_among_the_peers(peers: int) -> None:
+    homes = Homes.among("seed", PEERS[:peers], SHARDS)
+    each = [homes.of(peer) for peer in PEERS[:peers]]
+    assert sum(len(home) for home in each) == len(set().union(*each)) == len(SHARDS)  # disjoint, covering
+    assert min(len(home) for home in each) >= len(SHARDS) // (3 * peers)  # about an equal share each
+
+
+def test_a_peer_joining_takes_only_its_own_share_and_one_alone_has_every_shard() -> None:
+    before = Homes.among("seed", PEERS[:4], SHARDS)
+    after = Homes.among("seed", PEERS[:5], SHARDS)
+    for peer in PEERS[:4]:
+        assert after.of(peer) <= before.of(peer)  # nobody else's shards move between the others
+    assert before.of(PEERS[4]) == after.of(PEERS[4])  # a newcomer asks as one of them
+    assert Homes.among("seed", (), SHARDS).of(PEERS[0]) == set(SHARDS)
+    assert Homes.among("seed", PEERS[:1], SHARDS).of(PEERS[0]) == set(SHARDS)
+    assert Homes.among("another seed", PEERS[:4], SHARDS).of(PEERS[0]) != before.of(PEERS[0])
+
+
+HOME = frozenset(SHARDS[:6])
+
+
+@pytest.mark.parametrize(
+    ("taken", "count", "from_home", "others"),
+    [
+        (set(), 4, 4, 0),  # a home with room: only home shards
+        (set(SHARDS[:3]), 4, 3, 1),  # half of it taken: what is left of it, then the others
+        (set(HOME), 4, 0, 4),  # all of it taken: other shards, as without a home
+        (set(SHARDS[:6]) | set(SHARDS[10:]), 8, 0, 4),  # fewer free than asked: what is free
+        (set(SHARDS), 4, 0, 0),  # a full window: nothing
+    ],
+)
+def test_a_lease_takes_its_home_shards_first(taken: set[str], count: int, from_home: int, others: int) -> None:
+    chosen = assign_shards("sha256:" + "d" * 64, PEERS[0], SHARDS, taken, count, HOME)
+    assert not taken & set(chosen)
+    assert (len(HOME & set(chosen)), len(set(chosen) - HOME)) == (from_home, others)
+
+
+def test_over_windows_a_peer_trains_on_all_of_its_home() -> None:
+    drawn = [assign_shards(f"sha256:{w:064x}", PEERS[0], SHARDS, (), 2, HOME) for w in range(20)]
+    assert set().union(*drawn) == HOME and len(set(drawn)) > 1
