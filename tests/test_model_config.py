@@ -240,6 +240,7 @@ def _verdicts(edge: EdgeClient, peer_id: str, timeout_s: float = 60.0) -> list[V
     return verdicts
 
 
+@pytest.mark.slow  # two peers train windows through a real edge: 9 s of the fast tier's 3-minute budget
 def test_native_and_browser_peers_train_a_model_declared_in_the_network_config(
     tmp_path: Path, dataset_root: Path
 ) -> None:
