@@ -155,6 +155,7 @@ def test_browser_peer_stops_on_an_unknown_experiment(stack: LocalNetwork) -> Non
     assert peer.status["phase"] == "stopped" and peer.status["windows_done"] == 0
 
 
+@pytest.mark.slow  # several windows through a real edge: seconds of the fast tier's 3-minute budget
 def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu_share(stack: LocalNetwork) -> None:
     with _judged_edge(stack) as edge:
         bridge = NativeBridge()
@@ -307,6 +308,7 @@ class _BadNetwork(NativeBridge):
         return await super().request(method, url, headers, body)
 
 
+@pytest.mark.slow  # several windows through a real edge: seconds of the fast tier's 3-minute budget
 def test_a_candidate_over_the_frame_limit_is_staged_and_published_over_http_across_broken_transfers(
     stack: LocalNetwork,
 ) -> None:
