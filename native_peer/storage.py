@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ __all__ = ["StorageConfig", "write_atomic"]
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all; writers of the same path at once (threads or
+    processes: a shard two leases hold) each write a temporary file of their own, the last rename wins."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 

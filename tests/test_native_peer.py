@@ -766,3 +766,29 @@ def test_a_continuous_trainer_two_heads_behind_starts_again_from_the_current_hea
     assert outcome.base_head_id == latest.head.head_id
     for node in (behind, other, validator):
         node.close()
+
+
+def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path: Path) -> None:
+    """A shard two leases of one trainer hold is written by two threads at once (the content-keyed
+    cache): each write is whole, none fails on the other's temporary file."""
+    from native_peer.storage import write_atomic
+
+    path = tmp_path / "shards" / "same.safetensors"
+    errors: list[BaseException] = []
+
+    def write(value: int) -> None:
+        try:
+            for _ in range(200):
+                write_atomic(path, bytes([value]) * 4096)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    data = path.read_bytes()
+    assert len(data) == 4096 and len(set(data)) == 1
+    assert [p.name for p in path.parent.iterdir()] == ["same.safetensors"]  # no temporary file left
