@@ -34,6 +34,7 @@ from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.aggregation import flatten, unflatten
 from protocol.batches import make_batches
+from protocol.manifests import ExperimentSpec
 from protocol.outer import OuterOptimizer
 
 from . import bench_network
@@ -54,7 +55,7 @@ def averaged_samples(
     x: np.ndarray,
     y: np.ndarray,
     test: tuple[np.ndarray, np.ndarray],
-    spec: object,
+    spec: ExperimentSpec,
     trainers: int,
     steps: int,
     outer: OuterOptimizer,
@@ -64,7 +65,7 @@ def averaged_samples(
 ) -> tuple[int | None, int]:
     """(samples until a head reached ``target`` or ``None`` past ``most``, windows run)."""
     learner = mlp_learner()
-    engine = TrainEngine(learner, learner.make_optimizer(spec))  # type: ignore[arg-type]
+    engine = TrainEngine(learner, learner.make_optimizer(spec))
     evaluate = Evaluator(learner)
     params = learner.init(jax.random.PRNGKey(seed))
     model = learner.model
