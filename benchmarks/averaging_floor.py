@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,14 +73,15 @@ def averaged_samples(
     head = flatten(model, learner.to_tensors(params))
     states = [engine.init_optimizer(params) for _ in range(trainers)]
     momentum = None
-    order = iter(())  # a stream of batch indices over shuffled epochs of the pool
+    order: Iterator[int] = iter(())  # a stream of batch indices over shuffled epochs of the pool
     epoch, samples, windows = 0, 0, 0
-    xb = yb = np.empty(0)
+    xb: np.ndarray = np.empty(0)
+    yb: np.ndarray = np.empty(0)
     while samples < most:
         updates = []
         start = learner.from_tensors(unflatten(model, head))
         for i in range(trainers):
-            picks = []
+            picks: list[int] = []
             while len(picks) < steps:
                 nxt = next(order, None)
                 if nxt is None:
