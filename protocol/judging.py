@@ -3,7 +3,8 @@
 Validators do the I/O-side checks first (signature, lease, artifact download: ``precheck``) and pass
 each candidate as a ``Submission``; ``judge_window`` is the composition of these stages, in order:
 
-    admit            its precheck, quarantine, one candidate per peer and lease window, schema, finiteness
+    admit            its precheck, quarantine, one candidate per peer and lease window, schema, finiteness,
+                     lease evidence once the head has learned
     screen_updates   against the validator's reference update when anchored, else against the cohort
     measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
     leave_one_out    a candidate the linear merge is worse with than without is a regression
@@ -11,6 +12,8 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
                      then the outer optimizer's step from the base
     blocked_screens  the promotion rule, and the blame when it blocks the merge
     next_trust       the trust book after the window
+
+and of the accepted, those whose lease evidence earns credit (``screening.lease_evidence_credits``).
 
 Each is pure: the trust book given is not changed, the decision carries the next one. The attack
 suite calls the same function, so what it scores is what runs.
@@ -36,6 +39,7 @@ from .aggregation import (
     unflatten,
 )
 from .errors import ProtocolError
+from .layers import activation_shapes
 from .manifests import ExperimentSpec, FetchManifest
 from .messages import Candidate, HeadDescriptor, Lease
 from .model import ModelSpec, Params
@@ -48,7 +52,10 @@ from .screening import (
     ScreeningPolicy,
     counted_windows,
     judge_promotion,
+    lease_evidence_applies,
+    lease_evidence_credits,
     screen_cohort,
+    screen_lease_evidence,
     screen_reference,
     screen_schema,
 )
@@ -149,6 +156,7 @@ class Submission:
     windows: float = 1.0  # the windows' worth of optimizer steps it declares (``screen_reference``)
     lease_window: int = 0  # the window its lease was for: one candidate per peer and lease window
     windows_behind: int = 0  # 0, or 1 for a delayed update (``staleness``), merged scaled by ``staleness_weight``
+    lease_evidence_z: float | None = None  # ``evidence.lease_evidence_z`` as measured; None: not measured
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,8 @@ class WindowDecision:
     marginal_losses: dict[str, float] = field(default_factory=dict)  # val loss with it − without it
     outer_state: Vector | None = None  # the outer optimizer's state after this window (``protocol.outer``)
     update_norm: float | None = None  # the lineage's step size: accepted updates' median norm (the base's if none)
+    lease_evidence: dict[str, float] = field(default_factory=dict)  # each measured candidate's evidence z
+    credited: tuple[str, ...] = ()  # the accepted whose lease evidence earns credit (``lease_evidence_credits``)
 
     @property
     def promoted(self) -> bool:
@@ -246,7 +256,7 @@ def judge_window(
     if rule in NEEDS_REFERENCE and anchor is None:
         raise ValueError(f"aggregator {rule!r} needs a reference update")
     ordered = sorted(submissions, key=lambda s: s.candidate_id)
-    screens, admitted = admit(spec, ordered, trust)
+    screens, admitted = admit(spec, ordered, trust, policy, base_metrics.get("loss"))
     screened, cosines = screen_updates(spec, base, admitted, policy, anchor, base_metrics.get("update_norm"))
     screened, metrics = measure_alone(admitted, screened, policy, evaluate, base_metrics)
     screens.update((sub.candidate_id, screen) for sub, screen in zip(admitted, screened, strict=True))
@@ -266,9 +276,10 @@ def judge_window(
             screens.update(blocked)
             merged, state = None, None  # a blocked step restarts the outer momentum
     promoted = merged is not None
+    accepted = [trusted[i] for i in rows] if promoted else []
     return WindowDecision(
         screens=screens,
-        accepted=tuple(trusted[i].candidate_id for i in rows) if promoted else (),
+        accepted=tuple(sub.candidate_id for sub in accepted),
         merged=merged,
         merged_metrics=merged_metrics,
         candidate_metrics=metrics,
@@ -278,15 +289,30 @@ def judge_window(
         marginal_losses=marginal,
         outer_state=state,
         update_norm=merge.median_norm(rows) if promoted else base_metrics.get("update_norm"),
+        lease_evidence={s.candidate_id: s.lease_evidence_z for s in ordered if s.lease_evidence_z is not None},
+        credited=tuple(sub.candidate_id for sub in accepted if lease_evidence_credits(sub.lease_evidence_z, policy)),
     )
 
 
+def classes(spec: ModelSpec) -> int:
+    """The classes (vocabulary) ``spec``'s model predicts among: its output's last dimension."""
+    return int(activation_shapes(spec.layers, spec.input_shape)[-1][-1])
+
+
 def admit(
-    spec: ModelSpec, submissions: Sequence[Submission], trust: TrustBook
+    spec: ModelSpec,
+    submissions: Sequence[Submission],
+    trust: TrustBook,
+    policy: ScreeningPolicy | None = None,
+    head_loss: float | None = None,
 ) -> tuple[dict[str, Screen], list[Submission]]:
     """Each submission's admission screen, in the order given, and the admitted submissions: its
     ``precheck``, then ``quarantined`` (decision 0006), ``replay`` for a peer's second candidate of one
-    lease window, ``undecodable`` without parameters, schema and finiteness (``screen_schema``)."""
+    lease window, ``undecodable`` without parameters, schema and finiteness (``screen_schema``), then,
+    when measured, the evidence that it trained on its lease (``screen_lease_evidence``:
+    ``no_lease_evidence``; ``policy``'s bound, the default ``ScreeningPolicy.min_lease_evidence_z``
+    without one), when it applies on a head of holdout loss ``head_loss`` (``lease_evidence_applies``)."""
+    evidence = lease_evidence_applies(policy, head_loss, classes(spec))
     screens: dict[str, Screen] = {}
     contributed: set[tuple[str, int]] = set()
     admitted: list[Submission] = []
@@ -301,6 +327,8 @@ def admit(
             screen = Screen(Reason.UNDECODABLE, "no parameters")
         else:
             screen = screen_schema(spec, sub.params)
+            if screen.accepted and evidence and sub.lease_evidence_z is not None:
+                screen = screen_lease_evidence(sub.lease_evidence_z, policy)
         screens[sub.candidate_id] = screen
         if screen.accepted:
             contributed.add((sub.peer_id, sub.lease_window))

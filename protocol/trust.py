@@ -2,9 +2,9 @@
 
 Time is counted in judged windows, never on a clock: ``after_window`` first multiplies the strikes
 of every peer that took part in the window by ``strike_decay``, then adds each rejection's
-``Reason.strike_weight`` (1 for misbehaviour: forged, replayed, broken, outlying or free-riding
-updates; ½ for a regression or an untrusted direction, so that repeating them counts; 0 for stale
-bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a
+``Reason.strike_weight`` (1 for misbehaviour: forged, replayed, broken, outlying or zero updates;
+½ for a regression, an untrusted direction or no evidence of work on the lease, so that repeating
+them counts; 0 for stale bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a
 peer that alternates bad and good submissions still accumulates (with decay d, a strike every other
 window tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer
 whose strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen. Quarantine is

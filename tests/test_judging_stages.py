@@ -175,6 +175,25 @@ RECORDED = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize(("preset", "credited"), [("balanced", (7,)), ("minimal", (7, 8, 9, 10))])
+def test_judge_window_credits_accepted_work_only_with_evidence_it_trained_on_its_lease(
+    preset: str, credited: tuple[int, ...]
+) -> None:
+    """Near chance (the base's loss is above half of ln 3) acceptance asks for no lease evidence, but
+    credit does: only z ≥ 3 earns it; ``minimal`` asks for none and credits as claimed."""
+    window = [
+        _sub(7, _ALONG, lease_evidence_z=3.5),
+        _sub(8, _ALONG, lease_evidence_z=2.5),  # accepted, not credited
+        _sub(9, _ALONG, lease_evidence_z=-1.0),  # a free rider near chance: accepted, not credited
+        _sub(10, _ALONG),  # not measured: not credited
+    ]
+    decision = judge_window(SPEC, BASE, BASE_METRICS, window, PRESETS[preset], _holdout, reference=REFERENCE)
+    assert decision.accepted == tuple(_id(i) for i in (7, 8, 9, 10))
+    assert decision.credited == tuple(_id(i) for i in credited)
+    assert decision.lease_evidence == {_id(7): 3.5, _id(8): 2.5, _id(9): -1.0}
+    assert set(decision.trust.strikes.values()) == {0.0}  # nothing refused
+
+
 @pytest.mark.parametrize(("name", "reasons", "accepted", "numbers"), RECORDED, ids=[row[0] for row in RECORDED])
 def test_judge_window_decides_as_it_did_before_it_was_split_into_stages(
     name: str, reasons: str, accepted: tuple[int, ...], numbers: tuple[float | None, ...]
@@ -219,12 +238,24 @@ _BASE_NORM = float(np.linalg.norm(flatten(SPEC, BASE)))
          ["undecodable", "accepted"], [3]),  # a rejected candidate takes no slot
         ([_sub(5, None, params=_NAN)], ["non_finite"], []),
         ([_sub(6, None, params={"dense0.kernel": np.zeros((4, 3), np.float32)})], ["wrong_shape"], []),
+        ([_sub(7, _ALONG, lease_evidence_z=4.0), _sub(8, _ALONG, lease_evidence_z=0.5), _sub(9, _ALONG)],
+         ["accepted", "no_lease_evidence", "accepted"], [7, 9]),  # no evidence it trained on its lease; None: not measured
+        ([_sub(5, None, params=_NAN, lease_evidence_z=0.0)], ["non_finite"], []),  # schema first
     ],
 )  # fmt: skip
 def test_admit(submissions: list[Submission], reasons: list[str], admitted: list[int]) -> None:
     screens, passed = admit(SPEC, submissions, TRUST)
     assert [screens[s.candidate_id].reason.value for s in submissions] == reasons
     assert [s.candidate_id for s in passed] == [_id(i) for i in admitted]
+
+
+@pytest.mark.parametrize(
+    ("head_loss", "reason"), [(None, "no_lease_evidence"), (0.3, "no_lease_evidence"), (2.3, "accepted")]
+)
+def test_admit_screens_lease_evidence_once_the_head_has_learned(head_loss: float | None, reason: str) -> None:
+    sub = _sub(1, _ALONG, lease_evidence_z=0.5)
+    screens, _ = admit(SPEC, [sub], TRUST, PRESETS["balanced"], head_loss)
+    assert screens[sub.candidate_id].reason.value == reason
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,19 @@ from protocol.deadline import (
     window_grace_s,
 )
 from protocol.errors import InvalidMessage
+from protocol.evidence import CONTROL_SHARDS, EVIDENCE_EXAMPLES, EvidenceDraw, lease_evidence_z
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
 from protocol.reasons import Reason
-from protocol.screening import ACCEPT, PRESETS, ScreeningPolicy, judge_promotion
+from protocol.screening import (
+    ACCEPT,
+    PRESETS,
+    ScreeningPolicy,
+    judge_promotion,
+    lease_evidence_applies,
+    lease_evidence_credits,
+    screen_lease_evidence,
+)
 from protocol.trust import TrustBook
 
 TINY = mlp("tiny", (3, 2))
@@ -366,6 +375,7 @@ def test_strike_weights_follow_the_reason_type() -> None:
         Reason.BAD_SIGNATURE: 1.0, Reason.WRONG_LEASE: 1.0, Reason.OUT_OF_LEASE: 1.0, Reason.REPLAY: 1.0,
         Reason.UNDECODABLE: 1.0, Reason.WRONG_SHAPE: 1.0, Reason.NON_FINITE: 1.0, Reason.NORM_TOO_LARGE: 1.0,
         Reason.FREE_RIDER: 1.0, Reason.OUTLIER: 1.0, Reason.UNTRUSTED_DIRECTION: 0.5, Reason.REGRESSION: 0.5,
+        Reason.NO_LEASE_EVIDENCE: 0.5,
     }  # fmt: skip
     for reason in (Reason.STALE_BASE, Reason.MERGE_BLOCKED, Reason.QUARANTINED, Reason.ACCEPTED):
         assert reason.strike_weight == 0.0
@@ -528,3 +538,103 @@ def test_a_window_short_of_min_candidates_waits_for_its_deadline() -> None:
     early = WindowProgress(candidates=1, leased=1, outstanding=0, elapsed_s=1.0)
     assert not window_closes(early, min_candidates=2, deadline_s=10.0)
     assert window_closes(replace(early, elapsed_s=10.0), min_candidates=2, deadline_s=10.0)
+
+
+# -- credit for work: evidence that a candidate trained on its lease -------------------------------
+_GAINS = np.random.default_rng(11).normal(size=4000)  # unit-variance per-example loss gains
+
+
+@pytest.mark.parametrize(
+    ("lease", "control", "z"),
+    [
+        (0.15 + _GAINS[:2000], _GAINS[2000:], 4.40),  # fits its lease 0.15 more than other training examples
+        (_GAINS[:2000], _GAINS[2000:], -0.34),  # gains on its lease what it gains anywhere: noise
+        (0.05 + _GAINS[:2000], 0.05 + _GAINS[2000:], -0.34),  # a general improvement is no evidence
+        (np.zeros(10), np.zeros(10), 0.0),  # the head itself
+        (np.ones(10), np.zeros(10), np.inf),  # constant and different
+        (-np.ones(10), np.zeros(10), -np.inf),
+    ],
+)
+def test_lease_evidence_z(lease: np.ndarray, control: np.ndarray, z: float) -> None:
+    assert lease_evidence_z(lease, control) == pytest.approx(z, abs=0.01)
+
+
+@pytest.mark.parametrize(("lease", "control"), [([1.0], [0.0, 1.0]), ([0.0, np.nan], [0.0, 1.0])])
+def test_lease_evidence_z_needs_finite_examples_on_both_sides(lease: list[float], control: list[float]) -> None:
+    with pytest.raises(ValueError):
+        lease_evidence_z(lease, control)
+
+
+_SHARDS = [f"train-{n:05d}" for n in range(40)]
+
+
+def test_a_windows_evidence_draw_follows_its_salt_and_compares_each_lease_with_shards_outside_it() -> None:
+    draw = EvidenceDraw.of(b"salt", _SHARDS)
+    assert draw == EvidenceDraw.of(b"salt", _SHARDS)  # the same at every validator
+    assert len(draw.control) == CONTROL_SHARDS == len(set(draw.control)) and set(draw.control) <= set(_SHARDS)
+    assert draw.control != EvidenceDraw.of(b"other", _SHARDS).control  # unknown until the window closes
+    assert set(EvidenceDraw.of(b"salt", _SHARDS[:3]).control) == set(_SHARDS[:3])  # fewer shards: all of them
+    lease = (draw.control[1], "train-99999")  # a lease sharing one shard with the control
+    sizes = [1000] * CONTROL_SHARDS
+    rows = draw.control_rows("lease-1", lease, sizes, 4000)
+    assert len(rows) == 4000 and list(rows) == sorted(set(rows))
+    assert not ((rows >= 1000) & (rows < 2000)).any()  # none of its own shard's rows
+    assert len(draw.control_rows("lease-1", lease, sizes, 20_000)) == 15_000  # all it has outside the lease
+    assert not np.array_equal(rows, draw.control_rows("lease-2", lease, sizes, 4000))  # each lease its own draw
+    picked = draw.lease_rows("lease-1", 16_000)
+    assert len(picked) == EVIDENCE_EXAMPLES and list(picked) == sorted(set(picked)) and picked.max() < 16_000
+    assert len(draw.lease_rows("lease-1", 1000)) == 1000  # a lease smaller than the draw: all of it
+    assert not np.array_equal(picked, EvidenceDraw.of(b"other", _SHARDS).lease_rows("lease-1", 16_000))
+    with pytest.raises(ValueError, match="no training shards"):
+        EvidenceDraw.of(b"salt", [])
+
+
+@pytest.mark.parametrize(
+    ("z", "policy", "reason"),
+    [
+        (5.0, None, Reason.ACCEPTED),
+        (2.0, None, Reason.ACCEPTED),  # at the bound passes
+        (1.9, None, Reason.NO_LEASE_EVIDENCE),
+        (-4.0, None, Reason.NO_LEASE_EVIDENCE),
+        (float("nan"), None, Reason.NO_LEASE_EVIDENCE),
+        (1.9, replace(PRESETS["balanced"], min_lease_evidence_z=1.5), Reason.ACCEPTED),
+        (-np.inf, PRESETS["balanced"].without_lease_evidence(), Reason.ACCEPTED),  # the screen off
+    ],
+)
+def test_screen_lease_evidence(z: float, policy: ScreeningPolicy | None, reason: Reason) -> None:
+    screen = screen_lease_evidence(z, policy)
+    assert screen.reason is reason
+    assert screen.accepted or "no evidence it trained on its lease" in screen.detail
+
+
+@pytest.mark.parametrize(
+    ("z", "preset", "credits"),
+    [
+        (3.0, "balanced", True),  # at the bound
+        (2.9, "balanced", False),  # enough to be accepted, not to be credited
+        (None, "balanced", False),  # not measured: no credit
+        (float("nan"), "balanced", False),
+        (None, "minimal", True),  # asks for no evidence: credit as claimed (the undefended control)
+        (-5.0, "minimal", True),
+    ],
+)
+def test_lease_evidence_credits(z: float | None, preset: str, credits: bool) -> None:
+    assert lease_evidence_credits(z, PRESETS[preset]) is credits
+    assert PRESETS[preset].asks_lease_evidence is (preset != "minimal")
+
+
+@pytest.mark.parametrize(
+    ("head_loss", "classes", "policy", "applies"),
+    [
+        (None, 10, None, True),  # unknown: it applies
+        (2.30, 10, None, False),  # random parameters (ln 10): an honest update shows little lease-specific gain
+        (1.16, 10, None, False),  # not yet below half of chance
+        (0.45, 10, None, True),
+        (2.0, 96, None, True),  # half of ln 96 ≈ 2.28
+        (1.16, 10, replace(PRESETS["balanced"], lease_evidence_below=1.0), True),
+    ],
+)
+def test_lease_evidence_applies_once_the_head_has_learned(
+    head_loss: float | None, classes: int, policy: ScreeningPolicy | None, applies: bool
+) -> None:
+    assert lease_evidence_applies(policy, head_loss, classes) is applies
