@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from protocol.batches import make_batches
+from protocol.evidence import lease_evidence_z
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.model import ModelSpec, evaluation_metrics, init_params
 
@@ -200,7 +201,13 @@ class Evaluator:
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
             return losses.sum(), (losses**2).sum(), (logits.argmax(axis=-1) == y).sum()
 
+        @jax.jit
+        def batch_losses(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
+            losses = optax.softmax_cross_entropy_with_integer_labels(learner.apply(params, x), y)
+            return losses.reshape(losses.shape[0], -1).mean(axis=1)
+
         self._batch_metrics = batch_metrics
+        self._batch_losses = batch_losses
         # (id(x), id(y)) -> the arrays themselves (so that their ids stay theirs) and their device chunks
         self._device: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list[tuple[jax.Array, jax.Array]]]] = {}
 
@@ -212,6 +219,30 @@ class Evaluator:
             squared_loss += float(squared)
             correct += int(hits)
         return evaluation_metrics(self.model, total_loss, correct, int(np.size(y)), squared_loss)
+
+    def losses(self, params: PyTree, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Each example's loss (a sequence's: the mean over its positions), float64, compiled in chunks:
+        what ``lease_evidence`` compares."""
+        parts = [
+            np.asarray(self._batch_losses(params, x[start : start + self.chunk], y[start : start + self.chunk]))
+            for start in range(0, len(x), self.chunk)
+        ]  # not kept on the device: each candidate's lease examples are its own
+        return np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+
+    def lease_evidence(
+        self,
+        before: PyTree,
+        after: PyTree,
+        lease: tuple[np.ndarray, np.ndarray],
+        control: tuple[np.ndarray, np.ndarray],
+        control_before: np.ndarray | None = None,
+    ) -> float:
+        """``protocol.evidence.lease_evidence_z`` of parameters ``after`` trained from ``before``: each
+        example's loss gain (before − after) on the ``lease`` examples against that on the ``control``
+        examples; ``control_before``: ``before``'s losses on the control when already measured."""
+        held = self.losses(before, *control) if control_before is None else control_before
+        lease_gains = self.losses(before, *lease) - self.losses(after, *lease)
+        return lease_evidence_z(lease_gains, held - self.losses(after, *control))
 
     def _chunks(self, x: np.ndarray, y: np.ndarray) -> list[tuple[jax.Array, jax.Array]]:
         """(x, y) in device chunks, copied once per array pair: a validator evaluates the same splits

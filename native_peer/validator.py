@@ -21,8 +21,10 @@ then, in ``protocol.judging.judge_window`` (pure, shared with the attack suite):
 6. peer not quarantined                   → ``quarantined`` (``protocol.trust``)
 7. one candidate per peer and lease window → ``replay``
 8. names, shapes, dtype, finite values    → ``wrong_shape`` / ``non_finite``
-9. update norm and direction vs. cohort   → ``norm_too_large`` / ``free_rider`` / ``outlier``
-10. holdout loss vs. the base head        → ``regression``
+9. once the head has learned, evidence that it trained on its lease (``protocol.evidence``, measured
+   on this validator's copy of the training split) → ``no_lease_evidence``
+10. update norm and direction vs. cohort  → ``norm_too_large`` / ``free_rider`` / ``outlier``
+11. holdout loss vs. the base head        → ``regression``
 
 Accepted candidates are merged with the preset's aggregator, weighted by examples capped per peer
 kind (weighted mean:
@@ -33,7 +35,8 @@ than the preset's margin, the merge is blocked (``merge_blocked``). The next hea
 published either way: the merged parameters, or, when nothing was accepted, the same parameters
 under a new head id (``merged`` empty), so trainers get fresh leases and an all-reject window never
 stalls the experiment. A signed verdict with its typed reason (``protocol.reasons.Reason``) is
-published for every candidate.
+published for every candidate; an accepted one credits its examples only with evidence that it
+trained on its lease (``WindowDecision.credited``).
 
 Each experiment has its own open window and deadline (one validator may run several experiments).
 
@@ -68,7 +71,7 @@ import httpx
 import jax
 import numpy as np
 
-from datasets.layout import load_split
+from datasets.layout import load_split, shard_path
 from protocol.aggregation import Vector
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
@@ -98,15 +101,17 @@ from protocol.judging import (
     staleness,
 )
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, HeadDescriptor, Verdict
+from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, HeadDescriptor, Lease, Verdict
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
-from protocol.screening import PRESETS, Screen, ScreeningPolicy
+from protocol.screening import PRESETS, Screen, ScreeningPolicy, screen_schema
+from protocol.shards import decode_shard
 from protocol.trust import TrustBook
 from protocol.updates import decode_update
 
 from .anchor import Anchor
 from .edge_client import EdgeClient, EdgeRequestError
+from .evidence import LeaseEvidence
 from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner, TrainEngine
 from .storage import StorageConfig, write_atomic
@@ -334,6 +339,7 @@ class Validator:
         self._due: dict[str, tuple[float, ...]] = {}
         # experiment -> (open window's head, seconds after it opened when only newcomers' leases were out)
         self._ready: dict[str, tuple[HeadId, float]] = {}
+        self._evidence: dict[str, LeaseEvidence] = {}  # experiment -> its lease evidence
         self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
@@ -521,17 +527,19 @@ class Validator:
         base = self._head_params(head)
         learner = self.learner(spec)
         window_steps = reference_steps(spec, self.edge.fetch_manifest(spec.dataset_id))  # candidates' steps in these
+        # robust rules break ties, and lease evidence draws its examples, by a salt no submitter knows
+        # before the window's set is closed
+        salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest()
         decision = judge_window(
             learner.model,
             base,
             _unnamed("val", head.metrics) | _lineage_step(head),
-            share_principal_weight([self._precheck(spec, head, base, window_steps, c) for c in window], policy),
+            share_principal_weight([self._precheck(spec, head, base, window_steps, c, salt) for c in window], policy),
             policy,
             lambda params: self._evaluators[spec.model.name](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
             reference=self._reference(spec, head, base) if policy.anchored else None,
-            # robust rules break ties by a salt no submitter knows before the window's set is closed
-            salt=hashlib.sha256("\n".join(sorted(c.candidate_id for c in window)).encode()).digest(),
+            salt=salt,
             outer=spec.outer,
             momentum=self._outer_state(head),
         )
@@ -637,8 +645,18 @@ class Validator:
         metrics = {cid: _named("val", m) for cid, m in decision.candidate_metrics.items()}
         for cid, cosine in decision.reference_cosines.items():  # how far the anchor trusted it
             metrics.setdefault(cid, {})["reference_cosine"] = cosine
+        for cid, z in decision.lease_evidence.items():  # the evidence it trained on its lease
+            if np.isfinite(z):
+                metrics.setdefault(cid, {})["lease_evidence_z"] = z
         return [
-            self._verdict(c, decision.screens[c.candidate_id], head, metrics.get(c.candidate_id, {})) for c in window
+            self._verdict(
+                c,
+                decision.screens[c.candidate_id],
+                head,
+                metrics.get(c.candidate_id, {}),
+                credited=c.candidate_id in decision.credited,
+            )
+            for c in window
         ]
 
     def _attest_proposals(self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate]) -> None:
@@ -722,13 +740,15 @@ class Validator:
         base: dict[str, np.ndarray],
         window_steps: int,
         candidate: Candidate,
+        salt: bytes,
     ) -> tuple[Submission, str | None]:
         """Fetch what ``protocol.judging.precheck`` needs (lease, manifest, the candidate's base head),
         then the artifact, decoded with the experiment's update codec against its base head's
         parameters; a delayed update (on the head before ``head``) is moved onto ``base`` (the
         head's parameters): θ = base + (θ_c − its base). The candidate's declared steps count in
-        units of ``window_steps`` (``protocol.judging.reference_steps``). With the submission, the
-        principal its lease names (its admission token's id)."""
+        units of ``window_steps`` (``protocol.judging.reference_steps``). Its lease evidence is
+        measured when the preset asks for it (``_lease_evidence``, drawn with the window's ``salt``).
+        With the submission, the principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         leased = 0
         manifest = self.edge.fetch_manifest(spec.dataset_id)
@@ -745,7 +765,8 @@ class Validator:
             leased_examples=leased,
             edge_key=self.network.edge_key,
         )
-        tensors = None
+        tensors = evidence = None
+        measured: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (its base's, trained)
         if screen.accepted and own_base is not None:
             path = self._candidate_path(candidate.candidate_id)
             model = self.learner(spec).model
@@ -753,14 +774,19 @@ class Validator:
                 encoded, _ = decode_tensors(self.edge.artifact(candidate.candidate_id, path))
                 if behind == 0:
                     tensors = decode_update(model, base, encoded, spec.codec)
+                    measured = (base, tensors)
                 else:
                     then = self._head_params(own_base)
                     trained = decode_update(model, then, encoded, spec.codec)
                     tensors = {
                         k: (base[k] + (trained[k].astype(np.float64) - then[k])).astype(np.float32) for k in base
                     }
+                    measured = (then, trained)  # judged on the head it was trained on, not the moved one
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
+            asks = PRESETS[spec.screening].asks_lease_evidence
+            if asks and measured is not None and lease is not None and screen_schema(model, measured[1]).accepted:
+                evidence = self._lease_evidence(spec, salt, lease, own_base.head_id, measured)  # else: schema rejects
         submission = Submission(
             candidate.candidate_id,
             candidate.peer_id,
@@ -771,8 +797,39 @@ class Validator:
             candidate.steps / window_steps,
             lease_window=-1 if lease is None else lease.window,
             windows_behind=behind or 0,
+            lease_evidence_z=evidence,
         )
         return submission, None if lease is None else lease.principal
+
+    def _lease_evidence(
+        self,
+        spec: ExperimentSpec,
+        salt: bytes,
+        lease: Lease,
+        head_id: str,
+        measured: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    ) -> float | None:
+        """``LeaseEvidence.z`` of ``measured`` (the parameters of head ``head_id`` the candidate trained
+        on, a delayed update's too, and the trained ones) on ``lease``, in a window of ``salt``, from
+        this validator's copy of the prepared training split. ``None`` (not measured: no credit) when a
+        shard is not here."""
+        if spec.key not in self._evidence:
+            manifest = self.edge.fetch_manifest(spec.dataset_id)
+            root = self.datasets_dir / spec.dataset_id
+
+            def read(shard_id: str) -> tuple[np.ndarray, np.ndarray]:
+                return decode_shard(shard_path(root, manifest.shard(shard_id)).read_bytes(), manifest.features)
+
+            self._evidence[spec.key] = LeaseEvidence(
+                self.learner(spec), self._evaluators[spec.model.name], manifest.shard_ids, read
+            )
+        try:
+            z = self._evidence[spec.key].z(salt, head_id, *measured, lease.lease_id, lease.shard_ids)
+        except (OSError, ProtocolError, ValueError, KeyError) as exc:
+            log.warning("%s: lease %s: evidence not measured: %s", spec.key, lease.lease_id, exc)
+            return None
+        log.debug("%s: lease %s: evidence z %.2f", spec.key, lease.lease_id, z)
+        return z
 
     def _candidate_path(self, candidate_id: str) -> Path:
         """Where a candidate's artifact is kept while it is judged."""
@@ -801,10 +858,13 @@ class Validator:
         screen: Screen,
         promoted: HeadDescriptor | None = None,
         metrics: dict[str, float] | None = None,
+        *,
+        credited: bool = False,
     ) -> Verdict:
         """The signed verdict; an accepting ``screen`` names the head ``promoted`` it was merged into.
-        Its ``examples`` metric is the candidate's example count (checked against its lease before
-        it can be accepted): what contributors are credited for (``server.credit``)."""
+        Its ``examples`` metric is what contributors are credited for (``server.credit``): the
+        candidate's example count (checked against its lease before it can be accepted) when its
+        work is ``credited`` (``WindowDecision.credited``: evidence it trained on its lease), else 0."""
         accepted = screen.accepted and promoted is not None
         return Verdict(
             experiment=candidate.experiment,
@@ -817,7 +877,7 @@ class Validator:
             validator_key=self.identity.public_key,
             decided_at_ms=self.clock.now_ms(),
             head_id=promoted.head_id if accepted and promoted is not None else None,
-            metrics={**(metrics or {}), "examples": float(candidate.examples)},
+            metrics={**(metrics or {}), "examples": float(candidate.examples) if credited else 0.0},
         ).signed(self.identity)
 
     def _record(self, verdicts: Sequence[Verdict]) -> None:

@@ -23,7 +23,7 @@ from native_peer.identity import NodeIdentity
 from native_peer.learner import TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
-from native_peer.trainer import Trainer
+from native_peer.trainer import Trainer, WindowOutcome
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
@@ -32,9 +32,10 @@ from protocol.manifests import ExperimentSpec, FetchManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
 from protocol.model import init_params
 from protocol.reasons import Reason
+from protocol.screening import PRESETS
 from protocol.shards import decode_shard, decode_shard_stored, feature_scale
 from protocol.signing import peer_id_from_public_key
-from protocol.updates import encode_update
+from protocol.updates import decode_update, encode_update
 from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
@@ -112,16 +113,19 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
     trainers = [_trainer(edge, root, f"t{i}") for i in range(2)]
     experiment = trainers[0].experiment(*BASELINE.parts)
     heads = [genesis]
-    examples = {str(t.peer_id): 0 for t in trainers}
-    for _ in range(3):
+    examples = {str(t.peer_id): 0 for t in trainers}  # credited: work with evidence it trained on its lease
+    for window in range(3):
         outcomes = [t.train_window_once(experiment) for t in trainers]
-        for trainer, outcome in zip(trainers, outcomes, strict=True):
-            examples[str(trainer.peer_id)] += outcome.examples
         assert {o.base_head_id for o in outcomes} == {heads[-1].head_id}
         assert not set(outcomes[0].shard_ids) & set(outcomes[1].shard_ids)
         report = validator.poll(spec)
         assert report is not None and report.merged, report
         assert all(v.accepted for v in report.verdicts), [str(v.reason) for v in report.verdicts]
+        for trainer, outcome in zip(trainers, outcomes, strict=True):
+            [verdict] = [v for v in report.verdicts if v.peer_id == trainer.peer_id]
+            evidence = verdict.metrics["lease_evidence_z"] >= PRESETS[spec.screening].credit_lease_evidence_z
+            assert evidence or window == 0  # near chance it may be weak; from window 1 on, z is above 5
+            examples[str(trainer.peer_id)] += outcome.examples if evidence else 0
         assert report.head.parent == heads[-1].head_id
         assert set(report.head.merged) == {o.candidate_id for o in outcomes}
         heads.append(report.head)
@@ -146,6 +150,71 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
         trainers[0].train_window_once(experiment, wait_s=0.2)
     for trainer in trainers:
         trainer.close()
+
+
+def _copied_update(rider: Trainer, experiment: Any, validator: Validator, honest: WindowOutcome) -> bytes:
+    """A free rider on a real lease of ``honest``'s window: it trains nothing and uploads ``honest``'s
+    update (as a colluder or a leak would give it) with every coordinate jittered by 1 %, claiming
+    its whole lease, as a trainer of that lease would."""
+    grant = rider.edge.request_lease(experiment.key, rider.identity, "native")
+    head = rider.edge.current_head(BASELINE)
+    assert head is not None and head.head_id == honest.base_head_id == grant.lease.base_head
+    base = _head_tensors(rider, head)
+    seen = validator.edge.artifact(honest.candidate_id, rider.storage.root / "copied")  # a validator's read
+    copied = decode_update(SPEC, base, decode_tensors(seen)[0], experiment.spec.codec)
+    jitter = np.random.default_rng(honest.window)
+    crafted = {
+        k: (base[k] + (copied[k] - base[k]) * (1 + 0.01 * jitter.standard_normal(base[k].shape))).astype(np.float32)
+        for k in base
+    }
+    tensors, _ = encode_update(SPEC, base, crafted, experiment.spec.codec, None)
+    _, body = package_candidate(
+        grant.lease, head, tensors, rider.identity, peer_kind="native", model=SPEC.name,
+        codec=experiment.spec.codec, examples=honest.examples, steps=honest.steps,
+        created_at_ms=int(time.time() * 1000), metrics={},
+    )  # fmt: skip
+    return body
+
+
+def test_credit_follows_evidence_of_work_not_claims(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:
+    """An honest trainer and a free rider, each on its own real lease: the validator measures each
+    candidate's lease evidence z on its copy of the training split. Near chance (window 0) acceptance
+    asks for none, so the copy is accepted, but credit asks for z ≥ 3: the rider earns none. Once the
+    head has learned (window 1) the copy is refused as ``no_lease_evidence`` (half a strike) unless it
+    drew z ≥ 2 by chance (a few percent), and is not credited either way; the honest trainer's work
+    (z above 5 from window 1) is accepted and credited."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    policy = PRESETS[spec.screening]
+    validator.ensure_genesis(spec)
+    honest, rider = _trainer(edge, root, "honest"), _trainer(edge, root, "rider")
+    experiment = honest.experiment(*BASELINE.parts)
+    windows = []
+    for _ in range(2):
+        outcome = honest.train_window_once(experiment)
+        rider.edge.publish_candidate(BASELINE, _copied_update(rider, experiment, validator, outcome))
+        report = validator.poll(spec)
+        assert report is not None
+        windows.append({v.peer_id: v for v in report.verdicts})
+    honest_id, rider_id = str(honest.peer_id), str(rider.peer_id)
+    assert all(set(w) == {honest_id, rider_id} for w in windows)
+    first, second = windows[0][rider_id], windows[1][rider_id]
+    assert first.accepted and first.metrics["examples"] == 0  # near chance: accepted, never credited
+    for verdict in (first, second):
+        assert verdict.metrics["lease_evidence_z"] < policy.credit_lease_evidence_z
+        assert verdict.metrics["examples"] == 0
+    if second.metrics["lease_evidence_z"] < policy.min_lease_evidence_z:
+        assert second.reason is Reason.NO_LEASE_EVIDENCE and not second.accepted
+        assert validator.state.trust.strikes[rider_id] == 0.5  # half a strike: a repeat offender's add up
+    else:
+        assert second.accepted
+    work = windows[1][honest_id]
+    assert work.accepted and work.metrics["lease_evidence_z"] >= policy.credit_lease_evidence_z
+    assert work.metrics["examples"] == outcome.examples > 0
+    board = {s["peer_id"]: s for s in httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit").json()}
+    assert board[rider_id]["examples"] == 0 and board[honest_id]["examples"] >= outcome.examples
+    for node in (honest, rider):
+        node.close()
 
 
 def test_restarted_trainer_resumes_identity_cache_and_optimizer(

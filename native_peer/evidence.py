@@ -1,0 +1,67 @@
+"""Lease evidence (``protocol.evidence``) measured with a compiled ``Evaluator``: what validators run on
+each candidate, and the attack suite as they do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from protocol.evidence import EvidenceDraw
+
+from .learner import Evaluator, JaxLearner
+
+__all__ = ["LeaseEvidence"]
+
+Examples = tuple[np.ndarray, np.ndarray]
+
+
+class LeaseEvidence:
+    """The lease evidence z of candidates, a window at a time. ``read`` gives a training shard's
+    examples by id (``shard_ids``: the training split's); a window's control shards are read once,
+    and each head's losses on them computed once."""
+
+    def __init__(
+        self, learner: JaxLearner, evaluator: Evaluator, shard_ids: Sequence[str], read: Callable[[str], Examples]
+    ) -> None:
+        self.learner, self.evaluator, self.shard_ids, self.read = learner, evaluator, tuple(shard_ids), read
+        self._window: tuple[EvidenceDraw, Examples, list[int]] | None = None
+        self._head_losses: dict[str, np.ndarray] = {}  # head id -> its losses on the window's control
+
+    def z(
+        self,
+        salt: bytes,
+        head_id: str,
+        head: Mapping[str, np.ndarray],
+        trained: Mapping[str, np.ndarray],
+        lease_id: str,
+        lease_shards: Sequence[str],
+        leased: Examples | None = None,
+    ) -> float:
+        """The evidence that ``trained`` (from ``head``, the head ``head_id`` it trained on) trained on
+        lease ``lease_id`` of ``lease_shards``, in a window of tie-break ``salt``. ``leased``: the
+        lease's examples when they are not its shards' (the attack suite's label-skewed peers).
+        ``ValueError`` (from ``protocol.evidence``) when it cannot be measured."""
+        draw, (cx, cy), sizes = self._control(salt)
+        x, y = leased if leased is not None else _concatenate([self.read(s) for s in lease_shards])
+        rows = draw.lease_rows(lease_id, len(y))
+        control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
+        before = self.learner.from_tensors(dict(head))
+        after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
+        if head_id not in self._head_losses:
+            self._head_losses[head_id] = self.evaluator.losses(before, cx, cy)
+        return self.evaluator.lease_evidence(
+            before, after, (x[rows], y[rows]), (cx[control], cy[control]), self._head_losses[head_id][control]
+        )
+
+    def _control(self, salt: bytes) -> tuple[EvidenceDraw, Examples, list[int]]:
+        if self._window is None or self._window[0].salt != salt:
+            draw = EvidenceDraw.of(salt, self.shard_ids)
+            parts = [self.read(s) for s in draw.control]
+            self._window = (draw, _concatenate(parts), [len(y) for _, y in parts])
+            self._head_losses = {}
+        return self._window
+
+
+def _concatenate(parts: Sequence[Examples]) -> Examples:
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
