@@ -2,7 +2,7 @@
 
 Each scenario runs ``windows`` windows of one *setting* under one screening preset:
 
-    iid           ``peers`` trainers (10), one leased shard each
+    iid           ``peers`` trainers (10), each leasing 4 shards of 1,000 examples (as the MNIST network)
     label_skew    ``peers`` benign trainers, each holding only 2 or 3 classes (non-IID)
     cohort_2/3    windows of only 2 or 3 candidates, one of them an attacker
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import optax
 from datasets import mnist
 from datasets.layout import load_split, load_train, split_path
 from native_peer.anchor import Anchor
+from native_peer.evidence import LeaseEvidence
 from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
@@ -79,7 +80,9 @@ SYBIL_FRACTIONS = (0.5, 0.6)
 LEARNING_RATE = 2e-3
 BATCH = 64
 SHARD_EXAMPLES = 1000
-STEPS = SHARD_EXAMPLES // BATCH  # a trainer's optimizer steps per window
+LEASE_SHARDS = 4  # a lease's shards: the MNIST network's shards_per_lease (networks/mnist.toml)
+LEASE_EXAMPLES = LEASE_SHARDS * SHARD_EXAMPLES
+STEPS = LEASE_EXAMPLES // BATCH  # a trainer's optimizer steps per window: one epoch of its lease
 HOLDOUT = 5000  # what the validator judges candidates and heads on (never a trainer's)
 REFERENCE = 4000  # what the validator trains its own update on (never a trainer's)
 REFERENCE_BATCH = 2 * BATCH  # 2 x the trainers' batch, their step count: what validators do (Validator._reference)
@@ -102,6 +105,8 @@ class Window:
     rng: np.random.Generator
     index: int = 0  # this attacker's position among the attackers
     operator: Params | None = None  # the first attacker's own update (what Sybils copy)
+    parent: Params | None = None  # the head before ``base`` (the lineage's last step: base − parent)
+    lineage_step: float = 0.0  # the lineage's step size, as the heads record it
 
 
 def _delta(params: Params, base: Params) -> dict[str, np.ndarray]:
@@ -199,6 +204,25 @@ def _sybil_scaled(w: Window) -> list[Params]:
     return [_apply(w.base, {k: factor * v for k, v in _delta(w.operator, w.base).items()})]
 
 
+def _noise_step(w: Window) -> list[Params]:
+    """A free rider: the head plus random noise the size of the lineage's last step."""
+    noise = {k: w.rng.standard_normal(v.shape) for k, v in w.base.items()}
+    return [_apply(w.base, {k: w.lineage_step / _norm(noise) * v for k, v in noise.items()})]
+
+
+def _repeat_step(w: Window) -> list[Params]:
+    """A free rider: the lineage's last step again, head + (1 + 0.01 i)(head − parent) for the i-th
+    attacker (the same bytes from several would be one candidate at the edge)."""
+    assert w.parent is not None
+    return [_apply(w.base, {k: (1.0 + 0.01 * w.index) * v for k, v in _delta(w.base, w.parent).items()})]
+
+
+def _copy_jitter(w: Window) -> list[Params]:
+    """A free rider: another peer's update of this window, each coordinate jittered by 1 %."""
+    delta = _delta(w.honest[w.index % len(w.honest)], w.base)
+    return [_apply(w.base, {k: v * (1.0 + 0.01 * w.rng.standard_normal(v.shape)) for k, v in delta.items()})]
+
+
 # Attacks whose damage is in the descriptor, not the parameters, map to None: handled in _submit.
 ATTACKS: dict[str, Callable[[Window], list[Params]] | None] = {
     "sign_flip": _sign_flip,
@@ -215,7 +239,11 @@ ATTACKS: dict[str, Callable[[Window], list[Params]] | None] = {
     "backdoor": _backdoor,
     "backdoor_boosted": _backdoor_boosted,
     "sybil_scaled": _sybil_scaled,
+    "noise_step": _noise_step,
+    "repeat_step": _repeat_step,
+    "copy_jitter": _copy_jitter,
 }
+FREE_RIDERS = frozenset({"free_rider", "noise_step", "repeat_step", "copy_jitter"})  # no training of their own
 BACKDOORS = frozenset({"backdoor", "backdoor_boosted"})
 
 
@@ -276,6 +304,10 @@ class Tally:
     benign_rejected: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     benign_cosines: list[float] = field(default_factory=list)  # to the reference, screened-in benign updates
+    benign_evidence: list[float] = field(default_factory=list)  # lease_evidence_z of benign updates
+    malicious_evidence: list[float] = field(default_factory=list)
+    malicious_examples_credited: int = 0  # examples of credited malicious candidates (server.credit)
+    benign_uncredited: int = 0  # benign candidates accepted without the evidence that earns credit
     promoted: int = 0
 
 
@@ -319,9 +351,12 @@ class Suite:
         self.learner = mlp_learner()
         self.engine = TrainEngine(self.learner, optax.adam(LEARNING_RATE))
         self.evaluator = Evaluator(self.learner)
+        self.evidence = LeaseEvidence(  # what validators measure on each candidate
+            self.learner, self.evaluator, [str(n) for n in range(len(data.shards))], lambda s: data.shards[int(s)]
+        )
         self.signers = [PureSigner(i.to_bytes(2, "big") * 16) for i in range(1, max(peers, 3) + 1)]
         self.genesis = self.learner.to_tensors(self.learner.init(jax.random.PRNGKey(0)))
-        self.warm, self.warm_updates, self.warm_states = self._warm_up(warmup_windows)
+        self.warm, self.warm_updates, self.warm_states, self.warm_parent = self._warm_up(warmup_windows)
         train_y = np.concatenate([y for _, y in data.shards])
         self._by_class = {c: np.flatnonzero(train_y == c) for c in range(10)}
         self._train_x = np.concatenate([x for x, _ in data.shards])
@@ -339,11 +374,11 @@ class Suite:
         params, opt_state, _ = self.engine.train_epoch(self.learner.from_tensors(base), opt_state, xb, yb)
         return self.learner.to_tensors(params), opt_state
 
-    def _warm_up(self, windows: int) -> tuple[Params, list[Params], list[Any]]:
-        """A shared mid-training head (clean FedAvg windows) every scenario starts from, the
+    def _warm_up(self, windows: int) -> tuple[Params, list[Params], list[Any], Params]:
+        """A shared mid-training head (clean FedAvg windows of one shard a peer) every scenario starts from, the
         updates of its last window (what a replaying attacker can resend in the first window), and
-        each peer's optimizer state (trainers keep theirs across windows)."""
-        base = self.genesis
+        each peer's optimizer state (trainers keep theirs across windows), and the head before it."""
+        base = parent = self.genesis
         updates: list[Params] = []
         states = [self.engine.init_optimizer(self.learner.from_tensors(base)) for _ in self.signers]
         for window in range(windows):
@@ -352,27 +387,42 @@ class Suite:
                 x, y = self.data.shards[(window * len(self.signers) + i) % len(self.data.shards)]
                 params, states[i] = self._fit(base, x, y, states[i], window)
                 updates.append(params)
-            base = {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in base}
-        return base, updates, states
+            parent, base = base, {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in base}
+        return base, updates, states, parent
+
+    def _examples(self, shard_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The examples of shards ``shard_ids`` (indices into ``Data.shards``), in that order."""
+        parts = [self.data.shards[int(s)] for s in shard_ids]
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
     def _skewed(self, peer: int, window: int) -> tuple[np.ndarray, np.ndarray]:
-        """``SHARD_EXAMPLES`` training examples of the peer's classes, different each window."""
+        """``SHARD_EXAMPLES`` training examples of the peer's classes, different each window: a quarter
+        of an iid peer's lease (with 4,000, 62 steps on 2 or 3 classes, the merged head's holdout loss
+        rose in 2 of 4 windows and every update of those was refused as ``merge_blocked``)."""
         pool = np.concatenate([self._by_class[c] for c in skew_classes(peer)])
         pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
         return self._train_x[pick], self._train_y[pick]
 
     def run(
-        self, attack: str, fraction: float, preset: str, setting: str = "iid", *, use_reference: bool = True
+        self,
+        attack: str,
+        fraction: float,
+        preset: str,
+        setting: str = "iid",
+        *,
+        use_reference: bool = True,
+        use_evidence: bool = True,
     ) -> dict[str, Any]:
-        """One scenario; ``use_reference=False`` judges as a validator without a reference update."""
-        policy = PRESETS[preset]
+        """One scenario; ``use_reference=False`` judges as a validator without a reference update,
+        ``use_evidence=False`` without measuring each candidate's evidence that it trained on its lease."""
+        policy = PRESETS[preset] if use_evidence else PRESETS[preset].without_lease_evidence()
         where = SETTINGS[setting]
         peers = where.peers or self.peers
         malicious = set() if attack == "clean" else set(range(round(fraction * peers)))
         signers = self.signers[:peers]
         trust = FRESH_TRUST
         tally = Tally()
-        base = self.warm
+        base, before = self.warm, self.warm_parent  # the head and the head before it
         base_metrics = self.evaluate(base, self.data.holdout)
         step: dict[str, float] = {}  # the lineage's step size, as the heads record it
         states = list(self.warm_states[:peers])
@@ -392,24 +442,34 @@ class Suite:
         for window in range(self.windows):
             if anchor_window(window, ANCHOR_EVERY) == window:
                 anchored = (head_id, base)
-            assignment = assign_leases(head_id, peer_ids, [str(i) for i in range(len(self.data.shards))], 1)  # type: ignore[arg-type]
+            shard_ids = [str(i) for i in range(len(self.data.shards))]
+            assignment = assign_leases(head_id, peer_ids, shard_ids, LEASE_SHARDS)  # type: ignore[arg-type]
             parent = previous_head if window else None
             current = HeadDescriptor(KEY, head_id, parent, window, 0, (), VALIDATOR_KEY, 0)  # the window's head
             trained: list[Params] = []
+            leased: list[tuple[np.ndarray, np.ndarray]] = []  # each peer's leased examples, as the lease names them
             for i, peer in enumerate(peer_ids):
-                x, y = self._skewed(i, window) if where.skew else self.data.shards[int(assignment[peer][0])]
+                x, y = self._skewed(i, window) if where.skew else self._examples(assignment[peer])
+                leased.append((x, y))
                 if i in malicious and attack in BACKDOORS:
                     x, y = poison(x, y, _seed("poison", i, window))
                 params, states[i] = self._fit(base, x, y, states[i], _seed("batches", i, window))
                 trained.append(params)
             honest = [trained[i] for i in range(peers) if i not in malicious]
+            lineage_step = step.get("update_norm") or float(
+                np.median([_norm(_delta(u, before)) for u in self.warm_updates])
+            )  # the warm-up's last window before the first head records one
             submissions, candidates, is_malicious = [], [], []
+            leases: list[tuple[Lease, int]] = []  # each submission's lease and peer
             for i, (signer, peer) in enumerate(zip(signers, peer_ids, strict=True)):
                 lease = Lease(
                     LeaseId(f"lease-{window}-{i}"), KEY, peer, head_id, window, DatasetId("mnist"),
                     assignment[peer], 0, 2**40,
                 ).signed(EDGE)  # fmt: skip
-                ctx = Window(base, trained[i], honest, previous, rng, sorted(malicious).index(i) if i in malicious else 0, trained[0])  # fmt: skip
+                ctx = Window(
+                    base, trained[i], honest, previous, rng, sorted(malicious).index(i) if i in malicious else 0,
+                    trained[0], before, lineage_step,
+                )  # fmt: skip
                 for candidate, artifact in self._submit(attack if i in malicious else None, ctx, signer, lease):
                     candidates.append((candidate, artifact))
                     is_malicious.append(i in malicious)
@@ -419,7 +479,7 @@ class Suite:
                         base=current if candidate.base_head == head_id else None,
                         judged=judged,
                         lease=lease,
-                        leased_examples=SHARD_EXAMPLES,
+                        leased_examples=LEASE_EXAMPLES,
                         edge_key=EDGE.public_key,
                     )
                     params = _decode(artifact) if screen.accepted else None
@@ -433,8 +493,15 @@ class Suite:
                             screen,
                         )
                     )
-            # the validator, once the window is closed: its own update and the tie-break salt
+                    leases.append((lease, i))
+            # the validator, once the window is closed: the tie-break salt, each candidate's lease
+            # evidence drawn with it, its own update
             salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c, _ in candidates)).encode()).digest()
+            for n, (sub, (lease, i)) in enumerate(zip(submissions, leases, strict=True)):
+                if policy.asks_lease_evidence and sub.params is not None and _finite_like(base, sub.params):
+                    z = self.evidence.z(salt, head_id, base, sub.params, lease.lease_id, lease.shard_ids, leased[i])
+                    (tally.malicious_evidence if i in malicious else tally.benign_evidence).append(z)
+                    submissions[n] = replace(sub, lease_evidence_z=z)
             decision = judge_window(
                 self.learner.model, base, base_metrics | step, submissions, policy,
                 lambda p: self.evaluate(p, self.data.holdout), trust,
@@ -450,18 +517,21 @@ class Suite:
                 screen = decision.screens[sub.candidate_id]
                 accepted = screen.accepted and decision.promoted
                 judged.add(sub.candidate_id)
+                credited = sub.candidate_id in decision.credited
                 if bad:
                     tally.malicious += 1
                     tally.malicious_accepted += int(accepted)
+                    tally.malicious_examples_credited += int(sub.examples) if credited else 0
                 else:
                     tally.benign += 1
                     tally.benign_rejected += int(not accepted)
+                    tally.benign_uncredited += int(accepted and not credited)
                 if not accepted:
                     reason = str(screen.reason)
                     tally.reasons[reason] = tally.reasons.get(reason, 0) + 1
             previous = [(c, a) for c, a in candidates if decision.screens[c.candidate_id].accepted]
             if decision.merged is not None:
-                base = decision.merged
+                before, base = base, decision.merged
                 base_metrics = decision.merged_metrics or base_metrics
                 previous_head, head_id = head_id, HeadId(content_id(encode_tensors(base)))
         quarantined = trust.quarantine
@@ -485,6 +555,10 @@ class Suite:
             "rejection_reasons": tally.reasons,
             "windows_promoted": tally.promoted,
             "benign_min_cosine": min(tally.benign_cosines, default=float("nan")),
+            "malicious_examples_credited": tally.malicious_examples_credited,
+            "benign_credit_withheld": tally.benign_uncredited / tally.benign if tally.benign else 0.0,
+            "benign_min_evidence_z": min(tally.benign_evidence, default=float("nan")),
+            "malicious_max_evidence_z": max(tally.malicious_evidence, default=float("nan")),
         }
 
     def _submit(self, attack: str | None, w: Window, signer: PureSigner, lease: Lease) -> list[tuple[Candidate, bytes]]:
@@ -519,6 +593,14 @@ def _candidate(signer: PureSigner, lease: Lease, base_head: HeadId, candidate_id
         KEY, candidate_id, base_head, lease.lease_id,  # type: ignore[arg-type]
         signer.public_key, "native", STEPS * BATCH, STEPS, 1,
     ).signed(signer)  # fmt: skip
+
+
+def _finite_like(base: Params, params: Params) -> bool:
+    """Whether ``params`` has ``base``'s names and shapes and only finite values: what evidence can be measured on
+    (``judge_window`` rejects the rest by schema first)."""
+    return params.keys() == base.keys() and all(
+        params[k].shape == base[k].shape and np.isfinite(params[k]).all() for k in base
+    )
 
 
 def _decode(artifact: bytes) -> Params:
@@ -598,15 +680,15 @@ def scorecard_table(scorecard: dict[str, Any]) -> str:
         f" {scorecard['warm_accuracy']:.4f}, trigger attack success {scorecard['warm_attack_success']:.3f}.",
         "",
         "| preset | setting | attack | fraction | malicious accepted | benign rejected | test acc | vs clean "
-        "| attack success | vs clean | honest quarantined | quarantine P / R |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| attack success | vs clean | honest quarantined | quarantine P / R | malicious examples credited |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in scorecard["rows"]:
         lines.append(
             f"| {r['preset']} | {r['setting']} | {r['attack']} | {r['fraction']:.2f} | {r['malicious_acceptance']:.2f} "
             f"| {r['benign_false_rejection']:.3f} | {r['final_test_accuracy']:.4f} | {r['accuracy_vs_clean']:+.4f} "
             f"| {r['attack_success']:.3f} | {r['attack_success_vs_clean']:+.3f} | {r['honest_quarantined']} "
-            f"| {r['quarantine_precision']:.2f} / {r['quarantine_recall']:.2f} |"
+            f"| {r['quarantine_precision']:.2f} / {r['quarantine_recall']:.2f} | {r['malicious_examples_credited']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -100,9 +100,10 @@ def test_honest_peers_are_never_quarantined_under_a_sybil_majority(scorecard: di
 
 
 def test_the_sybil_control_without_a_reference(suite: Suite) -> None:
-    """The cohort rules alone: scaled-down Sybil copies drag the median norm down and the honest
-    updates are rejected as too large (and their peers quarantined)."""
-    row = suite.run("sybil_scaled", 0.6, "balanced", "iid", use_reference=False)
+    """The cohort rules alone (no reference, no lease evidence, which refuses the copies): scaled-down
+    Sybil copies drag the median norm down and the honest updates are rejected as too large (and their
+    peers quarantined)."""
+    row = suite.run("sybil_scaled", 0.6, "balanced", "iid", use_reference=False, use_evidence=False)
     assert row["benign_false_rejection"] > 0.5 and row["honest_quarantined"] > 0
 
 
@@ -129,6 +130,27 @@ def test_flooding_peers_are_quarantined_precisely(scorecard: dict[str, Any]) -> 
     row = _row(scorecard, "late_flood", 0.33)
     assert row["quarantine_recall"] == 1.0 and row["quarantine_precision"] == 1.0
     assert scorecard["clean_accuracy"]["balanced"] > 0.9 > scorecard["warm_accuracy"]
+
+
+@pytest.mark.parametrize("attack", ["noise_step", "repeat_step", "copy_jitter"])
+def test_free_riders_earn_no_credit(scorecard: dict[str, Any], attack: str) -> None:
+    """Credit for work, not for claims: a candidate that did not train on its lease (noise of the
+    lineage's step, the lineage's last step again, another peer's update jittered) shows no evidence
+    it did. It is never credited, and accepted at most for 10 % of its submissions over the fractions
+    (evidence z ≥ 2 by chance), while no honest update is refused."""
+    rows = [r for r in scorecard["rows"] if r["attack"] == attack]
+    assert rows and all(r["malicious_submissions"] > 0 for r in rows)
+    assert all(r["malicious_examples_credited"] == 0 for r in rows), rows
+    accepted = sum(r["malicious_acceptance"] * r["malicious_submissions"] for r in rows)
+    assert accepted <= 0.1 * sum(r["malicious_submissions"] for r in rows), rows
+    assert all(r["benign_false_rejection"] == 0.0 and r["benign_credit_withheld"] == 0.0 for r in rows), rows
+
+
+def test_the_free_rider_control_without_lease_evidence(suite: Suite) -> None:
+    """Without the evidence, the same free riders pass every screen and are credited as honest peers."""
+    for attack in ("noise_step", "repeat_step", "copy_jitter"):
+        row = suite.run(attack, 0.2, "balanced", "iid", use_evidence=False)
+        assert row["malicious_acceptance"] == 1.0 and row["malicious_examples_credited"] > 0, row
 
 
 def test_the_trigger_is_never_lit_by_training_data(suite: Suite, scorecard: dict[str, Any]) -> None:
