@@ -26,6 +26,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     outer        the outer optimizer: FedAvg, or DiLoCo's Nesterov step with its momentum as lineage state
     reasons      Reason: the typed accept/reject reasons, and which count as strikes
     screening    update screening presets and the promotion rule
+    evidence     lease evidence: a candidate's loss gain on its lease against training shards outside it
     trust        per-peer strikes and quarantine (an immutable TrustBook)
     judging      judge_window: the whole decision for one window, pure; returns the next trust book
     deadline     when a validator closes a window: derived from recent window durations
