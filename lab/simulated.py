@@ -10,8 +10,10 @@ real edge, their updates drawn from updates real trainers published. What scale 
 Real: each peer's Ed25519 identity, its signed lease request and the edge's lease (``check_lease``), the
 candidate in the experiment's codec, packaged and signed by ``protocol.window.package_candidate`` and
 uploaded by ``EdgeClient.publish_candidate``. Simulated: training. A candidate is the head plus an update
-drawn from the bank (``UpdateBank.draw``), so the validator's screening, holdout checks and merge take it
-as honest work; it claims the examples and steps one window of its lease takes. Left out: the peers'
+drawn from the bank (``UpdateBank.draw``), so the validator's update screens, holdout checks and merge
+take it as honest work; it claims the examples and steps one window of its lease takes. Its lease
+evidence (``protocol.evidence``, measured as for any candidate) shows no work on its own lease: it earns
+no credit, and once the head's holdout loss is below half of chance it is refused (``no_lease_evidence``). Left out: the peers'
 shard downloads and head downloads (the fleet reads the head once a window).
 
 Peers are spread over ``addresses`` loopback source addresses (127.0.0.2, 127.0.0.3, ...), one
