@@ -178,11 +178,13 @@ def _copied_update(rider: Trainer, experiment: Any, validator: Validator, honest
 
 def test_credit_follows_evidence_of_work_not_claims(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:
     """An honest trainer and a free rider, each on its own real lease: the validator measures each
-    candidate's lease evidence z on its copy of the training split. Near chance (window 0) acceptance
-    asks for none, so the copy is accepted, but credit asks for z ≥ 3: the rider earns none. Once the
-    head has learned (window 1) the copy is refused as ``no_lease_evidence`` (half a strike) unless it
-    drew z ≥ 2 by chance (a few percent), and is not credited either way; the honest trainer's work
-    (z above 5 from window 1) is accepted and credited."""
+    candidate's lease evidence z on its copy of the training split, and the verdicts follow z, never
+    the examples claimed. Near chance (window 0) acceptance asks for no evidence, so the copy is
+    accepted; credit always asks for z ≥ 3. Once the head has learned (window 1) the copy is refused
+    as ``no_lease_evidence`` (half a strike) unless it drew z ≥ 2. The rider's z is a draw of about
+    N(0, 1) (lease ids, salts and keys are random here), so the test checks that each verdict follows
+    its z and that the rider's z stays below 5 (a draw above it has odds of 3 in 10 million); the
+    seeded attack suite asserts that free riders are never credited."""
     edge, validator, root = network_env
     spec = validator.network.experiment(BASELINE)
     policy = PRESETS[spec.screening]
@@ -199,10 +201,12 @@ def test_credit_follows_evidence_of_work_not_claims(network_env: tuple[Backgroun
     honest_id, rider_id = str(honest.peer_id), str(rider.peer_id)
     assert all(set(w) == {honest_id, rider_id} for w in windows)
     first, second = windows[0][rider_id], windows[1][rider_id]
-    assert first.accepted and first.metrics["examples"] == 0  # near chance: accepted, never credited
+    assert first.accepted  # near chance: acceptance asks for no evidence
     for verdict in (first, second):
-        assert verdict.metrics["lease_evidence_z"] < policy.credit_lease_evidence_z
-        assert verdict.metrics["examples"] == 0
+        z = verdict.metrics["lease_evidence_z"]
+        assert z < 5.0
+        credited = verdict.accepted and z >= policy.credit_lease_evidence_z
+        assert (verdict.metrics["examples"] > 0) == credited
     if second.metrics["lease_evidence_z"] < policy.min_lease_evidence_z:
         assert second.reason is Reason.NO_LEASE_EVIDENCE and not second.accepted
         assert validator.state.trust.strikes[rider_id] == 0.5  # half a strike: a repeat offender's add up
@@ -212,7 +216,8 @@ def test_credit_follows_evidence_of_work_not_claims(network_env: tuple[Backgroun
     assert work.accepted and work.metrics["lease_evidence_z"] >= policy.credit_lease_evidence_z
     assert work.metrics["examples"] == outcome.examples > 0
     board = {s["peer_id"]: s for s in httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit").json()}
-    assert board[rider_id]["examples"] == 0 and board[honest_id]["examples"] >= outcome.examples
+    assert board[rider_id]["examples"] == sum(v.metrics["examples"] for v in (first, second))
+    assert board[honest_id]["examples"] >= outcome.examples
     for node in (honest, rider):
         node.close()
 
