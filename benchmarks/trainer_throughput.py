@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from lab.stack import prepare_network
-from native_peer import NodeBuilder, StorageConfig
+from native_peer import Project, StorageConfig
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from protocol.batches import make_batches
 from protocol.shards import decode_shard
@@ -67,7 +67,7 @@ def main() -> None:
         spec = network.experiment(BENCH_EXPERIMENT)
         validator.ensure_genesis(spec)
         trainer = (
-            NodeBuilder(mlp_learner()).trainer(RELEASE, WORKLOAD).with_network(network)
+            Project(mlp_learner()).trainer(RELEASE, WORKLOAD).with_network(network)
             .with_storage(StorageConfig(root / "trainer")).with_bootstrap_peer(edge.url).spawn()
         )  # fmt: skip
         experiment = trainer.experiment(*BENCH_EXPERIMENT.parts)

@@ -1,6 +1,6 @@
 """Native peers: JAX + optax trainers and validators that join a network through its edge.
 
-trainer      NodeBuilder → TrainerBuilder → Trainer: the user-facing trainer API
+trainer      Project → TrainerBuilder → Trainer: the user-facing trainer API
 head_follower  following an experiment's head in the background (long poll, download)
 learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoader, TrainEngine, Evaluator
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
@@ -10,7 +10,7 @@ validator    Validator: genesis, screening, evaluation, merge, signed promotion
 anchor       Anchor: the validator's own update, trained once per anchor head
 evidence     LeaseEvidence: each candidate's evidence that it trained on its lease (protocol.evidence)
 edge_client  HTTP client for the edge
-dataset_client  lease-scoped shard downloads, verified and cached
+shard_cache  lease-scoped shard downloads, verified and cached (memory and disk, capped)
 identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
 cli          ``python -m native_peer train | validate``
@@ -21,7 +21,7 @@ from protocol.manifests import NetworkManifest, ReleaseManifest, SupportedWorklo
 
 from .learner import BatchLoader, JaxLearner
 from .storage import StorageConfig
-from .trainer import Experiment, NodeBuilder, Trainer, WindowOutcome, WindowUnavailable
+from .trainer import Experiment, Project, Trainer, WindowOutcome, WindowUnavailable
 from .validator import Validator, ValidatorConfig
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "ExperimentId",
     "JaxLearner",
     "NetworkManifest",
-    "NodeBuilder",
+    "Project",
     "ReleaseManifest",
     "RevisionId",
     "StorageConfig",

@@ -48,7 +48,7 @@ from .identity import NodeIdentity
 from .learner import network_learners, spec_learner
 from .mnist import RELEASE
 from .storage import StorageConfig
-from .trainer import NodeBuilder
+from .trainer import Project
 from .validator import Validator
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
@@ -148,7 +148,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
     ((model, dataset_id),) = workloads
     builder = (
-        NodeBuilder(spec_learner(model))  # the model as the network's manifest declares it
+        Project(spec_learner(model))  # the model as the network's manifest declares it
         .trainer(RELEASE, SupportedWorkload(f"{model.name}-cpu", model.name, dataset_id))
         .with_network(network)
         .with_storage(StorageConfig(args.storage))

@@ -44,9 +44,14 @@ class StorageConfig:
     def head_path(self, cid: ContentId) -> Path:
         return self.root / "heads" / f"{cid.removeprefix('sha256:')}.safetensors"
 
+    @property
+    def shards_dir(self) -> Path:
+        """The shard cache: ``shard_path`` of each kept shard, nothing else but writers' temporary files."""
+        return self.root / "shards"
+
     def shard_path(self, sha256: str) -> Path:
         """Where a shard whose fetch-manifest sha256 is ``sha256`` is cached (``protocol.content_cache``)."""
-        return self.root / "shards" / f"{sha256}.safetensors"
+        return self.shards_dir / f"{sha256}.safetensors"
 
     def experiment_dir(self, key: ExperimentKey) -> Path:
         return self.root / "experiments" / key.replace("/", "__")

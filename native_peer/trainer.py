@@ -1,12 +1,12 @@
 """Native trainers: the builder API and the train-window loop.
 
-    project = NodeBuilder(mlp_learner(), train_loader=BatchLoader(64))
+    project = Project(mlp_learner(), train_loader=BatchLoader(64))
     trainer = (project.trainer(release, workload)
                .with_network(network).with_storage(StorageConfig("./node"))
                .with_bootstrap_peer("http://127.0.0.1:8000").spawn())
     experiment = trainer.experiment(StudyId("study"), ExperimentId("mnist"), RevisionId("rev-1"))
     outcome = trainer.train_window_once(experiment)
-    print(outcome.head_id)
+    print(outcome.candidate_id)
 
 One window follows ``protocol.window``, the routine the browser peer runs too: read the current
 head (``head_to_train``: signed by a validator of the network, not trained on yet), lease shards
@@ -62,14 +62,14 @@ from protocol.shards import feature_scale
 from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
-from .dataset_client import ShardCache
 from .edge_client import EdgeClient, EdgeRequestError
 from .head_follower import FollowedHead, HeadFollower
 from .identity import NodeIdentity
 from .learner import BatchLoader, JaxLearner, TrainEngine, at_learning_rate
+from .shard_cache import ShardCache
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["Experiment", "NodeBuilder", "Trainer", "TrainerBuilder", "WindowOutcome", "WindowUnavailable"]
+__all__ = ["Experiment", "Project", "Trainer", "TrainerBuilder", "WindowOutcome", "WindowUnavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Experiment:
 
 @dataclass(frozen=True)
 class WindowOutcome:
-    """What one train window produced. ``head_id`` is the id of the candidate head it published."""
+    """What one train window produced. ``candidate_id`` is the candidate it published, trained on ``base_head_id``."""
 
     experiment: str
     window: int
@@ -167,7 +167,7 @@ class _Carry:
 
 
 @dataclass(frozen=True)
-class NodeBuilder:
+class Project:
     """A user's project: learner plus loaders. ``eval_loader`` gives local (x, y) for self-reports."""
 
     learner: JaxLearner
@@ -184,7 +184,7 @@ class NodeBuilder:
 
 @dataclass(frozen=True)
 class TrainerBuilder:
-    project: NodeBuilder
+    project: Project
     release: ReleaseManifest
     workload: SupportedWorkload
     network: NetworkManifest | None = None
@@ -240,7 +240,7 @@ class Trainer:
 
     def __init__(
         self,
-        project: NodeBuilder,
+        project: Project,
         workload: SupportedWorkload,
         network: NetworkManifest,
         storage: StorageConfig,

@@ -4,7 +4,7 @@ do not), the caller verifies an entry's bytes again each time it uses them, and 
 bytes are kept, the least recently used dropped first.
 
 ``CacheIndex`` is only the bookkeeping (which keys are kept, their sizes, their order of use); the
-host keeps the bytes: a native peer on disk and decoded in memory (``native_peer.dataset_client``), a
+host keeps the bytes: a native peer on disk and decoded in memory (``native_peer.shard_cache``), a
 tab in IndexedDB or in memory (``browser_peer.shard_store``). Its wire form lets a tab keep the index
 across page loads; a damaged one reads as empty.
 """

@@ -7,6 +7,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     errors            the one table mapping exceptions to HTTP status and WebSocket close codes
     state             EdgeState: everything one running edge holds, built once at start-up
     store             heads, candidates, leases, verdicts, tokens, peers, the edge's own key, on an engine:
+    store_engine      the engine interface the store runs its SQL over (a transaction, a read, close)
     store_sqlite      the embedded engine (one SQLite file)
     store_postgres    the engine for several edges sharing one state
     blobs             content-addressed artifact files on disk (atomic, fsynced)

@@ -3,7 +3,7 @@ candidates, leases, verdicts, tokens, peers, its own key.
 
 Everything a peer needs after an edge restart lives here or in the blob store. ``EdgeStore`` holds
 every query, written once in the SQL that SQLite and PostgreSQL share, over a ``Database``: the
-small engine interface (a transaction, a query, close) that each engine implements.
+small engine interface (a transaction, a query, close; ``server.store_engine``) that each engine implements.
 
     Store(path)          the embedded default: SQLite in one file (``server.store_sqlite``)
     PostgresStore(url)   PostgreSQL, shared by several edges (``server.store_postgres``)
@@ -20,19 +20,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
 from protocol.signing import b64encode
 
 from .errors import Conflict
+from .store_engine import Database, Run
 from .store_sqlite import SqliteDatabase
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "Cursor", "Database", "EdgeStore", "PostgresStore", "Store", "open_store"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "EdgeStore", "PostgresStore", "Store", "open_store"]
 
 # The shared dialect: ``?`` placeholders, ``rowid`` for arrival order, ``ON CONFLICT`` upserts,
 # ``IS NOT DISTINCT FROM``, ``RETURNING``, ``"window"`` quoted (a reserved word in PostgreSQL).
@@ -77,36 +76,6 @@ CREATE TABLE IF NOT EXISTS peers (
 """
 
 SCHEMA_VERSION = 2
-
-
-class Cursor(Protocol):
-    """What a statement run in a transaction answers (a DB-API cursor)."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-Run = Callable[..., Cursor]  # run(sql, *args): one statement of a transaction
-
-
-class Database(Protocol):
-    """One storage engine (``server.store_sqlite``, ``server.store_postgres``): statements in the
-    shared dialect, the schema created and its version checked when it opens."""
-
-    def transaction(self) -> AbstractContextManager[Run]:
-        """A write transaction that excludes every other writer of the database until it commits
-        (or rolls back, on an exception); it yields ``run(sql, *args)``."""
-        ...
-
-    def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
-        """Rows of one read, outside any transaction."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def _head(text: object) -> HeadDescriptor:

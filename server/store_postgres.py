@@ -29,7 +29,7 @@ import psycopg
 from .errors import Unavailable
 
 if TYPE_CHECKING:
-    from .store import Run
+    from .store_engine import Run
 
 __all__ = ["PostgresDatabase"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .store import Run
+    from .store_engine import Run
 
 __all__ = ["SqliteDatabase"]
 

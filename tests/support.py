@@ -15,7 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from native_peer import NodeBuilder, StorageConfig
+from native_peer import Project, StorageConfig, Validator
+from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
 from native_peer.trainer import Trainer
@@ -28,7 +29,9 @@ from protocol.messages import READ_PROOF_HEADER, Candidate, HeadDescriptor, Leas
 from protocol.model import init_params
 from protocol.signing import PureSigner, Signer, peer_id_from_public_key
 from protocol.updates import encode_update
+from server.serve import BackgroundEdge
 from server.settings import Settings
+from tools.networks import mnist_network
 
 VALIDATOR = PureSigner(b"\x11" * 32)
 EXPERIMENT = ExperimentKey.parse("study/mnist/rev-1")
@@ -214,7 +217,7 @@ def tools_output(argv: list[str]) -> str:
 def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, continuous: bool = False) -> Trainer:
     """A native MNIST MLP trainer spawned through the builder API, as users write it."""
     return (
-        NodeBuilder(mlp_learner())
+        Project(mlp_learner())
         .trainer(RELEASE, WORKLOAD)
         .with_network(network)
         .with_storage(StorageConfig(storage))
@@ -222,3 +225,19 @@ def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, continuo
         .with_continuous_training(continuous)
         .spawn()
     )
+
+
+@contextlib.contextmanager
+def mnist_network_env(root: Path, datasets: Path) -> Iterator[tuple[BackgroundEdge, Validator, Path]]:
+    """A real edge serving ``tools.networks.mnist_network`` (its ``network.json`` written under
+    ``root``) and its one validator (storage ``root/validator``), not yet at genesis; yields
+    (edge, validator, root)."""
+    storage = StorageConfig(root / "validator")
+    network = mnist_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    (root / "network.json").write_text(json.dumps(network.to_wire()))
+    with BackgroundEdge(edge_settings(root, datasets)) as edge:
+        validator = Validator(mlp_learner(), network, storage, edge.url, datasets)
+        try:
+            yield edge, validator, root
+        finally:
+            validator.close()

@@ -18,7 +18,7 @@ from browser_peer.peer import BrowserPeer, PeerConfig
 from datasets.sharding import shard
 from datasets.sources import read_npz
 from lab.stack import LocalNetwork, validating
-from native_peer import NodeBuilder, StorageConfig
+from native_peer import Project, StorageConfig
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import spec_learner
 from native_peer.mnist import RELEASE
@@ -257,7 +257,7 @@ def test_native_and_browser_peers_train_a_model_declared_in_the_network_config(
     ):
         client = EdgeClient(edge.url)
         trainer = (
-            NodeBuilder(spec_learner(spec.model))  # as `dtn train` builds it from the manifest
+            Project(spec_learner(spec.model))  # as `dtn train` builds it from the manifest
             .trainer(RELEASE, SupportedWorkload("narrow-cpu", "mnist-narrow", DatasetId("mnist")))
             .with_network(local.network)
             .with_storage(StorageConfig(tmp_path / "trainer"))

@@ -16,13 +16,13 @@ import optax
 import pytest
 
 from datasets.layout import read_train_manifest
-from native_peer import NodeBuilder, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
-from native_peer.dataset_client import ShardCache
+from native_peer import Project, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.learner import TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
+from native_peer.shard_cache import ShardCache
 from native_peer.trainer import Trainer, WindowOutcome
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
@@ -40,22 +40,15 @@ from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
-from .support import candidate_envelope, edge_settings, mnist_trainer
+from .support import candidate_envelope, mnist_network_env, mnist_trainer
 
 SPEC = builtin_model("mnist-mlp")
 
 
 @pytest.fixture
 def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[BackgroundEdge, Validator, Path]]:
-    validator_storage = StorageConfig(tmp_path / "validator")
-    identity = NodeIdentity.load_or_create(validator_storage.identity_path)
-    network = mnist_network(identity.public_key)
-    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
-    settings = edge_settings(tmp_path, dataset_root)
-    with BackgroundEdge(settings) as edge:
-        validator = Validator(mlp_learner(), network, validator_storage, edge.url, dataset_root)
-        yield edge, validator, tmp_path
-        validator.close()
+    with mnist_network_env(tmp_path, dataset_root) as env:
+        yield env
 
 
 def _trainer(edge: BackgroundEdge, root: Path, name: str, continuous: bool = False) -> Trainer:
@@ -619,7 +612,7 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
             (broken / "mnist/train" / entry.locator).write_bytes(b"not this shard")
 
     def trainer(name: str, datasets: Path) -> Trainer:
-        builder = NodeBuilder(mlp_learner()).trainer(RELEASE, WORKLOAD).with_network(validator.network)
+        builder = Project(mlp_learner()).trainer(RELEASE, WORKLOAD).with_network(validator.network)
         storage = StorageConfig(root / name)
         return builder.with_storage(storage).with_bootstrap_peer(edge.url).with_sharded_dataset(datasets).spawn()
 
@@ -686,6 +679,33 @@ def test_a_shard_leased_again_is_served_decoded_from_memory(
     for _ in range(2):
         ShardCache.assemble(tight.prefetch(grant))
     assert (tight.memory_hits, tight.hits) == (0, 2 * shards)  # each use read and verified from disk
+    trainer.close()
+
+
+def test_the_shard_files_kept_on_disk_stay_within_their_cap_and_a_later_process_reads_them(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    edge, validator, root = network_env
+    validator.ensure_genesis(validator.network.experiment(BASELINE))
+    trainer = _trainer(edge, root, "disk")
+    grant = trainer.edge.request_lease(BASELINE, trainer.identity, "native")
+    manifest = trainer.edge.fetch_manifest(grant.lease.dataset_id)
+    sizes = sorted(manifest.shard(s).size_bytes for s in grant.lease.shard_ids)
+    cap = sizes[-1] + sizes[-2]  # room for two of the lease's shards, not for all of them
+    assert len(sizes) > 2 and sum(sizes) > cap
+
+    def on_disk() -> list[int]:
+        return [p.stat().st_size for p in trainer.storage.shards_dir.glob("*.safetensors")]
+
+    first = ShardCache(trainer.edge, trainer.storage, trainer._pool, memory_bytes=1, disk_bytes=cap)
+    x, _ = ShardCache.assemble(first.prefetch(grant))
+    kept = len(on_disk())
+    assert first.downloads == len(sizes) and 0 < kept < len(sizes) and sum(on_disk()) <= cap
+    later = ShardCache(trainer.edge, trainer.storage, trainer._pool, memory_bytes=1, disk_bytes=cap)
+    again, _ = ShardCache.assemble(later.prefetch(grant))
+    assert (later.hits, later.downloads) == (kept, len(sizes) - kept)  # the kept files, verified; the rest fetched
+    assert sum(on_disk()) <= cap
+    np.testing.assert_array_equal(x, again)
     trainer.close()
 
 

@@ -1,8 +1,9 @@
 """Shards, lease by lease: downloaded with the lease, verified against the fetch-manifest, cached.
 
 Shards are kept by the rule of ``protocol.content_cache``, keyed by their fetch-manifest sha256 (leases
-differ from window to window, the bytes do not): on disk, each file verified again before use, so a
-corrupted cache is refetched, never trained on; and decoded in memory as stored, uint8
+differ from window to window, the bytes do not): on disk, ``disk_bytes`` at most, least recently used
+first out (a file's mtime is its last use, so the order outlives the process), each file verified
+again before use, so a corrupted cache is refetched, never trained on; and decoded in memory as stored, uint8
 (``protocol.shards.decode_shard_stored``: the trainer's compiled step scales them), least recently
 used first out, ``memory_bytes`` at most: a trainer leasing a shard again trains on the examples it
 verified and decoded before, instead of re-reading, re-hashing and re-decoding them every window. With
@@ -30,15 +31,18 @@ from protocol.shards import decode_shard_stored, verify_shard
 from .edge_client import EdgeClient
 from .storage import StorageConfig, write_atomic
 
-__all__ = ["MEMORY_BYTES", "Examples", "ShardCache"]
+__all__ = ["DISK_BYTES", "MEMORY_BYTES", "Examples", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
 Examples = tuple[np.ndarray, np.ndarray]  # one shard's (features, labels), uint8 as stored
 MEMORY_BYTES = 256 << 20  # decoded shards kept in memory by default
+DISK_BYTES = 4 << 30  # shard files kept on disk by default
 
 
 class ShardCache:
+    """The shards of a trainer's leases, fetched in the background on ``pool``'s threads."""
+
     def __init__(
         self,
         edge: EdgeClient,
@@ -47,6 +51,7 @@ class ShardCache:
         local_datasets: Path | None = None,
         *,
         memory_bytes: int = MEMORY_BYTES,
+        disk_bytes: int = DISK_BYTES,
     ) -> None:
         self.edge = edge
         self.storage = storage
@@ -59,7 +64,8 @@ class ShardCache:
         self.downloads = 0
         self._memory: dict[str, Examples] = {}  # decoded shards by content, as ``_kept`` says
         self._kept = CacheIndex(memory_bytes)
-        self._lock = threading.Lock()  # the pool's threads share the memory cache
+        self._on_disk = CacheIndex(disk_bytes, _files_by_last_use(storage.shards_dir))
+        self._lock = threading.Lock()  # the pool's threads share both indexes
 
     def _local_bytes(self, dataset_id: str, entry: ShardEntry) -> bytes | None:
         """The shard from the prepared copy under ``local_datasets``, if there is one, it holds the
@@ -83,17 +89,24 @@ class ShardCache:
         if local is not None:
             return local
         path = self.storage.shard_path(entry.sha256)
-        if path.exists():
-            data = path.read_bytes()
+        with self._lock:
+            kept = self._on_disk.touch(entry.sha256)
+        if kept:
             try:
+                data = path.read_bytes()
                 verify_shard(entry, data)
+                path.touch()  # its last use, for the order of a later process
                 self.hits += 1
                 return data
-            except IntegrityError:
-                log.warning("cached shard %s is corrupt; fetching it again", shard_id)
+            except (OSError, IntegrityError) as exc:  # dropped meanwhile, or damaged: fetched again
+                log.warning("cached shard %s not usable (%s); fetching it again", shard_id, exc)
         data = self.edge.shard(grant, entry.shard_id)
         verify_shard(entry, data)
         write_atomic(path, data)
+        with self._lock:
+            dropped = self._on_disk.admit(entry.sha256, len(data))
+        for key in dropped:
+            self.storage.shard_path(key).unlink(missing_ok=True)
         self.downloads += 1
         return data
 
@@ -123,3 +136,14 @@ class ShardCache:
         """Wait for prefetched shards and concatenate them into (x, y)."""
         parts = [future.result() for future in pending]
         return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def _files_by_last_use(directory: Path) -> list[tuple[str, int]]:
+    """(key, size) of the shard files in ``directory``, least recently used (oldest mtime) first."""
+    files = []
+    for path in directory.glob("[!.]*.safetensors"):  # not a writer's temporary file
+        try:
+            files.append((path.stat(), path.name.removesuffix(".safetensors")))
+        except OSError:  # gone since the listing
+            continue
+    return [(key, st.st_size) for st, key in sorted(files, key=lambda f: f[0].st_mtime_ns)]

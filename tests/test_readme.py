@@ -1,0 +1,45 @@
+"""The README's native trainer example runs as written against a real edge."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from .support import mnist_network_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _example() -> str:
+    """The Python block under the README's "Native trainer API" heading."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Native trainer API") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None, "the section has no python block"
+    return match.group(1)
+
+
+def test_the_readme_trainer_example_trains_a_window_and_prints_its_candidate(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    code = _example()
+    follow = "trainer.run([experiment])"
+    assert code.count(follow) == 1  # the last line follows heads for ever: everything before it runs here
+    with mnist_network_env(tmp_path, dataset_root) as (edge, validator, root):
+        validator.ensure_genesis(validator.network.experiment(validator.network.experiments[0].key))
+        for written, here in (
+            ("var/demo/network.json", str(root / "network.json")),
+            ("http://127.0.0.1:8000", edge.url),
+            ('"./node"', repr(str(root / "node"))),
+        ):
+            assert code.count(written) == 1, written
+            code = code.replace(written, here)
+        scope: dict[str, object] = {}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code[: code.index(follow)], "README.md", "exec"), scope)
+        scope["trainer"].close()  # type: ignore[attr-defined]
+        printed = out.getvalue().strip()
+        assert printed in {c.candidate_id for c in validator.edge.candidates(validator.network.experiments[0].key)}
