@@ -140,9 +140,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
     heads: list[HeadDescriptor] = []
     try:
         with Fleet(root) as fleet:
-            fleet.start("edge", local.edge_argv(port))
-            fleet.wait_ready(f"{url}/healthz")
-            fleet.start("validator", local.validator_argv(url))
+            fleet.start_edge_and_validator(local, port)
             for name in names:
                 argv = [
                     *local.trainer_argv(url, root / name),

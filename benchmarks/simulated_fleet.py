@@ -183,9 +183,7 @@ def recorded_bank(base: Path, datasets: Path, codec: str, trainers: int = 4, win
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with Fleet(base) as fleet:
-        fleet.start("edge", local.edge_argv(port, "--candidate-retention-windows", "0"))
-        fleet.wait_ready(f"{url}/healthz")
-        fleet.start("validator", local.validator_argv(url))
+        fleet.start_edge_and_validator(local, port, "--candidate-retention-windows", "0")
         return record_bank(local, fleet, url, BENCH_EXPERIMENT, trainers=trainers, windows=windows)
 
 

@@ -79,9 +79,7 @@ def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: f
     chromium_profile = Path(tempfile.mkdtemp(prefix="dtn-chromium-"))
     try:
         with Fleet(out) as fleet:
-            fleet.start("edge", local.edge_argv(port))
-            fleet.wait_ready(f"{url}/healthz")
-            fleet.start("validator", local.validator_argv(url))
+            fleet.start_edge_and_validator(local, port)
             for i in (1, 2, 3):
                 fleet.start(f"trainer-{i}", local.trainer_argv(url, out / f"trainer-{i}"))
             if browser:

@@ -92,9 +92,7 @@ def run_workloads(
     started = time.monotonic()
     try:
         with Fleet(out) as fleet:
-            fleet.start("edge", local.edge_argv(port))
-            fleet.wait_ready(f"{url}/healthz")
-            fleet.start("validator", local.validator_argv(url))
+            fleet.start_edge_and_validator(local, port)
             for key in keys:
                 name = key.parts[1]
                 fleet.start(f"native-{name}", [*local.trainer_argv(url, out / f"native-{name}"), "--experiment", key])

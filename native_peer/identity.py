@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from protocol.ids import PeerId
-from protocol.signing import peer_id_from_public_key
+from protocol.signing import peer_id_from_public_key, strict_verifier
 
 __all__ = ["NodeIdentity"]
 
@@ -29,17 +29,12 @@ class NodeIdentity:
         self._key = Ed25519PrivateKey.from_private_bytes(seed)
         self._public_key = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
-    @staticmethod
-    def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
-        """``protocol.signing``'s verifier interface: True when ``signature`` is ``public_key``'s over
-        ``message``; False for a bad signature or a malformed key or signature."""
-        if len(public_key) != 32 or len(signature) != 64:
-            return False
-        try:
-            Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
-        except (InvalidSignature, ValueError):
-            return False
-        return True
+    verify = staticmethod(  # ``protocol.signing``'s verifier interface
+        strict_verifier(
+            lambda key, message, signature: Ed25519PublicKey.from_public_bytes(key).verify(signature, message),
+            (InvalidSignature, ValueError),
+        )
+    )
 
     @classmethod
     def load_or_create(cls, path: Path) -> NodeIdentity:

@@ -13,6 +13,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
     envelope     descriptor + artifact in one upload body or binary frame
+    framing      a JSON header behind a length prefix (the codec's and the envelope's)
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward
     model        model specs (input shape, layers, objective), the reference forward and evaluation
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts

@@ -17,11 +17,13 @@ from math import prod
 import numpy as np
 import numpy.typing as npt
 
-from .errors import CodecError, TooLarge
+from .errors import CodecError
+from .framing import read_json_header
 
 __all__ = ["MAX_HEADER_BYTES", "decode_tensors", "encode_tensors"]
 
 MAX_HEADER_BYTES = 1 << 20
+_HEADER_LENGTH = struct.Struct("<Q")
 
 _DTYPES: dict[str, np.dtype[np.generic]] = {
     "F64": np.dtype("<f8"),
@@ -68,23 +70,13 @@ def encode_tensors(tensors: Mapping[str, npt.ArrayLike], metadata: Mapping[str, 
         offset += len(data)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + b"".join(chunks)
+    return _HEADER_LENGTH.pack(len(raw)) + raw + b"".join(chunks)
 
 
 def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[Tensors, dict[str, str]]:
     """Decode safetensors bytes into ``(tensors, metadata)``; raise ``CodecError`` on any defect."""
     view = memoryview(data)
-    if len(view) < 8:
-        raise CodecError("artifact shorter than its 8-byte header length")
-    (header_len,) = struct.unpack("<Q", view[:8])
-    if header_len > MAX_HEADER_BYTES:
-        raise TooLarge(f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
-    if 8 + header_len > len(view):
-        raise CodecError("header length points past the end of the artifact")
-    try:
-        header = json.loads(bytes(view[8 : 8 + header_len]))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"header is not JSON: {exc}") from None
+    header, body_start = read_json_header(view, _HEADER_LENGTH, 0, MAX_HEADER_BYTES, CodecError, "artifact")
     if not isinstance(header, dict):
         raise CodecError("header is not a JSON object")
     metadata = header.pop("__metadata__", {}) or {}
@@ -92,7 +84,7 @@ def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[Tensors, dict[
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise CodecError("__metadata__ must map str to str")
-    body = view[8 + header_len :]
+    body = view[body_start:]
     spans: list[tuple[int, int]] = []
     tensors: Tensors = {}
     for name, info in header.items():

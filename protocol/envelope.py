@@ -9,21 +9,22 @@ ambiguous.
 
 from __future__ import annotations
 
-import json
 import struct
 
-from .errors import InvalidMessage, TooLarge
+from .errors import InvalidMessage
+from .framing import read_json_header
 from .signing import canonical_json
 
 __all__ = ["MAGIC", "MAX_DESCRIPTOR_BYTES", "pack_envelope", "unpack_envelope"]
 
 MAGIC = b"DTN1"
 MAX_DESCRIPTOR_BYTES = 512 * 1024  # a head merging ``messages.MAX_WINDOW_CANDIDATES`` candidates fits
+_LENGTH = struct.Struct(">I")
 
 
 def pack_envelope(descriptor: object, artifact: bytes) -> bytes:
     header = canonical_json(descriptor)
-    return MAGIC + struct.pack(">I", len(header)) + header + artifact
+    return MAGIC + _LENGTH.pack(len(header)) + header + artifact
 
 
 def unpack_envelope(data: bytes | memoryview) -> tuple[object, bytes]:
@@ -31,13 +32,5 @@ def unpack_envelope(data: bytes | memoryview) -> tuple[object, bytes]:
     view = memoryview(data)
     if len(view) < 8 or bytes(view[:4]) != MAGIC:
         raise InvalidMessage("not a DTN1 envelope")
-    (length,) = struct.unpack(">I", view[4:8])
-    if length > MAX_DESCRIPTOR_BYTES:
-        raise TooLarge(f"descriptor of {length} bytes exceeds {MAX_DESCRIPTOR_BYTES}")
-    if 8 + length > len(view):
-        raise InvalidMessage("descriptor length points past the end of the envelope")
-    try:
-        descriptor = json.loads(bytes(view[8 : 8 + length]))
-    except ValueError:
-        raise InvalidMessage("envelope descriptor is not JSON") from None
-    return descriptor, bytes(view[8 + length :])
+    descriptor, end = read_json_header(view, _LENGTH, len(MAGIC), MAX_DESCRIPTOR_BYTES, InvalidMessage, "envelope")
+    return descriptor, bytes(view[end:])

@@ -30,6 +30,7 @@ __all__ = [
     "canonical_json",
     "peer_id_from_public_key",
     "require_signature",
+    "strict_verifier",
     "use_verifier",
     "verify_signature",
 ]
@@ -43,6 +44,23 @@ def use_verifier(verify: Verify) -> None:
     ``protocol.ed25519.verify``)."""
     global _verify
     _verify = verify
+
+
+def strict_verifier(check: Callable[[bytes, bytes, bytes], object], errors: tuple[type[Exception], ...]) -> Verify:
+    """A ``Verify`` over a library's ``check(public_key, message, signature)``, which raises one of
+    ``errors`` for a bad signature: a key that is not 32 bytes or a signature that is not 64 is
+    False before ``check`` sees it, and so is every signature ``check`` refuses."""
+
+    def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+        if len(public_key) != 32 or len(signature) != 64:
+            return False
+        try:
+            check(public_key, message, signature)
+        except errors:
+            return False
+        return True
+
+    return verify
 
 
 class Signer(Protocol):

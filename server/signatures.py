@@ -10,19 +10,15 @@ from __future__ import annotations
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from protocol.signing import use_verifier
+from protocol.signing import strict_verifier, use_verifier
 
 __all__ = ["install_native_verifier", "native_verify"]
 
 
-def native_verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
-    if len(public_key) != 32 or len(signature) != 64:
-        return False
-    try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+native_verify = strict_verifier(
+    lambda key, message, signature: Ed25519PublicKey.from_public_bytes(key).verify(signature, message),
+    (InvalidSignature, ValueError),
+)
 
 
 def install_native_verifier() -> None:

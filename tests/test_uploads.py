@@ -336,9 +336,7 @@ def test_a_tab_in_chromium_stages_its_candidate_when_it_is_over_the_relays_frame
     with Fleet(tmp_path) as fleet:
         # every candidate artifact kept (retention 0): the accepted one is read back after more windows passed
         flags = ("--max-frame-bytes", "65536", "--upload-chunk-bytes", "32768", "--candidate-retention-windows", "0")
-        fleet.start("edge", local.edge_argv(port, *flags))
-        fleet.wait_ready(f"{url}/healthz")
-        fleet.start("validator", local.validator_argv(url))
+        fleet.start_edge_and_validator(local, port, *flags)
         page = f"{url}/?contribute=1&experiment={BASELINE}"
         fleet.start("browser", [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", page])
         edge = EdgeClient(url)
