@@ -3,8 +3,8 @@ finished run (``python -m lab workloads``, or any run directory with an edge sto
 
 At each chosen head of the experiment: ``--honest`` honest-like updates (``--examples`` fresh training
 examples each, the experiment's batch size, one window of Adam steps at the head's scheduled rate), the
-validator's anchor exactly as it computes it (its ``reference`` split,
-``protocol.judging.reference_batches``, ``REFERENCE_BATCH_FACTOR`` × the batch), and, as the baseline of
+validator's anchor computed by the validator's own ``native_peer.anchor.Anchor`` (its ``reference``
+split, ``REFERENCE_BATCH_FACTOR`` × the batch, as many steps as the honest updates), and, as the baseline of
 the same run, the same procedure on fresh training examples the head never saw. Prints the mean cosine
 of the honest updates to one another and to each, and their norms (the anchored screen bounds an
 update's norm by a multiple of the anchor's). An anchor that falls towards or below zero while the
@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from datasets.layout import load_split, load_train
+from native_peer.anchor import Anchor
 from native_peer.learner import TrainEngine, network_learners
 from protocol.aggregation import flatten
 from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey
-from protocol.judging import REFERENCE_BATCH_FACTOR, reference_batches
+from protocol.judging import REFERENCE_BATCH_FACTOR
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from server.blobs import BlobStore
@@ -95,6 +96,7 @@ def main() -> None:
     heads = store.heads(spec.key)
     _verdicts_by_decade(store, spec.key, {h.head_id: h for h in heads})
     steps = args.examples // spec.batch_size
+    anchor = Anchor(engine, ref_x, ref_y, steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
     rng = np.random.default_rng(0)
     print(f"{spec.key}: {len(heads)} heads; {steps} Adam steps per update, batch {spec.batch_size}")
     print("window  rate     cosines: honest-honest  to the anchor  to the baseline   norms: honest  anchor  baseline")
@@ -105,8 +107,8 @@ def main() -> None:
         for _ in range(args.honest):
             index = rng.choice(len(train_x), (steps, spec.batch_size), replace=False)
             honest.append(_update(engine, tensors, rate, train_x[index], train_y[index]))
-        index = reference_batches(head.head_id, len(ref_x), steps, REFERENCE_BATCH_FACTOR * spec.batch_size)
-        reference = _update(engine, tensors, rate, ref_x[index], ref_y[index])
+        delta = anchor.prepare(head.head_id, lambda: tensors, rate)  # noqa: B023 - called here, not kept
+        reference = flatten(engine.learner.model, delta)
         index = rng.choice(len(train_x), (steps, REFERENCE_BATCH_FACTOR * spec.batch_size), replace=False)
         baseline = _update(engine, tensors, rate, train_x[index], train_y[index])
         among = np.mean([_cosine(a, b) for a, b in itertools.combinations(honest, 2)])
