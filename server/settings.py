@@ -63,6 +63,8 @@ _HELP = {
     "upload_address_bytes": "bytes of staged uploads one client address may hold on this edge at once (each counts its whole size, at least one chunk); past it 507",
     "upload_stage_bytes": "bytes of staged uploads this edge holds at once, all clients together (each counts its whole size, at least one chunk); past it 507",
     "upload_idle_s": "a staged upload (partial, or complete but not published) untouched this long is dropped",
+    "upload_min_bytes_per_s": "the pace a staged upload pays for its reservation with: once behind it past --upload-grace-s (stalled, or complete and not published), it gives way to a new upload that needs its room",
+    "upload_grace_s": "seconds a staged upload may hold its reservation before it must keep --upload-min-bytes-per-s",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
     "public_url": "the edge's public URL as browsers and remote trainers reach it (https://host[:port], no path; behind a proxy: the proxy's); its origin may open the WebSockets",
     "forwarded_allow_ips": "addresses (comma-separated; * for any) of proxies whose X-Forwarded-For and X-Forwarded-Proto name the real client: per-address limits then see the client, not the proxy; empty: trust none",
@@ -125,6 +127,8 @@ class Settings:
     upload_address_bytes: int = 64 * 1024 * 1024
     upload_stage_bytes: int = 1024 * 1024 * 1024
     upload_idle_s: float = 600.0
+    upload_min_bytes_per_s: float = 64 * 1024
+    upload_grace_s: float = 10.0
     allowed_origins: str = ""
     public_url: str = ""
     forwarded_allow_ips: str = "127.0.0.1,::1"

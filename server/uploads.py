@@ -14,7 +14,11 @@ mismatch discards the stage (422).
 Bounded against hostile clients: a stage counts its declared size (at least one chunk, so tiny
 stages cannot be opened by the thousand) from its first chunk on against its client address's
 budget (``upload_address_bytes``) and the edge's (``upload_stage_bytes``), past which 507; a stage
-untouched for ``upload_idle_s`` is dropped. Stages are this edge's own, in memory and in files under
+untouched for ``upload_idle_s`` is dropped. A reservation is paid for in bytes sent: a stage whose
+bytes fall behind ``upload_min_bytes_per_s`` of its age past ``upload_grace_s`` (a stalled upload,
+or a complete one nobody publishes) gives way to a new stage that needs its room, the furthest
+behind first, so a few addresses that open stages and send nothing hold the staging space for one
+grace, not for ``upload_idle_s`` (its client finds no stage and starts again at 0). Stages are this edge's own, in memory and in files under
 ``data_dir/uploads`` (those an edge left behind are deleted at start-up once as old as that): behind
 several edges a client must stage and publish on the same one (its requests name the stage,
 ``protocol.uploads.UPLOAD_HEADER``, for the balancer to keep them there), and an edge restart loses
@@ -49,6 +53,7 @@ class _Stage:
     address: str
     charge: int  # what it counts against the budgets
     touched_s: float
+    opened_s: float
     received: int = 0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -129,6 +134,8 @@ class Uploads:
         if total > limit:
             raise TooLarge(f"an artifact of {total} bytes; {key}'s artifacts are at most {limit}")
         charge = max(total, self.settings.upload_chunk_bytes)
+        self._make_room(charge, self.settings.upload_address_bytes, address)
+        self._make_room(charge, self.settings.upload_stage_bytes)
         held = sum(stage.charge for stage in self._stages.values() if stage.address == address)
         if held + charge > self.settings.upload_address_bytes:
             raise QuotaExceeded(
@@ -138,9 +145,26 @@ class Uploads:
         if self.staged_bytes() + charge > self.settings.upload_stage_bytes:
             raise QuotaExceeded(f"this edge's staging space is full ({self.staged_bytes()} bytes); try again later")
         name = f"{self._prefix}-{hashlib.sha256(key.encode()).hexdigest()[:16]}-{cid.removeprefix('sha256:')}"
-        stage = _Stage(self.root / name, total, address, charge, self.clock.monotonic_s())
+        now = self.clock.monotonic_s()
+        stage = _Stage(self.root / name, total, address, charge, now, now)
         stage.path.write_bytes(b"")
         self._stages[(key, cid)] = stage
+
+    def _make_room(self, charge: int, budget: int, address: str | None = None) -> None:
+        """Drop stages (``address``'s only, when given) behind the minimum pace, the furthest behind
+        first, until ``charge`` more bytes fit in ``budget`` or none is behind."""
+        now = self.clock.monotonic_s()
+        mine = {k: st for k, st in self._stages.items() if address is None or st.address == address}
+        held = sum(st.charge for st in mine.values())
+        behind = sorted(
+            ((k, st) for k, st in mine.items() if _deficit(st, now, self.settings) > 0 and not st.lock.locked()),
+            key=lambda item: -_deficit(item[1], now, self.settings),
+        )
+        for key, stage in behind:
+            if held + charge <= budget:
+                return
+            self.discard(*key)
+            held -= stage.charge
 
     @staticmethod
     def _elsewhere(cid: ContentId, stage: _Stage | None) -> Conflict:
@@ -150,6 +174,12 @@ class Uploads:
             f"this edge holds {held} bytes of {cid} (of {total or 'unknown'}); send it on from byte {held}",
             {OFFSET_HEADER: str(held)},
         )
+
+
+def _deficit(stage: _Stage, now_s: float, settings: Settings) -> float:
+    """Bytes ``stage`` is behind ``upload_min_bytes_per_s`` of its age past ``upload_grace_s`` (≤ 0: on pace)."""
+    owed = settings.upload_min_bytes_per_s * (now_s - stage.opened_s - settings.upload_grace_s)
+    return min(owed, stage.total) - stage.received if stage.received < stage.total else owed - stage.total
 
 
 def _append(path: Path, chunk: bytes) -> None:

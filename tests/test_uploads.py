@@ -219,6 +219,35 @@ def test_staged_bytes_are_bounded_per_client_address_and_per_edge(tmp_path: Path
         assert _metric(http, 'dtn_rejected_uploads_total{error="QuotaExceeded"}') == 2
 
 
+def test_a_reservation_is_paid_for_in_bytes_sent_a_stalled_stage_gives_way(tmp_path: Path, dataset_root: Path) -> None:
+    """Room for two stages. A stalled one (one chunk, then nothing) and one that keeps sending hold it;
+    a third client is refused while both are within their grace, then admitted in the stalled one's
+    place, whose client finds no stage; the one that kept its pace keeps its bytes."""
+    stalled, paced, third = (_artifact(seed) for seed in (11, 12, 13))
+    rate = 100 * 1024  # bytes a second a stage must keep past its grace
+    budget = {"upload_stage_bytes": 2 * len(stalled) + CHUNK, "upload_address_bytes": 4 * len(stalled)}
+    with _edge(tmp_path, dataset_root, upload_grace_s=1.0, upload_min_bytes_per_s=rate, **budget) as (edge, _):
+        clients = [
+            httpx.Client(base_url=edge.url, transport=httpx.HTTPTransport(local_address=f"127.0.0.{i}"))
+            for i in (2, 3, 4)
+        ]
+        try:
+            opened = time.monotonic()
+            assert _put(clients[0], stalled, 0, CHUNK).status_code == 200
+            assert _put(clients[1], paced, 0, CHUNK).status_code == 200
+            assert _put(clients[2], third, 0, CHUNK).status_code == 507  # both within their grace
+            for offset in range(CHUNK, len(paced), CHUNK):  # about 250 kB/s, above the pace asked for
+                time.sleep(0.25)
+                assert _put(clients[1], paced, offset, min(offset + CHUNK, len(paced))).status_code == 200
+            time.sleep(max(0.0, opened + 2.2 - time.monotonic()))  # the stalled one is 56 kB behind by now
+            assert _put(clients[2], third, 0, CHUNK).status_code == 200
+            assert _put(clients[0], stalled, CHUNK, 2 * CHUNK).status_code == 409  # it starts again from 0
+            assert _held(clients[1], paced)["offset"] == len(paced)
+        finally:
+            for client in clients:
+                client.close()
+
+
 def _metric(http: httpx.Client, name: str) -> float:
     line = next(line for line in http.get("/metrics").text.splitlines() if line.startswith(name + " "))
     return float(line.split()[-1])
