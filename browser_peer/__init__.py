@@ -3,6 +3,7 @@
     numpy_trainer  the MLP's forward, backward and Adam in NumPy (pure)
     bridge         the small interface the peer needs from its host (HTTP, WebSocket, status, clock)
     guest          when and how much the peer may compute (paused, CPU share), as the page decides
+    costs          what contributing costs and yields: time training, paused and waiting; bytes a window
     peer           BrowserPeer: join the relay, lease, fetch, train, sign, publish, repeat (pure
                    but for the bridge)
     shard_store    the shards a tab keeps by content, across leases and page loads

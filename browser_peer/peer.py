@@ -17,7 +17,7 @@ not be the relay's. A head larger than ``PeerConfig.piece_bytes`` is downloaded 
 ``session.EdgeSession``, which drives the plans of ``protocol.transfers`` for both (the native
 client's too). If the socket drops (edge restart), reconnect with ``protocol.backoff`` and carry on.
 Timestamps come from an injectable ``protocol.clock.Clock``. Progress goes to the page through
-``bridge.post_status``.
+``bridge.post_status``, with what contributing costs (``costs.Costs``).
 
 Heads from peers, where the host reaches them (``bridge.shares_heads``: a page with WebRTC): the peer
 asks the edge which peers announced the head (``holders``), takes it from one of them through the
@@ -54,6 +54,7 @@ from protocol.uploads import UPLOAD_CHUNK_BYTES
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
 
 from .bridge import Bridge, PeerBytes, Socket, SocketClosed
+from .costs import Costs
 from .guest import Guest
 from .numpy_trainer import Adam, fastest_matmul
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
@@ -129,6 +130,8 @@ class BrowserPeer:
             "shard_downloads": 0,  # leased shards downloaded
             "shard_cache_hits": 0,  # leased shards read back from the shard store, verified
         }
+        self.costs = Costs(clock.monotonic_s())
+        self.status.update(self.costs.status(clock.monotonic_s()))
         self.http = EdgeSession(
             bridge,
             config.edge_url,
@@ -157,6 +160,7 @@ class BrowserPeer:
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
         self.status.update(changes)
+        self.status.update(self.costs.status(self.clock.monotonic_s()))
         self.bridge.post_status(dict(self.status))
 
     def _count(self, received: int, sent: int) -> None:
@@ -393,7 +397,9 @@ class BrowserPeer:
         assert self._network is not None
         if self.guest.reason is not None:  # a paused tab asks for no lease
             self._report(phase=f"paused: {self.guest.reason}")
+            paused = self.clock.monotonic_s()
             await self.guest.admit()
+            self.costs.paused(self.clock.monotonic_s() - paused)
         head = head_to_train(
             await self.http.current_head(self.key),
             self._network.validator_key_set,
@@ -448,6 +454,7 @@ class BrowserPeer:
         if acknowledged != candidate.candidate_id:
             raise ProtocolError("edge acknowledged another candidate")
         self._last_base = head.head_id
+        self.costs.published(self.status["downloaded_bytes"], self.status["sent_bytes"])
         self._report(
             phase=f"window {head.window} published; waiting for the validator",
             windows_done=self.status["windows_done"] + 1,
@@ -555,12 +562,14 @@ class BrowserPeer:
         trained = [(result, float(len(task.x))) for result, task in zip(results, tasks, strict=True) if result]
         self._optimizer = merged_optimizer([r for r, _ in trained], [n for _, n in trained])
         steps = sum(r.steps for r, _ in trained)
+        seconds = time.perf_counter() - started
+        self.costs.trained(seconds)
         return _Trained(
             grant,
             origin=params,
             params=average([r.params for r, _ in trained], [n for _, n in trained]),
             steps=steps,
             loss=float(sum(r.loss_sum for r, _ in trained) / max(steps, 1)),
-            seconds=time.perf_counter() - started,
+            seconds=seconds,
             workers=len(trained),
         )

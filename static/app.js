@@ -35,10 +35,15 @@ function renderStatus(status) {
   setText("downloaded", megabytes(s.downloaded_bytes));
   setText("sent", megabytes((s.sent_bytes ?? 0) + (state.heads?.served_bytes ?? 0))); // heads served to peers too
   if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
+  if (s.windows_done) setText("window-bytes", `↓ ${megabytes(s.window_downloaded_bytes)} · ↑ ${megabytes(s.window_sent_bytes)}`);
+  if (s.wall_s > 0) {
+    const share = (seconds) => `${Math.round((100 * (seconds ?? 0)) / s.wall_s)} %`;
+    setText("time-split", `training ${share(s.training_s)} · waiting ${share(s.waiting_s)} · paused ${share(s.paused_s)}`);
+  }
 }
 
 function megabytes(bytes) {
-  return `${((bytes ?? 0) / 1e6).toFixed(1)} MB`;
+  return `${((bytes ?? 0) / 1e6).toFixed(bytes < 1e6 ? 2 : 1)} MB`;
 }
 
 // -- a good guest: paused while the tab is hidden or on battery (unless allowed), at the chosen CPU share

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from browser_peer.bridge import HttpAnswer
+from browser_peer.costs import Costs
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
@@ -177,6 +178,13 @@ def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu
         asyncio.run(contribute())
     assert peer.status["windows_done"] == 1 and peer.status["cpu_share"] == 0.5
     assert peer.status["downloaded_bytes"] >= 4 * 700_000 and peer.status["sent_bytes"] > 0
+    costs = peer.status  # its first window: every byte since the start
+    assert (costs["window_downloaded_bytes"], costs["window_sent_bytes"]) == (
+        costs["downloaded_bytes"],
+        costs["sent_bytes"],
+    )
+    assert costs["paused_s"] >= 2.5 and costs["training_s"] > 0 and costs["waiting_s"] > 0
+    assert costs["training_s"] + costs["paused_s"] + costs["waiting_s"] == pytest.approx(costs["wall_s"])
     phases = [s["phase"] for s in bridge.statuses]
     assert phases.index("resuming") < next(i for i, p in enumerate(phases) if p.startswith("training window"))
 
@@ -432,3 +440,21 @@ def test_peers_that_wake_to_a_head_together_download_it_from_the_edge_once(tmp_p
     size = len(next(iter(swarm.heads.values()))[head.head_id])
     assert sorted(peer.status["head_edge_bytes"] for peer in peers) == [0, size]
     assert sorted(peer.status["head_peer_bytes"] for peer in peers) == [0, size]
+
+
+def test_costs_split_the_wall_time_and_count_the_bytes_of_each_published_window() -> None:
+    costs = Costs(started_s=100.0)
+    assert costs.status(100.0)["wall_s"] == 0 and costs.status(99.0)["waiting_s"] == 0  # never below 0
+    costs.paused(2.0)
+    costs.trained(5.0)
+    costs.published(downloaded_bytes=3_000, sent_bytes=400)
+    costs.trained(4.0)
+    costs.published(downloaded_bytes=3_500, sent_bytes=800)
+    assert costs.status(112.0) == {
+        "wall_s": 12.0,
+        "training_s": 9.0,
+        "paused_s": 2.0,
+        "waiting_s": 1.0,
+        "window_downloaded_bytes": 500,  # since the window before was published
+        "window_sent_bytes": 400,
+    }
