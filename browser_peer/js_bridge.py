@@ -145,10 +145,17 @@ class JsBridge:
 
 
 def start(
-    edge_url: str, experiment: str, seed_hex: str, token: str | None = None, shares_heads: bool = False
+    edge_url: str,
+    experiment: str,
+    seed_hex: str,
+    token: str | None = None,
+    shares_heads: bool = False,
+    pins: str | None = None,
 ) -> BrowserPeer:
-    """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it."""
-    config = PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None)
+    """Create the peer and schedule it on Pyodide's event loop; the worker keeps the handle to stop it.
+    ``pins``: the validators the page was told to trust, comma-separated keys or fingerprints."""
+    pinned = tuple(p.strip() for p in (pins or "").split(",") if p.strip())
+    config = PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None, pins=pinned)
     peer = BrowserPeer(JsBridge(shares_heads), config)
     _RUNNING.add(asyncio.ensure_future(peer.run()))
     return peer

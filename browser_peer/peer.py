@@ -44,9 +44,10 @@ from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
 from protocol.ids import ExperimentKey, HeadId, ShardId
-from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
+from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import ModelSpec, Params
+from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
@@ -95,6 +96,7 @@ class PeerConfig:
     train_ahead: bool = True  # lease and train the next window while the last is judged (``_train_ahead``)
     shard_cache_bytes: int = SHARD_CACHE_BYTES  # shards kept for later leases and page loads (``shard_store``)
     head_deltas: bool = True  # a head whose parent the peer holds comes as a delta (``_from_delta``)
+    pins: tuple[str, ...] = ()  # validators (keys or fingerprints) the page was told to trust (``#validators=``)
 
 
 class BrowserPeer:
@@ -215,6 +217,9 @@ class BrowserPeer:
             if welcome.get("type") != "welcome":
                 raise SocketClosed(4400, f"unexpected {welcome.get('type')}")
             self._network = NetworkManifest.from_wire(welcome["network"])
+            if not self._trusts(self._network, welcome.get("network_signatures")):
+                self.running = False
+                return
             self._max_frame_bytes = int(welcome["max_frame_bytes"])
             if self.key not in {s.key for s in self._network.experiments}:
                 self.running = False
@@ -245,6 +250,28 @@ class BrowserPeer:
                 if task is not None:
                     task.cancel()
             await socket.close()
+
+    def _trusts(self, network: NetworkManifest, signatures: object) -> bool:
+        """Whether this peer may train for ``network`` as the edge's welcome served it, with the
+        validators' ``signatures`` of its terms (``protocol.network_pins``): reported with the
+        validators' fingerprints, and which of them signed, for the page to show."""
+        parsed = []
+        for wire in signatures[:MAX_VALIDATORS] if isinstance(signatures, list) else []:
+            try:
+                parsed.append(NetworkSignature.from_wire(wire))
+            except ProtocolError:  # a malformed one counts as none
+                continue
+        signed = signed_by(network, parsed)
+        self._report(
+            validators=[fingerprint(k) for k in network.validator_keys],
+            signed=[fingerprint(k) for k in network.validator_keys if k in signed],
+            quorum=network.quorum,
+            pinned=list(self.config.pins),
+        )
+        problem = pin_problem(network, self.config.pins, signed)
+        if problem is not None:
+            self._report(phase=f"error: refusing this edge: it serves {problem}", connected=False)
+        return problem is None
 
     async def _restore(self, spec: ExperimentSpec) -> None:
         """Once per page load: the optimizer, residual and progress a previous load saved (``progress``),

@@ -191,8 +191,8 @@ def _readable_by_others(path: Path) -> None:
 
 def prepare(env_file: Path, pyodide_from: Path | None) -> None:
     from datasets import mnist
-    from native_peer.cli import fingerprint
     from protocol.manifests import NetworkManifest
+    from protocol.network_pins import fingerprint
     from tools.networks import write_network
     from tools.pyodide_runtime import copy_runtime, prepare_runtime
 
@@ -247,8 +247,8 @@ def _runtime_complete(runtime: Path) -> bool:
 
 def join_command(env: Mapping[str, str]) -> str:
     """What a trainer on another machine runs to join: the public URL and the validators' pins."""
-    from native_peer.cli import fingerprint
     from protocol.manifests import NetworkManifest
+    from protocol.network_pins import fingerprint
 
     network = NetworkManifest.from_wire(json.loads(Path(env["DTN_NETWORK"]).read_bytes()))
     pins = " ".join(f"--validator-key {fingerprint(key)}" for key in network.validator_keys)

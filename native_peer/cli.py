@@ -22,9 +22,6 @@ per class, or text files) into a prepared dataset an edge serves and validators 
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +38,7 @@ from datasets.sources import read_images, read_npz, read_text
 from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import NetworkManifest, SupportedWorkload
+from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
 from .edge_client import EdgeClient
@@ -52,9 +50,6 @@ from .trainer import Project
 from .validator import Validator
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
-
-FINGERPRINT_HEX = 16  # a fingerprint is the first 16 hex digits of sha256(public key); longer prefixes work too
-_HEX = re.compile(r"[0-9a-f]{16,64}")
 
 
 def _stop_on_signals() -> threading.Event:
@@ -68,42 +63,14 @@ def _network(path: Path) -> NetworkManifest:
     return NetworkManifest.from_wire(json.loads(path.read_bytes()))
 
 
-def fingerprint(public_key: bytes) -> str:
-    """A validator key's fingerprint: the first ``FINGERPRINT_HEX`` hex digits of its sha256."""
-    return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_HEX]
-
-
-def _pin_matches(pin: str, public_key: bytes) -> bool:
-    """Whether ``pin`` (a base64 key, standard or URL-safe, or a hex fingerprint of at least 16 digits,
-    optionally ``sha256:``-prefixed or with colons) names ``public_key``."""
-    text = pin.strip()
-    hex_pin = text.lower().removeprefix("sha256:").replace(":", "")
-    if _HEX.fullmatch(hex_pin):
-        return hashlib.sha256(public_key).hexdigest().startswith(hex_pin)
-    try:
-        decoded = base64.urlsafe_b64decode(text.replace("+", "-").replace("/", "_") + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        return False
-    return len(decoded) == 32 and decoded == public_key
-
-
-def pinned_network(network: NetworkManifest, pins: list[str], source: str) -> NetworkManifest:
-    """``network`` if every pin names one of its validators and every quorum of them includes a pinned
-    one (fewer unpinned validators than the quorum); ``SystemExit`` saying why not otherwise."""
-    listed = ", ".join(fingerprint(key) for key in network.validator_keys)
-    for pin in pins:
-        if not any(_pin_matches(pin, key) for key in network.validator_keys):
-            raise SystemExit(
-                f"{source} serves network {network.network_id!r} whose validators are [{listed}]: none is "
-                f"the pinned validator {pin}; refusing to train (check the key with the network's operator)"
-            )
-    unpinned = [key for key in network.validator_keys if not any(_pin_matches(pin, key) for pin in pins)]
-    if len(unpinned) >= network.quorum:
-        raise SystemExit(
-            f"{source} serves network {network.network_id!r} where {network.quorum} of the validators "
-            f"[{listed}] can make a head canonical without a pinned one; pin more of them (--validator-key "
-            "repeats) or refuse this edge"
-        )
+def pinned_network(
+    network: NetworkManifest, pins: list[str], source: str, signatures: list[NetworkSignature] | None = None
+) -> NetworkManifest:
+    """``network`` if a peer pinning ``pins`` may train for it as served with ``signatures``
+    (``protocol.network_pins.pin_problem``); ``SystemExit`` saying why not otherwise."""
+    problem = pin_problem(network, pins, signed_by(network, signatures or []))
+    if problem is not None:
+        raise SystemExit(f"{source} serves {problem}; refusing to train (check the keys with the network's operator)")
     return network
 
 
@@ -123,15 +90,16 @@ def _train_network(args: argparse.Namespace) -> NetworkManifest:
         )
     client = EdgeClient(args.edge, token=args.token)
     try:
-        served = client.network()
+        served, signatures = client.network(), client.network_signatures()
     finally:
         client.close()
-    network = pinned_network(served, args.validator_key, args.edge)
+    network = pinned_network(served, args.validator_key, args.edge, signatures)
     logging.getLogger(__name__).info(
-        "network %s from %s: validators [%s] include the pinned key",
+        "network %s from %s: validators [%s] (signed by [%s]) include the pinned keys",
         network.network_id,
         args.edge,
         ", ".join(fingerprint(key) for key in network.validator_keys),
+        ", ".join(fingerprint(key) for key in signed_by(network, signatures)),
     )
     return network
 

@@ -21,10 +21,10 @@ import httpx
 
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.envelope import pack_envelope, unpack_envelope
-from protocol.errors import IntegrityError, ProtocolError
+from protocol.errors import IntegrityError, InvalidMessage, ProtocolError
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
-from protocol.manifests import FetchManifest, NetworkManifest
+from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
 from protocol.messages import (
     LEASE_SECRET_HEADER,
     NEXT_SINCE_HEADER,
@@ -38,6 +38,7 @@ from protocol.messages import (
     PeerProof,
     Verdict,
 )
+from protocol.network_pins import NetworkSignature
 from protocol.signing import Signer
 from protocol.transfers import (
     Done,
@@ -159,6 +160,17 @@ class EdgeClient:
     # -- reads ------------------------------------------------------------------------------
     def network(self) -> NetworkManifest:
         return NetworkManifest.from_wire(self._request("GET", "/v1/network").json())
+
+    def network_signatures(self) -> list[NetworkSignature]:
+        """The validators' signatures over the network's terms the edge holds (``protocol.network_pins``)."""
+        answer = self._request("GET", "/v1/network/signatures").json()
+        if not isinstance(answer, list) or len(answer) > MAX_VALIDATORS:
+            raise InvalidMessage(f"network signatures must be a list of at most {MAX_VALIDATORS}")
+        return [NetworkSignature.from_wire(s) for s in answer]
+
+    def sign_network(self, signature: NetworkSignature) -> None:
+        """Give the edge this validator's signature over the network's terms."""
+        self._request("POST", "/v1/network/signatures", json=signature.to_wire())
 
     def current_head(
         self, key: ExperimentKey, *, after: HeadId | None = None, wait_s: float = 0.0

@@ -102,6 +102,7 @@ from protocol.judging import (
 )
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.network_pins import NetworkSignature
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
 from protocol.screening import PRESETS, Screen, ScreeningPolicy, screen_schema
@@ -407,14 +408,27 @@ class Validator:
         ).signed(self.identity)
         return head, artifact
 
+    def sign_network(self) -> bool:
+        """Give the edge this validator's signature over the network's terms (``protocol.network_pins``:
+        what joining peers pin); whether the edge took it. An edge serving other terms refuses it (logged)."""
+        try:
+            self.edge.sign_network(NetworkSignature.of(self.network, self.identity))
+        except EdgeRequestError as exc:
+            log.warning("the edge refused this validator's signature of network %s: %s", self.network.network_id, exc)
+            return False
+        return True
+
     def ensure_genesis(self, spec: ExperimentSpec) -> HeadDescriptor:
         """The experiment's current head; without one, the genesis head this validator computes (from
         a seed derived from the experiment's key, so every validator computes the same bytes), proposed
-        or attested. With a quorum above one it is canonical once enough validators have done so."""
+        or attested. With a quorum above one it is canonical once enough validators have done so. An
+        edge without a head (a new network, or an edge that lost its store) is given this validator's
+        signature of the network's terms first."""
         head = self.edge.current_head(spec.key)
         if head is not None:
             head.verify_trusted(self.network.validator_key_set, self.network.quorum)
             return head
+        self.sign_network()
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
         params = self.learner(spec).init(jax.random.PRNGKey(seed))
         genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "holdout"))
@@ -939,8 +953,12 @@ class Validator:
         The activity token is taken before each round reads anything, so no event goes unseen."""
         backoff = Backoff()
         since: str | None = None
+        signed = False  # once the edge answered (took the signature or refused it)
         while not stop.is_set():
             try:
+                if not signed:
+                    self.sign_network()
+                    signed = True
                 since = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
                 for spec in specs:
                     self.poll(spec)

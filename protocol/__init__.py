@@ -12,6 +12,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     fields       strict readers for decoded JSON
     messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
+    network_pins fingerprints, validators' signatures over a network's terms, the pin rule peers apply
     envelope     descriptor + artifact in one upload body or binary frame
     framing      a JSON header behind a length prefix (the codec's and the envelope's)
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward

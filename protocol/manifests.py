@@ -25,6 +25,7 @@ from .updates import CODECS
 __all__ = [
     "FEATURE_KINDS",
     "LR_SCHEDULES",
+    "MAX_VALIDATORS",
     "PROTOCOL_VERSION",
     "ExperimentSpec",
     "FetchManifest",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+MAX_VALIDATORS = 64  # validator keys a network manifest may name
 FEATURE_KINDS = ("pixels", "tokens")
 """What a shard's uint8 features are: ``pixels`` (k read as k / 256) or ``tokens`` (ids read as is)."""
 LR_SCHEDULES = ("constant", "cosine")
@@ -325,7 +327,9 @@ class NetworkManifest:
         return cls(
             network_id=read_str(d, "network_id", max_len=64),
             edge_key=None if d.get("edge_key") is None else b64decode(d.get("edge_key"), size=32),
-            validator_keys=tuple(read_list(d, "validator_keys", lambda k: b64decode(k, size=32), max_len=64)),
+            validator_keys=tuple(
+                read_list(d, "validator_keys", lambda k: b64decode(k, size=32), max_len=MAX_VALIDATORS)
+            ),
             experiments=tuple(read_list(d, "experiments", ExperimentSpec.from_wire, max_len=256)),
             admission_required=read_bool(d, "admission_required") if "admission_required" in d else False,
             quorum=read_int(d, "quorum", low=1, high=64) if "quorum" in d else 1,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from protocol.errors import InvalidMessage
+from protocol.network_pins import NetworkSignature
 
-from .deps import State
-from .errors import documented
+from .deps import State, client_address, read_json
+from .errors import Conflict, documented
 from .hub import public_event
 from .responses import JSON
 
@@ -31,6 +32,29 @@ async def metrics(state: State) -> Response:
 async def network(state: State) -> JSON:
     """The network manifest: validator keys, the edge's key, experiments."""
     return JSON(state.network.to_wire())
+
+
+@router.get("/v1/network/signatures")
+async def network_signatures(state: State) -> JSON:
+    """The validators' signatures over the network's terms (``protocol.network_pins``), each checked
+    against the manifest this edge serves: what a joining peer compares with its pins."""
+    return JSON([s.to_wire() for s in state.network_signatures()])
+
+
+@router.post("/v1/network/signatures", responses=documented(InvalidMessage, Conflict))
+async def sign_network(request: Request, state: State) -> JSON:
+    """A validator's signature over the network's terms: kept when it is one of the manifest's
+    validators' and verifies over the terms this edge serves (409 otherwise: the validator holds
+    another manifest)."""
+    state.address_limits.check(client_address(request))  # before the signature is checked
+    signature = NetworkSignature.from_wire(await read_json(request, 1024))
+    if not signature.verifies(state.network):
+        raise Conflict(
+            f"not a signature of a validator of network {state.network.network_id!r} over the terms this edge serves"
+        )
+    wire = signature.to_wire()
+    state.store.keep_network_signature(wire["validator_key"], wire["signature"])
+    return JSON(wire)
 
 
 PEER_PAGE = 1000

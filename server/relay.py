@@ -11,7 +11,7 @@ until it is closed (``ConnectionState.CLOSED``).
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
-    edge → {"type": "welcome", "peer_id", "network", "max_frame_bytes"}
+    edge → {"type": "welcome", "peer_id", "network", "network_signatures", "max_frame_bytes"}
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
             "after"?: <current head id: the next window's lease>,
@@ -218,6 +218,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         "type": "welcome",
         "peer_id": proof.peer_id,
         "network": state.network.to_wire(),
+        "network_signatures": [s.to_wire() for s in state.network_signatures()],  # what a page's pins check
         # the largest candidate frame it takes: a frame, and an envelope with its artifact inline
         "max_frame_bytes": min(state.settings.max_frame_bytes, state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES),
     }

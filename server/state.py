@@ -17,6 +17,7 @@ from datasets.layout import manifest_path, read_train_manifest
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
+from protocol.network_pins import NetworkSignature
 from protocol.signing import PureSigner
 
 from .admission import Admission
@@ -96,6 +97,15 @@ class EdgeState:
     async def close(self) -> None:
         await self.hub.close()
         self.store.close()
+
+    def network_signatures(self) -> list[NetworkSignature]:
+        """The validators' signatures over the terms of the network this edge serves, each checked
+        (one held for other terms, from before the manifest changed, is left out)."""
+        held = (
+            NetworkSignature.from_wire({"validator_key": k, "signature": v})
+            for k, v in self.store.network_signatures().items()
+        )
+        return [s for s in held if s.verifies(self.network)]
 
     def experiment(self, key: ExperimentKey | str) -> ExperimentSpec:
         try:

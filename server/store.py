@@ -124,6 +124,21 @@ class EdgeStore:
                 return seed
             return bytes(row[0])
 
+    # -- validators' signatures over the network's terms (``protocol.network_pins``) -------------
+    def keep_network_signature(self, validator_key: str, signature: str) -> None:
+        """Hold ``signature`` (base64) as ``validator_key``'s (base64), replacing one held before."""
+        with self._db.transaction() as run:
+            run(
+                "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                f"network_signature/{validator_key}",
+                signature.encode(),
+            )
+
+    def network_signatures(self) -> dict[str, str]:
+        """The signatures held, by validator key (both base64)."""
+        rows = self._db.query("SELECT key, value FROM settings WHERE key LIKE 'network_signature/%'")
+        return {str(key).removeprefix("network_signature/"): bytes(value).decode() for key, value in rows}
+
     # -- heads -----------------------------------------------------------------------------
     def promote_head(self, head: HeadDescriptor, now_ms: int) -> bool:
         """Make ``head`` current if its parent is the current head; False if it already is current."""

@@ -11,6 +11,9 @@ if (admissionToken !== null) {
   fragment.delete("token");
   history.replaceState(null, "", `${location.pathname}${location.search}${fragment.size ? `#${fragment}` : ""}`);
 }
+// Validators to trust, `#validators=<fingerprint>,…` (from the network's operator): the peer refuses an
+// edge whose network they did not sign (protocol/network_pins.py). Not secret: it stays in the address.
+const pins = fragment.get("validators");
 const state = { worker: null, running: false, snapshot: null, status: {} };
 window.dtn = state; // read by the browser tests
 
@@ -35,6 +38,11 @@ function renderStatus(status) {
   setText("downloaded", megabytes(s.downloaded_bytes));
   setText("sent", megabytes((s.sent_bytes ?? 0) + (state.heads?.served_bytes ?? 0))); // heads served to peers too
   if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
+  if (s.validators) {
+    const signed = new Set(s.signed ?? []);
+    const marks = s.validators.map((f) => `${f}${signed.has(f) ? " ✓" : ""}`).join(", ");
+    setText("validators", `${s.quorum} of ${s.validators.length}: ${marks}${s.pinned?.length ? " (pinned)" : " (not pinned)"}`);
+  }
   if (s.windows_done) setText("window-bytes", `↓ ${megabytes(s.window_downloaded_bytes)} · ↑ ${megabytes(s.window_sent_bytes)}`);
   if (s.wall_s > 0) {
     const share = (seconds) => `${Math.round((100 * (seconds ?? 0)) / s.wall_s)} %`;
@@ -167,6 +175,7 @@ async function toggle() {
       edgeUrl: location.origin,
       experiment: $("experiment").value || params.get("experiment"), // no list while the edge is down
       token: admissionToken, // for networks that require one: sent in the relay's join, never in a URL
+      pins,
       workers: Number($("cores").value),
       heads: HeadSharing.supported, // heads from other tabs over WebRTC (static/head_sharing.js)
     });

@@ -1,6 +1,6 @@
 // The browser peer's Web Worker: loads Pyodide, NumPy and the peer's Python bundle (in parallel),
 // keeps the peer identity in IndexedDB, and hands control to browser_peer.js_bridge.
-// Messages in: {type: "start", edgeUrl, experiment, token?, heads?, workers?} | {type: "stop"} |
+// Messages in: {type: "start", edgeUrl, experiment, token?, heads?, workers?, pins?} | {type: "stop"} |
 // {type: "pause", reason} | {type: "resume"} | {type: "share", share} (the fraction of a core to use,
 // browser_peer/guest.py) | {type: "workers", count} (cores to train on) | {type: "part", id, payload} (in
 // a helper, below) | {type: "benchmark", model, batchSize, steps} (model: a model spec as JSON, its wire
@@ -214,7 +214,14 @@ onmessage = async (event) => {
       postMessage({ type: "status", status: { phase: "loading Python runtime" } });
       const [pyodide, seed] = await Promise.all([runtime, identitySeed()]);
       const bridge = pyodide.pyimport("browser_peer.js_bridge");
-      peer = bridge.start(message.edgeUrl, message.experiment, seed, message.token ?? null, Boolean(message.heads));
+      peer = bridge.start(
+        message.edgeUrl,
+        message.experiment,
+        seed,
+        message.token ?? null,
+        Boolean(message.heads),
+        message.pins ?? null,
+      );
       useWorkers(message.workers ?? 1);
       applyGuest();
     } else if (message.type === "workers") {

@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from lab.stack import Fleet, free_port
-from native_peer.cli import fingerprint, pinned_network
+from native_peer.cli import pinned_network
 from protocol.hashing import content_id
 from protocol.manifests import NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, LeaseGrant, Verdict
+from protocol.network_pins import fingerprint
 from protocol.reasons import Reason
 from protocol.signing import PureSigner, b64encode
 from server.serve import BackgroundEdge

@@ -143,6 +143,8 @@ test("a good guest: paused on battery and while hidden unless allowed, at the CP
   await expect(page.locator("details summary")).toContainText("What this page downloads and sends");
   expect(Number((await page.locator("#downloaded").textContent())?.split(" ")[0])).toBeGreaterThan(1);
   expect(await page.evaluate(() => localStorage.getItem("dtn-share"))).toBe("50"); // remembered for next time
+  // whose network: the validators' fingerprints, signed by them, not pinned (no #validators= here)
+  await expect(page.locator("#validators")).toContainText(/^1 of 1: [0-9a-f]{16} ✓ \(not pinned\)$/);
   // what it costs: the last window's bytes each way, and the time training, waiting and paused (on battery)
   await expect.poll(async () => (await status()).windows_done ?? 0, { timeout: 120_000 }).toBeGreaterThan(0);
   await expect(page.locator("#window-bytes")).toContainText(/↓ \d+\.\d+ MB · ↑ \d+\.\d+ MB/);
