@@ -22,12 +22,13 @@ time: what is measured is the validator, the edge and this fleet at their own pa
     accepted         candidates the next head merged
 
 A warm-up window of the same size comes first (the validator's compilations; and its deadline, three
-times the recent windows' length, must fit a window of that size), then ``--windows`` measured windows. Runs are interleaved (each run goes through every size), so drift in the machine hits
-every size alike. Tables: median and min–max over every measured window of every run, and the
-per-candidate time as a ratio to the smallest size's (flat is O(n)).
+times the recent windows' length, must fit a window of that size), then ``--windows`` measured windows.
+Runs are interleaved (each run goes through every size), so drift in the machine hits every size alike.
+Tables: median and min–max over every measured window of every run, and the per-candidate time as a
+ratio to the smallest size's (flat is O(n)).
 
-Above about 880 accepted candidates the head's descriptor outgrows ``protocol.envelope.MAX_DESCRIPTOR_BYTES``
-and the validator exits (docs/results/2026-12-simulated-fleet.md); the benchmark then stops with its log.
+A window judges at most ``protocol.messages.MAX_WINDOW_CANDIDATES`` candidates, what one head can name;
+the validator judges the rest in the next window.
 
     python -m benchmarks.simulated_fleet [--sizes 10 100 1000] [--runs 3] [--windows 3] [--bank FILE]
                                          [--profile DIR]

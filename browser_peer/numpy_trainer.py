@@ -23,8 +23,8 @@ def fastest_matmul() -> tuple[Matmul, str]:
     """BLAS ``sgemm`` from SciPy when it is importable, else NumPy's ``matmul``.
 
     Pyodide's NumPy is built without BLAS; its SciPy ships a wasm OpenBLAS that multiplies the
-    MLP's matrices about 4x faster. Transposed views make both operands Fortran-ordered, so
-    ``sgemm`` copies nothing: ``A @ B == (Bᵀ Aᵀ)ᵀ``.
+    MLP's matrices faster (docs/results/2026-12-benchmarks.md#browser-trainer). Transposed views
+    make both operands Fortran-ordered, so ``sgemm`` copies nothing: ``A @ B == (Bᵀ Aᵀ)ᵀ``.
     """
     try:
         from scipy.linalg.blas import sgemm

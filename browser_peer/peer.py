@@ -68,7 +68,7 @@ __all__ = ["BrowserPeer", "PeerConfig"]
 STATUS_EVERY_BATCHES = 8
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
-SHARD_CACHE_BYTES = 128 << 20  # all of MNIST's training shards (37 MB) fit, several times over
+SHARD_CACHE_BYTES = 128 << 20  # all 37 of MNIST's training shards (28 MiB) fit, several times over
 
 
 @dataclass(frozen=True)

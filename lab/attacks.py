@@ -397,8 +397,8 @@ class Suite:
 
     def _skewed(self, peer: int, window: int) -> tuple[np.ndarray, np.ndarray]:
         """``SHARD_EXAMPLES`` training examples of the peer's classes, different each window: a quarter
-        of an iid peer's lease (with 4,000, 62 steps on 2 or 3 classes, the merged head's holdout loss
-        rose in 2 of 4 windows and every update of those was refused as ``merge_blocked``)."""
+        of an iid peer's lease (with 4,000, 62 steps on 2 or 3 classes, half of their updates were
+        refused as ``merge_blocked``: decision 0020)."""
         pool = np.concatenate([self._by_class[c] for c in skew_classes(peer)])
         pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
         return self._train_x[pick], self._train_y[pick]

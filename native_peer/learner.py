@@ -160,8 +160,8 @@ class TrainEngine:
     ) -> tuple[PyTree, PyTree, float]:
         """One optimizer step per batch of ``xb``, ``yb`` ([steps, batch, ...]); the mean loss. The steps
         run in compiled runs of ``scan_lengths(steps)``: a scan's length is part of what is compiled, and
-        leases of many sizes (``protocol.lease_size``) must not each cost a compilation (a scan of up
-        to 32 steps takes 0.3–1.5 s to compile on one core)."""
+        leases of many sizes (``protocol.lease_size``) must not each cost a compilation, which stalls
+        the trainer's core."""
         total, start = 0.0, 0
         for length in scan_lengths(len(xb)):
             part = slice(start, start + length)

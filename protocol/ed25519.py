@@ -2,7 +2,8 @@
 
 This is how the browser peer signs: Pyodide runs this module unchanged, with the 32-byte seed kept
 in the page's IndexedDB. Native peers sign with the ``cryptography`` package (same deterministic
-signatures, about 50x faster); everyone verifies with ``verify`` here or with ``cryptography``.
+signatures, 33 × faster: docs/results/2026-12-signatures.md); everyone verifies with ``verify`` here
+or with ``cryptography``.
 Tests check that both produce identical signatures and accept each other's.
 
 Not constant-time: fine for verification and for a browser's throwaway training identity, not for

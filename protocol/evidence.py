@@ -8,8 +8,8 @@ update copied) gains on them what it gains on any training examples, z ≈ N(0, 
 fits its lease (the idea of the gauntlet Templar's validators run: assigned against random data).
 
 The control is training data, not the validator's holdout: a lineage that trains on the pool keeps
-fitting the pool more than unseen data, so against the holdout the lineage's last step repeated drew
-z 1.6–2.3 (``benchmarks.lease_evidence``, 4,000-example leases). A window's control is drawn from
+fitting the pool more than unseen data, so against the holdout the lineage's last step repeated looks
+trained (decision 0020). A window's control is drawn from
 ``CONTROL_SHARDS`` shards (many shards: one shard's examples share a training history, and a control
 of few shards moved free riders' z); each candidate is compared with the control rows outside its
 own lease. What is drawn follows the closed window's salt and the lease id (``EvidenceDraw``): the

@@ -10,9 +10,8 @@ the browser's Python has too). Applying it is exact arithmetic modulo 2³²: the
 checked against H′'s content id, the id the validators signed, and are used only if they match.
 
 Exact means every bit of H′ travels: a window moves float32 weights by a few per cent of their size,
-which leaves about 20 of a word's 32 bits to send (the demo's MNIST MLP: 0.67 × the head over its
-first 40 windows, ``benchmarks.download_bytes``). A delta exists only
-between artifacts whose data sections have the same length, a multiple of 4 (heads of one model).
+which leaves most of a word's 32 bits to send (decision 0019). A delta exists only between artifacts
+whose data sections have the same length, a multiple of 4 (heads of one model).
 
 The delta is itself a safetensors artifact (``protocol.codec``): tensors ``header`` (uint8, H′'s
 bytes before its data) and ``planes`` (uint8, deflated), metadata ``format``, ``base`` and ``target``
@@ -33,7 +32,7 @@ from .hashing import content_id, verify_content
 __all__ = ["FORMAT", "apply_delta", "encode_delta"]
 
 FORMAT = "dtn-head-delta-v1"
-_LEVEL = 6  # zlib: level 9 takes 5 x the time for 0.5 % fewer bytes on MNIST heads
+_LEVEL = 6  # zlib's default trade of time for bytes
 
 
 def _data_start(artifact: bytes) -> int:

@@ -288,8 +288,8 @@ def lease_evidence_applies(policy: ScreeningPolicy | None, head_loss: float | No
     """Whether acceptance needs lease evidence on a head with holdout loss ``head_loss``: once it is
     below ``policy.lease_evidence_below`` × the chance loss ln(``classes``). From (near) random
     parameters an honest update generalizes almost fully, its lease gains little more than other
-    examples (MNIST, window 0: honest z from −0.6 to 4.8, ``benchmarks.lease_evidence``), so acceptance
-    asks for none there; credit always does (``lease_evidence_credits``). Unknown loss: it applies."""
+    examples (decision 0020), so acceptance asks for none there; credit always does
+    (``lease_evidence_credits``). Unknown loss: it applies."""
     below = ScreeningPolicy.lease_evidence_below if policy is None else policy.lease_evidence_below
     return head_loss is None or head_loss < below * float(np.log(classes))
 

