@@ -50,7 +50,8 @@ demo: setup
 # The tests, in two tiers; `make test` (what CI runs, .ci/run) sets up and runs both, nothing left out.
 #   fast  `make test-fast`, for every change (under 3 minutes on 2 cores): lint, then `pytest -m "not slow"`,
 #         the pure and single-edge tests (protocol, the edge in-process, trainers and validators against
-#         one edge). Needs the venv, node_modules and var/pyodide; no browser, nginx or database.
+#         one edge), in two processes (pytest-xdist). Needs the venv, node_modules and var/pyodide; no
+#         browser, nginx or database.
 #   slow  `make test-slow`: the Playwright specs (Chromium on the real stack), then `pytest -m slow`: nginx
 #         and the systemd units (deploy), several edges on PostgreSQL and Redis, Chromium tabs, the demo
 #         fleet, the attack suite, networks of several validators (quorums) and runs timed in real
@@ -73,7 +74,7 @@ test-python:
 	$(PY) -m pytest
 
 test-python-fast:
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n 2
 
 test-python-slow:
 	$(PY) -m pytest -m slow
