@@ -20,24 +20,18 @@ medians is the slowdown.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from lab.hostile import SOURCES, Squatter
 from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
-from native_peer.edge_client import EdgeClient, EdgeRequestError
-from native_peer.identity import NodeIdentity
+from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
 from . import BENCH_EXPERIMENT, bench_network, write_result
-
-SOURCES = [f"127.0.0.{i}" for i in range(2, 6)]  # the squatter's few addresses
 
 
 @dataclass(frozen=True)
@@ -45,42 +39,6 @@ class Run:
     config: str
     heads_per_min: float
     squatted_per_window: float  # leases the squatter was granted, a window
-
-
-class Squatter(threading.Thread):
-    """Leases under ``identities`` fresh identities in each new head's window, never delivering."""
-
-    def __init__(self, url: str, identities: int) -> None:
-        super().__init__(daemon=True)
-        self.identities = identities
-        self.clients = [EdgeClient(url, retries=0, transport=httpx.HTTPTransport(local_address=a)) for a in SOURCES]
-        self.stop = threading.Event()
-        self.granted = 0
-        self.windows = 0
-
-    def run(self) -> None:
-        seen = None
-        while not self.stop.is_set():
-            try:  # a long poll: the squatter spends no core of this machine while it waits
-                head = self.clients[0].current_head(BENCH_EXPERIMENT, after=seen, wait_s=1.0)
-            except (EdgeRequestError, httpx.TransportError):
-                continue
-            if head is None or head.head_id == seen:
-                continue
-            seen, self.windows = head.head_id, self.windows + 1
-            for i in range(self.identities):
-                client = self.clients[i % len(self.clients)]
-                try:
-                    client.request_lease(BENCH_EXPERIMENT, NodeIdentity(os.urandom(32)), "native")
-                    self.granted += 1
-                except (EdgeRequestError, httpx.TransportError):
-                    pass  # the window is full, or the edge refused this address
-
-    def close(self) -> None:
-        self.stop.set()
-        self.join(timeout=10)
-        for client in self.clients:
-            client.close()
 
 
 def _published(storage: Path) -> bool:
@@ -95,9 +53,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
     squatter = None
     try:
         with Fleet(root) as fleet:
-            fleet.start("edge", local.edge_argv(port))
-            fleet.wait_ready(f"{url}/healthz")
-            fleet.start("validator", local.validator_argv(url))
+            fleet.start_edge_and_validator(local, port)
             names = [f"trainer-{i}" for i in range(trainers)]
             for name in names:
                 fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
@@ -105,7 +61,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
                 fleet.check_alive()
                 time.sleep(0.2)
             if config == "squatted":
-                squatter = Squatter(url, identities)
+                squatter = Squatter(url, BENCH_EXPERIMENT, identities)
                 squatter.start()
             heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
             while time.monotonic() - started < seconds:

@@ -136,7 +136,7 @@ class EdgeStore:
 
     def network_signatures(self) -> dict[str, str]:
         """The signatures held, by validator key (both base64)."""
-        rows = self._db.query("SELECT key, value FROM settings WHERE key LIKE 'network_signature/%'")
+        rows = self._db.query("SELECT key, value FROM settings WHERE key LIKE ?", "network_signature/%")
         return {str(key).removeprefix("network_signature/"): bytes(value).decode() for key, value in rows}
 
     # -- heads -----------------------------------------------------------------------------

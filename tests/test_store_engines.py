@@ -395,3 +395,11 @@ def test_the_sqlite_file_holding_the_edge_seed_is_its_owners_alone(tmp_path: Pat
         assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     finally:
         store.close()
+
+
+def test_network_signatures_are_kept_one_per_validator(opener: Opener) -> None:
+    first, again = opener(), opener()  # another edge on the same database sees them
+    first.keep_network_signature("key-a", "sig-1")
+    first.keep_network_signature("key-b", "sig-2")
+    first.keep_network_signature("key-a", "sig-3")  # a validator that signs again replaces its signature
+    assert again.network_signatures() == {"key-a": "sig-3", "key-b": "sig-2"}
