@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .errors import InvalidMessage, SignatureError
+from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
 from .model import ModelSpec
@@ -310,19 +310,6 @@ class NetworkManifest:
     @property
     def validator_key_set(self) -> frozenset[bytes]:
         return frozenset(self.validator_keys)
-
-    def served_by(self, served: NetworkManifest) -> NetworkManifest:
-        """This network with the edge key of ``served`` (the manifest an edge serves now): a peer's trust
-        root is the validator keys and the quorum, not the edge's key, so a replaced edge (a new store
-        makes a new key) is followed once it serves the same network. ``SignatureError`` when ``served``
-        names another network, other validators or another quorum."""
-        ours = (self.network_id, self.validator_key_set, self.quorum)
-        if (served.network_id, served.validator_key_set, served.quorum) != ours:
-            raise SignatureError(
-                f"the edge now serves network {served.network_id!r} with other validators or quorum than "
-                f"{self.network_id!r}; refusing its key"
-            )
-        return replace(self, edge_key=served.edge_key)
 
     def to_wire(self) -> dict[str, Any]:
         return {
