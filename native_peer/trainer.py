@@ -20,8 +20,9 @@ appeared while training, the work is dropped and the next window starts from tha
 unreachable. A lease signed by another edge key than the trainer knows (the edge was replaced, its
 store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
 the trainer read the network manifest again and go on with the new key if the edge still serves the
-same validators and quorum, the trust root (``EdgeClient.rekeyed``); it refuses the lease otherwise.
-A window whose candidate was not published is not counted (``_deliver``): its head is trained again.
+same network terms (validators, quorum, experiments), the trust root (``EdgeClient.rekeyed``); it
+refuses the lease otherwise. A window whose candidate was not published is not counted
+(``_deliver``): its head is trained again.
 Timestamps come from an injectable ``protocol.clock.Clock``.
 
 Continuous training (``TrainerBuilder.with_continuous_training``, the CLI's default): a trainer

@@ -55,9 +55,9 @@ anything else happens: each validator keeps the canonical heads it read, with th
 artifacts (``native_peer.lineage_journal``), and publishes again, through the edge's usual checks
 (proposer's signature, parent is the current head, attestations of exactly that head until the
 quorum), every head the edge's current head lacks, in window order; then its open decisions. No new
-genesis is made while the journal holds one. A lease signed by another key than the edge's known one
-(a new store makes a new key) makes the validator read the network manifest again and take the new
-key if the edge serves the same validators and quorum (``EdgeClient.rekeyed``).
+genesis is made while the journal holds one. At each new window, and on a lease signed by another key
+than the edge's known one (a new store makes a new key), the validator reads the network manifest
+again and takes the new key if the edge serves the same network terms (``EdgeClient.rekeyed``).
 
 State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of final
 verdicts not yet published, decisions on open windows) is one typed, bounded object, written to disk

@@ -14,13 +14,14 @@ bytes); its descriptor is what its verdicts are checked against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from protocol.errors import InvalidMessage
 from protocol.ids import ContentId, ExperimentKey
 from protocol.lineage import Lineage, verify_lineage
 from protocol.manifests import NetworkManifest
-from protocol.messages import Candidate, Verdict
 from protocol.updates import read_artifact
 
 from .blobs import Blobs
@@ -30,6 +31,7 @@ from .store import EdgeStore
 __all__ = ["ImportReport", "export_lineage", "import_lineage"]
 
 _PAGE = 5000
+T = TypeVar("T")
 
 
 def export_lineage(store: EdgeStore, blobs: Blobs, network: NetworkManifest, key: ExperimentKey) -> Lineage:
@@ -42,27 +44,20 @@ def export_lineage(store: EdgeStore, blobs: Blobs, network: NetworkManifest, key
         network_id=network.network_id,
         experiment=key,
         heads=heads,
-        candidates=tuple(_every_candidate(store, key)),
-        verdicts=tuple(_every_verdict(store, key)),
+        candidates=tuple(_every(lambda since: store.candidates_since(key, since, _PAGE))),
+        verdicts=tuple(_every(lambda position: store.verdicts_after(key, position, _PAGE))),
         blobs={ContentId(cid): blobs.read(ContentId(cid)) for cid in names},
     )
 
 
-def _every_candidate(store: EdgeStore, key: ExperimentKey) -> list[Candidate]:
-    found: list[Candidate] = []
-    since = 0
-    while page := store.candidates_since(key, since, _PAGE):
-        found += [candidate for _, candidate in page]
-        since = page[-1][0]
-    return found
-
-
-def _every_verdict(store: EdgeStore, key: ExperimentKey) -> list[Verdict]:
-    found: list[Verdict] = []
-    position = 0
-    while page := store.verdicts_after(key, position, _PAGE):
-        found += [verdict for _, verdict in page]
-        position = page[-1][0]
+def _every(page: Callable[[int], list[tuple[int, T]]]) -> list[T]:
+    """Every item of a store listing read ``_PAGE`` at a time: ``page(cursor)`` lists those after
+    ``cursor`` (0: from the first), each with its own cursor."""
+    found: list[T] = []
+    cursor = 0
+    while rows := page(cursor):
+        found += [item for _, item in rows]
+        cursor = rows[-1][0]
     return found
 
 

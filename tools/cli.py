@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     runtime.set_defaults(run=cmd_pyodide_runtime)
 
     edge_dir = argparse.ArgumentParser(add_help=False)
-    edge_dir.add_argument("--data-dir", type=Path, default=Path("var/edge"), help="the edge's data dir")
+    edge_dir.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("DTN_DATA_DIR", "var/edge")),
+        help="the edge's data dir (env DTN_DATA_DIR)",
+    )
     edge_dir.add_argument(
         "--store-url",
         default=os.environ.get("DTN_STORE_URL", ""),
