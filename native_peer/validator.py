@@ -471,10 +471,11 @@ class Validator:
         return head
 
     def _restore(self, spec: ExperimentSpec, lost: Sequence[HeadDescriptor]) -> None:
-        """Publish again the heads ``lost`` that the edge lacks (oldest first, each with the attestations
-        of its certificate), then this validator's open decisions; the edge's candidates are read from
-        its first on (a new store counts them from 1 again). A 409 means another validator is giving the
-        same heads back: the next poll goes on from wherever the edge's head is then."""
+        """Publish again this validator's signature of the network's terms, the heads ``lost`` that the
+        edge lacks (oldest first, each with the attestations of its certificate), then this validator's
+        open decisions; the edge's candidates are read from its first on (a new store counts them from 1
+        again). A 409 means another validator is giving the same heads back: the next poll goes on from
+        wherever the edge's head is then."""
         log.warning(
             "%s: the edge lacks %d heads of the lineage held here (windows %d to %d); publishing them again",
             spec.key,
@@ -482,6 +483,7 @@ class Validator:
             lost[0].window,
             lost[-1].window,
         )
+        self.sign_network()  # an edge that lost the lineage lost the validators' signatures of the network too
         try:
             for head in lost:
                 if head.outer_state is not None:

@@ -20,6 +20,7 @@ from native_peer import StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.messages import Candidate, HeadDescriptor
+from protocol.network_pins import NetworkSignature, signed_by
 from server.serve import BackgroundEdge
 from server.store import Store
 from tools.networks import BASELINE, mnist_network
@@ -79,6 +80,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
         heads = _heads(second.url)
         new_key = httpx.get(f"{second.url}/v1/network").json()["edge_key"]
         candidates = httpx.get(f"{second.url}/v1/experiments/{BASELINE}/candidates").json()
+        signatures = [NetworkSignature.from_wire(s) for s in httpx.get(f"{second.url}/v1/network/signatures").json()]
     finally:
         second.stop()
     assert [h.head_id for h in heads[: len(before)]] == [h.head_id for h in before]  # no head lost
@@ -95,6 +97,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
     assert trainer.network.edge_key != old_key and validator.network.edge_key == trainer.network.edge_key
     assert replace(trainer.network, edge_key=None) == replace(network, edge_key=None)
     assert new_key is not None and validator.network.edge_key is not None
+    assert signed_by(network, signatures) == network.validator_key_set  # what pinning peers check, given back
 
 
 def _replaced(edge: BackgroundEdge, root: Path, dataset_root: Path) -> tuple[BackgroundEdge, list[HeadDescriptor]]:
