@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from protocol.ids import ExperimentKey
 from protocol.lineage import archive_id, read_archive, write_archive
 from protocol.manifests import NetworkManifest
 from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
+from server.backup import restore_backup, take_backup
 from server.errors import Conflict
 from server.lineage import export_lineage, import_lineage
 from server.settings import Settings
@@ -110,6 +112,30 @@ def cmd_lineage_import(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_backup(args: argparse.Namespace) -> None:
+    if args.store_url:
+        raise SystemExit(
+            "backup copies the embedded SQLite store; back a PostgreSQL store up with pg_dump (deploy/README.md)"
+        )
+    blobs_root = Path(args.blobs_dir) if args.blobs_dir else args.data_dir / "blobs"
+    try:
+        report = take_backup(args.data_dir, blobs_root, args.out)
+    except (OSError, sqlite3.Error) as exc:
+        raise SystemExit(f"backup: {exc}") from None
+    print(f"backed up {args.data_dir} to {args.out}: store {report.store_bytes} bytes, {report.blobs} artifacts")
+
+
+def cmd_restore(args: argparse.Namespace) -> None:
+    blobs_root = Path(args.blobs_dir) if args.blobs_dir else args.data_dir / "blobs"
+    try:
+        report = restore_backup(args.backup, args.data_dir, blobs_root)
+    except (OSError, RuntimeError, sqlite3.Error, ProtocolError) as exc:
+        raise SystemExit(f"restore refused {args.backup}: {exc}") from None
+    print(
+        f"restored {args.backup} into {args.data_dir}: store {report.store_bytes} bytes, {report.blobs} artifacts checked"
+    )
+
+
 def cmd_init_network(args: argparse.Namespace) -> None:
     try:
         network = write_network(
@@ -198,6 +224,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     take.add_argument("archive", type=Path)
     take.set_defaults(run=cmd_lineage_import)
+
+    backup = sub.add_parser(
+        "backup", parents=[edge_dir], help="copy the edge's SQLite store and artifacts while it serves (server.backup)"
+    )
+    backup.add_argument("--blobs-dir", default=os.environ.get("DTN_BLOBS_DIR", ""), help="default data-dir/blobs")
+    backup.add_argument("--out", type=Path, required=True, help="a new directory")
+    backup.set_defaults(run=cmd_backup)
+    restore = sub.add_parser("restore", parents=[edge_dir], help="put a backup in place for an edge without a store")
+    restore.add_argument("--blobs-dir", default=os.environ.get("DTN_BLOBS_DIR", ""), help="default data-dir/blobs")
+    restore.add_argument("backup", type=Path, help="a directory `backup` wrote")
+    restore.set_defaults(run=cmd_restore)
 
     init = sub.add_parser("init-network", help="create validator identities and a network manifest from a config file")
     init.add_argument(
