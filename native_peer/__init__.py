@@ -8,6 +8,7 @@ mnist        the MNIST MLP as a JaxLearner, its release and workload
 models       models from config: [models.<name>] tables, the built-in models (networks/models.toml)
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
 anchor       Anchor: the validator's own update, trained once per anchor head
+lineage_journal  the canonical heads a validator holds, given back to an edge that lost them
 evidence     LeaseEvidence: each candidate's evidence that it trained on its lease (protocol.evidence)
 edge_client  HTTP client for the edge
 shard_cache  lease-scoped shard downloads, verified and cached (memory and disk, capped)

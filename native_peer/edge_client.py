@@ -38,7 +38,7 @@ from protocol.messages import (
     PeerProof,
     Verdict,
 )
-from protocol.network_pins import NetworkSignature
+from protocol.network_pins import NetworkSignature, served_by
 from protocol.signing import Signer
 from protocol.transfers import (
     Done,
@@ -171,6 +171,14 @@ class EdgeClient:
     def sign_network(self, signature: NetworkSignature) -> None:
         """Give the edge this validator's signature over the network's terms."""
         self._request("POST", "/v1/network/signatures", json=signature.to_wire())
+
+    def rekeyed(self, network: NetworkManifest) -> NetworkManifest | None:
+        """``network`` with the key this edge signs leases with now, when that is another key than
+        ``network``'s (the edge was replaced: a new store makes a new key); ``None`` when it is the same.
+        ``SignatureError`` when the edge now serves another network: its validator keys and quorum are
+        the trust root, never the edge's key (``protocol.network_pins.served_by``)."""
+        served = self.network()
+        return None if served.edge_key == network.edge_key else served_by(network, served)
 
     def current_head(
         self, key: ExperimentKey, *, after: HeadId | None = None, wait_s: float = 0.0

@@ -17,7 +17,13 @@ examples in ``epoch_seed`` order with the user's optimizer (its state stays on t
 in the storage dir), then sign and publish the candidate (``package_candidate``). If a newer head
 appeared while training, the work is dropped and the next window starts from that head.
 ``Trainer.run`` keeps going across windows, backing off (``protocol.backoff``) while the edge is
-unreachable. Timestamps come from an injectable ``protocol.clock.Clock``.
+unreachable. A lease signed by another edge key than the trainer knows (the edge was replaced, its
+store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
+the trainer read the network manifest again and go on with the new key if the edge still serves the
+same network terms (validators, quorum, experiments), the trust root (``EdgeClient.rekeyed``); it
+refuses the lease otherwise. A window whose candidate was not published is not counted
+(``_deliver``): its head is trained again.
+Timestamps come from an injectable ``protocol.clock.Clock``.
 
 Continuous training (``TrainerBuilder.with_continuous_training``, the CLI's default): a trainer
 never waits for validators to judge its window. The moment it publishes on head h it leases the
@@ -54,6 +60,7 @@ import numpy as np
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
+from protocol.errors import SignatureError
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.lease_size import next_lease_shards
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
@@ -280,6 +287,7 @@ class Trainer:
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
         self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
+        self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         # every example trained on since spawn, by experiment, whatever became of the work
@@ -426,19 +434,51 @@ class Trainer:
             self._full_windows[experiment.key] = (head.head_id, time.monotonic() + retry_s)
             raise WindowUnavailable(exc.detail) from None
 
+    def _check_lease(self, grant: LeaseGrant, head: HeadDescriptor, *, ahead: bool = False) -> None:
+        """``check_lease`` of ``grant`` on ``head``; when its signature is not the known edge key's, once
+        more with the key the edge serves now, if it serves the same network (``_follow_edge_key``)."""
+        try:
+            check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=ahead)
+        except SignatureError:
+            if not self._follow_edge_key():
+                raise
+            check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=ahead)
+
+    def _follow_edge_key(self) -> bool:
+        """Take the key the edge signs with now when it is another one and the edge serves the same
+        network (``EdgeClient.rekeyed``; ``SignatureError`` when it serves another): the edge was
+        replaced. What this trainer delivered to the old one since its last canonical head may be lost
+        with its store, so no head counts as trained any more. True when the key changed."""
+        rekeyed = self.edge.rekeyed(self.network)
+        if rekeyed is None:
+            return False
+        log.warning(
+            "the edge signs with a new key (a replaced edge); network %s re-read and checked", rekeyed.network_id
+        )
+        self.network = rekeyed
+        self._progress = {key: replace(progress, last_base_head=None) for key, progress in self._progress.items()}
+        return True
+
+    def _idle(self, experiment: Experiment) -> None:
+        """Count a wait for a head newer than the one trained: after a whole ``window_timeout_s`` of it,
+        ask whether the edge was replaced (``_follow_edge_key``): a window whose only lease the old edge
+        held is reopened by no one else."""
+        since = self._idle_since.setdefault(experiment.key, time.monotonic())
+        if time.monotonic() - since >= experiment.spec.window_timeout_s:
+            del self._idle_since[experiment.key]
+            self._follow_edge_key()
+
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
         """Train one window on the current head and publish the candidate (published when this returns).
 
         If this trainer already trained on the current head, waits up to ``wait_s`` for a newer one;
         raises ``WindowUnavailable`` when there is none. When publishing fails, its error is raised and
         the window is not counted: a retry may train on the same head again."""
-        key = experiment.key
-        progress, residuals = self.progress(key), dict(self._residuals)
+        residuals = dict(self._residuals)
         outcome, delivered = self._window(experiment, wait_s, refresh=True)
         try:
             delivered.result()
         except BaseException:
-            self._progress[key] = progress
             self._residuals = residuals
             raise
         return outcome
@@ -462,7 +502,7 @@ class Trainer:
             done = ahead if carried is not None else _Ahead(grant, x, y)
         else:
             grant, ahead = self._lease(experiment, head), None
-            check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key)
+            self._check_lease(grant, head)
             pending, done = self.shards.prefetch(grant), _Ahead(grant, np.empty(0), np.empty(0))
         lease = grant.lease
         base = followed.tensors
@@ -523,9 +563,12 @@ class Trainer:
         )
         if codec != "fp32":
             self._residuals[experiment.key] = residual
-        progress = self.progress(experiment.key).after(head)
+        before = self.progress(experiment.key)
+        progress = before.after(head)
         self._progress[experiment.key], self._opt_states[experiment.key] = progress, opt_state
-        delivered = self._write_behind.submit(self._deliver, experiment, envelope, opt_state, progress, residual)
+        delivered = self._write_behind.submit(
+            self._deliver, experiment, envelope, opt_state, (before, progress), residual
+        )
         if self.train_ahead:
             self._carry[experiment.key] = _Carry(
                 head, trained, params, published=candidate.candidate_id, next_lease=next_lease
@@ -576,11 +619,21 @@ class Trainer:
         experiment: Experiment,
         envelope: bytes,
         opt_state: Any,
-        progress: ExperimentProgress,
+        progresses: tuple[ExperimentProgress, ExperimentProgress],
         residual: dict[str, np.ndarray],
     ) -> None:
-        """Publish a window's candidate, then save what it leaves behind (residual, optimizer, progress)."""
-        self.edge.publish_candidate(experiment.key, envelope)
+        """Publish a window's candidate, then save what it leaves behind (residual, optimizer, progress).
+        ``progresses``: the experiment's progress before the window and after it. A window whose
+        candidate was not published is not counted: unless a later window counted already, the
+        progress goes back to before it, so its head is trained again (the edge may have lost its
+        lease: a replaced edge, and no other lease would reopen that window)."""
+        before, progress = progresses
+        try:
+            self.edge.publish_candidate(experiment.key, envelope)
+        except BaseException:
+            if self._progress.get(experiment.key) is progress:
+                self._progress[experiment.key] = before
+            raise
         if experiment.spec.codec != "fp32":
             write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
         self._save(experiment.key, opt_state, progress)
@@ -610,7 +663,7 @@ class Trainer:
                 raise
             return None
         try:
-            check_lease(grant.lease, after, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=True)
+            self._check_lease(grant, after, ahead=True)
         except NoWindow:
             return None
         return _Ahead(grant, *ShardCache.assemble(self.shards.prefetch(grant)))
@@ -707,11 +760,14 @@ class Trainer:
                         outcome, delivered = self._window(experiment, wait_s)
                         delivered.add_done_callback(_log_undelivered)
                         outcomes.append(outcome)
+                        self._idle_since.pop(experiment.key, None)
                         backoff.reset()
                     except WindowUnavailable as exc:
                         log.debug("%s: %s", experiment.key, exc)
                         if busy:
                             self.train_ahead_once(experiment)
+                        else:
+                            self._idle(experiment)
                 except (httpx.TransportError, EdgeRequestError) as exc:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
@@ -728,4 +784,4 @@ class Trainer:
 
 def _log_undelivered(delivered: Future[None]) -> None:
     if (exc := delivered.exception()) is not None:
-        log.warning("a window's candidate was not published: %s", exc)
+        log.warning("a window's candidate was not published (its head may be trained again): %s", exc)

@@ -50,6 +50,15 @@ closed for one more deadline without a canonical head (a validator down, or a pr
 A decision's verdicts and trust book take effect only when its head becomes canonical. With k = 1 a
 proposed head is canonical at once, as with a single validator.
 
+An edge that lost the lineage (it runs on a new, empty store) gets it back from validators before
+anything else happens: each validator keeps the canonical heads it read, with their certificates and
+artifacts (``native_peer.lineage_journal``), and publishes again, through the edge's usual checks
+(proposer's signature, parent is the current head, attestations of exactly that head until the
+quorum), every head the edge's current head lacks, in window order; then its open decisions. No new
+genesis is made while the journal holds one. At each new window, and on a lease signed by another key
+than the edge's known one (a new store makes a new key), the validator reads the network manifest
+again and takes the new key if the edge serves the same network terms (``EdgeClient.rekeyed``).
+
 State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of final
 verdicts not yet published, decisions on open windows) is one typed, bounded object, written to disk
 before anything it records is published; evaluation data is read through ``datasets.layout``.
@@ -85,10 +94,10 @@ from protocol.deadline import (
     window_grace_s,
 )
 from protocol.envelope import pack_envelope
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, SignatureError
 from protocol.fields import read_bool, read_float, read_list, read_object
 from protocol.hashing import content_id
-from protocol.ids import ContentId, HeadId
+from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.judging import (
     REFERENCE_BATCH_FACTOR,
     Submission,
@@ -115,6 +124,7 @@ from .edge_client import EdgeClient, EdgeRequestError
 from .evidence import LeaseEvidence
 from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner, TrainEngine
+from .lineage_journal import LineageJournal
 from .storage import StorageConfig, write_atomic
 
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
@@ -344,6 +354,7 @@ class Validator:
         self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
+        self._journals: dict[str, LineageJournal] = {}  # experiment -> the canonical lineage held here
 
     @property
     def trust(self) -> TrustBook:
@@ -424,7 +435,7 @@ class Validator:
         or attested. With a quorum above one it is canonical once enough validators have done so. An
         edge without a head (a new network, or an edge that lost its store) is given this validator's
         signature of the network's terms first."""
-        head = self.edge.current_head(spec.key)
+        head = self._edge_head(spec)
         if head is not None:
             head.verify_trusted(self.network.validator_key_set, self.network.quorum)
             return head
@@ -442,6 +453,69 @@ class Validator:
         log.info("%s: genesis head %s (val acc %.4f)", spec.key, genesis.head_id[:19], genesis.metrics["val_accuracy"])
         return self.edge.current_head(spec.key) or genesis
 
+    def _journal(self, key: str) -> LineageJournal:
+        if key not in self._journals:
+            self._journals[key] = LineageJournal(
+                self.storage.experiment_dir(ExperimentKey.parse(key)) / "lineage.jsonl"
+            )
+        return self._journals[key]
+
+    def _edge_head(self, spec: ExperimentSpec) -> HeadDescriptor | None:
+        """The edge's current head of ``spec`` (unverified), once the edge holds every head of the
+        lineage held here (``_restore``)."""
+        head = self.edge.current_head(spec.key)
+        lost = self._journal(spec.key).after(None if head is None else head.head_id)
+        if lost:
+            self._restore(spec, lost)
+            head = self.edge.current_head(spec.key)
+        return head
+
+    def _restore(self, spec: ExperimentSpec, lost: Sequence[HeadDescriptor]) -> None:
+        """Publish again this validator's signature of the network's terms, the heads ``lost`` that the
+        edge lacks (oldest first, each with the attestations of its certificate), then this validator's
+        open decisions; the edge's candidates are read from its first on (a new store counts them from 1
+        again). A 409 means another validator is giving the same heads back: the next poll goes on from
+        wherever the edge's head is then."""
+        log.warning(
+            "%s: the edge lacks %d heads of the lineage held here (windows %d to %d); publishing them again",
+            spec.key,
+            len(lost),
+            lost[0].window,
+            lost[-1].window,
+        )
+        self.sign_network()  # an edge that lost the lineage lost the validators' signatures of the network too
+        try:
+            for head in lost:
+                if head.outer_state is not None:
+                    state = self.storage.head_path(head.outer_state).read_bytes()
+                    self.edge.publish_outer_state(spec.key, pack_envelope(head.to_wire(), state))
+                artifact = self.storage.head_path(head.head_id).read_bytes()
+                self.edge.publish_head(spec.key, pack_envelope(replace(head, certificate=()).to_wire(), artifact))
+                for attestation in head.certificate:
+                    self.edge.publish_attestation(attestation)
+        except EdgeRequestError as exc:
+            if exc.status != 409:
+                raise
+            log.warning("%s: the edge took another head meanwhile: %s", spec.key, exc)
+        self._followed.pop(spec.key, None)
+        self._follow_edge_key()
+        for decision in self.state.decisions.values():
+            if decision.head.experiment == spec.key:
+                decision.published = False
+        self._flush()
+
+    def _keep_lineage(self, current: HeadDescriptor) -> None:
+        """Add canonical ``current`` to the lineage held here, with the heads between it and the last one
+        held (read from the edge and verified), their artifacts and outer states kept on disk."""
+
+        def parent_of(head_id: HeadId) -> HeadDescriptor | None:
+            return self._head(self.network.experiment(current.experiment), head_id)
+
+        for head in self._journal(current.experiment).extend(current, parent_of):
+            for cid in (head.head_id, head.outer_state):
+                if cid is not None and not self.storage.head_path(cid).exists():
+                    self.edge.artifact(cid, self.storage.head_path(cid))
+
     def _head_params(self, head: HeadDescriptor) -> dict[str, np.ndarray]:
         data = self.edge.artifact(head.head_id, self.storage.head_path(head.head_id))
         tensors, _ = decode_tensors(data)
@@ -452,7 +526,7 @@ class Validator:
         """Judge what is ready; close the window and propose its head when its time has come (with a
         quorum above one: attest the proposals of other validators that reach the same head)."""
         self._flush()
-        head = self.edge.current_head(spec.key)
+        head = self._edge_head(spec)
         if head is None:  # no head yet, so no candidate either: propose or attest the genesis head
             self.ensure_genesis(spec)
             return None
@@ -460,6 +534,8 @@ class Validator:
         self._current[spec.key] = head
         self._remember(head)
         self._settle(head)
+        if self._windows.get(spec.key, (None, 0.0))[0] != head.head_id:  # a new window: is it the same edge?
+            self._follow_edge_key()
         fresh = self._unjudged(spec)
         arrived = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
         ids = {c.candidate_id for c in arrived}
@@ -730,6 +806,7 @@ class Validator:
         """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are
         published, its trust book kept, its candidates' downloaded artifacts deleted: a decided
         candidate is never judged again); decisions about windows now closed are dropped."""
+        self._keep_lineage(current)
         settled = False
         for head_id, decision in list(self.state.decisions.items()):
             if decision.head.experiment != current.experiment:
@@ -764,6 +841,8 @@ class Validator:
         measured when the preset asks for it (``_lease_evidence``, drawn with the window's ``salt``).
         With the submission, the principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
+        if lease is not None:
+            self._signed_by_edge(lease)
         leased = 0
         manifest = self.edge.fetch_manifest(spec.dataset_id)
         if lease is not None:
@@ -814,6 +893,25 @@ class Validator:
             lease_evidence_z=evidence,
         )
         return submission, None if lease is None else lease.principal
+
+    def _follow_edge_key(self) -> None:
+        """Take the key the edge signs with now when it is another one and the edge serves the same
+        network (``EdgeClient.rekeyed``): a replaced edge, whose new store counts candidates from the
+        first again, so they are read from there."""
+        rekeyed = self.edge.rekeyed(self.network)
+        if rekeyed is not None:
+            log.warning("the edge signs with a new key (a replaced edge); network %s re-read", rekeyed.network_id)
+            self.network = rekeyed
+            self._followed.clear()
+
+    def _signed_by_edge(self, lease: Lease) -> None:
+        """Follow the edge's key (``_follow_edge_key``) when ``lease`` is not signed by the known one; a
+        lease the edge did not sign stays refused (``precheck``)."""
+        if self.network.edge_key is not None:
+            try:
+                lease.verify(self.network.edge_key)
+            except SignatureError:
+                self._follow_edge_key()
 
     def _lease_evidence(
         self,

@@ -38,6 +38,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     transfers    sans-I/O plans for staged uploads and ranged downloads: their retry and resume rules
     window       one training window for every trainer: head and lease checks, lease_covers,
                  package_candidate
+    lineage      lineage archives: an experiment's signed heads, candidates and verdicts in one
+                 content-addressed tar, verified whole (signatures, quorum, parent chain, verdicts)
 """
 
 from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge

@@ -23,9 +23,10 @@ import binascii
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .errors import SignatureError
 from .fields import read_object
 from .manifests import NetworkManifest
 from .signing import Signer, b64decode, b64encode, canonical_json, verify_signature
@@ -37,6 +38,7 @@ __all__ = [
     "network_terms",
     "pin_matches",
     "pin_problem",
+    "served_by",
     "signed_by",
 ]
 
@@ -96,6 +98,18 @@ class NetworkSignature:
     def from_wire(cls, value: object) -> NetworkSignature:
         d = read_object(value, "network signature")
         return cls(b64decode(d.get("validator_key"), size=32), b64decode(d.get("signature"), size=64))
+
+
+def served_by(network: NetworkManifest, served: NetworkManifest) -> NetworkManifest:
+    """``network`` with the edge key of ``served`` (the manifest an edge serves now) when ``served`` has
+    the same terms: a replaced edge (a new store makes a new key) is followed, an edge serving other
+    terms is not (``SignatureError``). A peer's trust root is the validators, never the edge's key."""
+    if network_terms(served) != network_terms(network):
+        raise SignatureError(
+            f"the edge now serves network {served.network_id!r} on other terms (validators, quorum or "
+            f"experiments) than {network.network_id!r}; refusing its key"
+        )
+    return replace(network, edge_key=served.edge_key)
 
 
 def signed_by(network: NetworkManifest, signatures: Iterable[NetworkSignature]) -> frozenset[bytes]:

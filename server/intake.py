@@ -42,6 +42,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
+from protocol.lineage import verdict_contradiction
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.signing import b64encode
@@ -313,11 +314,8 @@ def _agrees_with_lineage(state: EdgeState, verdict: Verdict) -> None:
     deciding = state.store.deciding_heads(verdict.experiment, ContentId(verdict.candidate_id))
     if deciding is None:
         raise NotFound(f"no candidate {verdict.candidate_id} of {verdict.experiment} was received here")
-    if not deciding:
-        raise Conflict(f"candidate {verdict.candidate_id} is not decided by a canonical head yet")
-    merged_by = next((head.head_id for head in deciding if verdict.candidate_id in head.merged), None)
-    if verdict.accepted != (merged_by is not None) or (verdict.accepted and verdict.head_id != merged_by):
-        raise Conflict(f"the verdict on {verdict.candidate_id} contradicts the canonical lineage")
+    if (contradiction := verdict_contradiction(verdict, deciding)) is not None:
+        raise Conflict(contradiction)
 
 
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:

@@ -35,7 +35,7 @@ from .signatures import install_native_verifier
 from .store import EdgeStore, open_store
 from .uploads import Uploads
 
-__all__ = ["EdgeState", "load_datasets"]
+__all__ = ["EdgeState", "load_datasets", "open_blobs"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class EdgeState:
         return cls(
             settings=settings,
             store=store,
-            blobs=_blobs(settings),
+            blobs=open_blobs(settings),
             hub=Hub(metrics, settings.send_queue_size, clock, fanout),
             metrics=metrics,
             signer=signer,
@@ -169,7 +169,7 @@ def load_datasets(root: Path) -> dict[DatasetId, FetchManifest]:
     return datasets
 
 
-def _blobs(settings: Settings) -> Blobs:
+def open_blobs(settings: Settings) -> Blobs:
     """A directory (the default), or an S3-compatible bucket with local copies (``blobs_url``)."""
     if not settings.blobs_url:
         return BlobStore(settings.blobs_root)

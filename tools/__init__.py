@@ -2,7 +2,9 @@
 
     pyodide_runtime  assemble the self-hosted Pyodide runtime from the package registries
     networks         the MNIST network preset and writing a network manifest with a validator identity
-    cli              ``python -m tools pyodide-runtime | token issue | init-network``
+    cli              ``python -m tools pyodide-runtime | token issue | lineage export | lineage import | backup |
+                     restore | init-network``
+    dtn              the ``dtn`` command: ``native_peer.cli``'s commands, and ``dtn lineage`` from ``cli``
 
 Imports point down only: ``tools`` uses ``server``, ``native_peer``, ``datasets`` and ``protocol``;
 nothing below imports ``tools``.

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from protocol.errors import ProtocolError
+from protocol.ids import ExperimentKey
+from protocol.lineage import archive_id, read_archive, write_archive
+from protocol.manifests import NetworkManifest
 from server.admission import ROLES, TOKEN_ID_LENGTH, issue_token, revoke_token
+from server.backup import restore_backup, take_backup
+from server.errors import Conflict
+from server.lineage import export_lineage, import_lineage
+from server.settings import Settings
+from server.signatures import install_native_verifier
+from server.state import open_blobs
 from server.store import EdgeStore, open_store
 
 from .networks import DATASETS, MNIST_NETWORK, NetworkConfigError, write_network
@@ -57,6 +69,73 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
     print(f"revoked {args.token}; a running edge refuses it from its next request on")
 
 
+def _lineage_parts(args: argparse.Namespace) -> tuple[Settings, NetworkManifest]:
+    settings = Settings(
+        data_dir=args.data_dir,
+        store_url=args.store_url,
+        blobs_dir=args.blobs_dir,
+        blobs_url=args.blobs_url,
+        network=args.network,
+    )
+    install_native_verifier()  # every signature of a lineage is checked: at native speed
+    return settings, NetworkManifest.from_wire(json.loads(args.network.read_bytes()))
+
+
+def cmd_lineage_export(args: argparse.Namespace) -> None:
+    settings, network = _lineage_parts(args)
+    with _edge_store(args) as store:
+        try:
+            lineage = export_lineage(store, open_blobs(settings), network, ExperimentKey.parse(args.experiment))
+        except ProtocolError as exc:
+            raise SystemExit(f"lineage export: {exc}") from None
+    data = write_archive(lineage)
+    args.out.write_bytes(data)
+    print(
+        f"wrote {args.out} ({archive_id(data)}): {len(lineage.heads)} heads of {lineage.experiment} "
+        f"(windows 0..{lineage.heads[-1].window}), {len(lineage.candidates)} candidates, {len(lineage.verdicts)} verdicts"
+    )
+
+
+def cmd_lineage_import(args: argparse.Namespace) -> None:
+    settings, network = _lineage_parts(args)
+    data = args.archive.read_bytes()
+    with _edge_store(args) as store:
+        try:
+            lineage = read_archive(data, max_blob_bytes=settings.max_artifact_bytes)
+            report = import_lineage(store, open_blobs(settings), network, lineage, int(time.time() * 1000))
+        except (ProtocolError, Conflict) as exc:
+            raise SystemExit(f"lineage import refused {args.archive} ({archive_id(data)}): {exc}") from None
+    print(
+        f"imported {args.archive} ({archive_id(data)}): {report.heads} heads of {lineage.experiment} from window "
+        f"{report.first_window} on, {report.candidates} candidates, {report.verdicts} verdicts; every signature, "
+        "quorum and parent checked"
+    )
+
+
+def cmd_backup(args: argparse.Namespace) -> None:
+    if args.store_url:
+        raise SystemExit(
+            "backup copies the embedded SQLite store; back a PostgreSQL store up with pg_dump (deploy/README.md)"
+        )
+    blobs_root = Path(args.blobs_dir) if args.blobs_dir else args.data_dir / "blobs"
+    try:
+        report = take_backup(args.data_dir, blobs_root, args.out)
+    except (OSError, sqlite3.Error) as exc:
+        raise SystemExit(f"backup: {exc}") from None
+    print(f"backed up {args.data_dir} to {args.out}: store {report.store_bytes} bytes, {report.blobs} artifacts")
+
+
+def cmd_restore(args: argparse.Namespace) -> None:
+    blobs_root = Path(args.blobs_dir) if args.blobs_dir else args.data_dir / "blobs"
+    try:
+        report = restore_backup(args.backup, args.data_dir, blobs_root)
+    except (OSError, RuntimeError, sqlite3.Error, ProtocolError) as exc:
+        raise SystemExit(f"restore refused {args.backup}: {exc}") from None
+    print(
+        f"restored {args.backup} into {args.data_dir}: store {report.store_bytes} bytes, {report.blobs} artifacts checked"
+    )
+
+
 def cmd_init_network(args: argparse.Namespace) -> None:
     try:
         network = write_network(
@@ -93,7 +172,12 @@ def main(argv: list[str] | None = None) -> None:
     runtime.set_defaults(run=cmd_pyodide_runtime)
 
     edge_dir = argparse.ArgumentParser(add_help=False)
-    edge_dir.add_argument("--data-dir", type=Path, default=Path("var/edge"), help="the edge's data dir")
+    edge_dir.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("DTN_DATA_DIR", "var/edge")),
+        help="the edge's data dir (env DTN_DATA_DIR)",
+    )
     edge_dir.add_argument(
         "--store-url",
         default=os.environ.get("DTN_STORE_URL", ""),
@@ -115,6 +199,42 @@ def main(argv: list[str] | None = None) -> None:
     revoke = token.add_parser("revoke", parents=[edge_dir], help="revoke a token, given as itself or as its id")
     revoke.add_argument("token", help="the token, or its id from `token list`")
     revoke.set_defaults(run=cmd_token_revoke)
+
+    lineage = sub.add_parser(
+        "lineage", help="an experiment's lineage as one verifiable archive (protocol.lineage)"
+    ).add_subparsers(dest="action", required=True)
+    lineage_edge = argparse.ArgumentParser(add_help=False, parents=[edge_dir])
+    lineage_edge.add_argument(
+        "--blobs-dir", default=os.environ.get("DTN_BLOBS_DIR", ""), help="the edge's artifacts (default data-dir/blobs)"
+    )
+    lineage_edge.add_argument(
+        "--blobs-url", default=os.environ.get("DTN_BLOBS_URL", ""), help="the edges' S3 bucket (s3://bucket/prefix)"
+    )
+    lineage_edge.add_argument(
+        "--network", type=Path, default=Path(os.environ.get("DTN_NETWORK", "var/network.json")), help="network manifest"
+    )
+    export = lineage.add_parser(
+        "export", parents=[lineage_edge], help="write an experiment's lineage from the edge's store"
+    )
+    export.add_argument("--experiment", required=True, help="study/experiment/revision")
+    export.add_argument("--out", type=Path, required=True, help="the archive to write (a plain tar)")
+    export.set_defaults(run=cmd_lineage_export)
+    take = lineage.add_parser(
+        "import", parents=[lineage_edge], help="verify an archive whole, then take it into the edge's store"
+    )
+    take.add_argument("archive", type=Path)
+    take.set_defaults(run=cmd_lineage_import)
+
+    backup = sub.add_parser(
+        "backup", parents=[edge_dir], help="copy the edge's SQLite store and artifacts while it serves (server.backup)"
+    )
+    backup.add_argument("--blobs-dir", default=os.environ.get("DTN_BLOBS_DIR", ""), help="default data-dir/blobs")
+    backup.add_argument("--out", type=Path, required=True, help="a new directory")
+    backup.set_defaults(run=cmd_backup)
+    restore = sub.add_parser("restore", parents=[edge_dir], help="put a backup in place for an edge without a store")
+    restore.add_argument("--blobs-dir", default=os.environ.get("DTN_BLOBS_DIR", ""), help="default data-dir/blobs")
+    restore.add_argument("backup", type=Path, help="a directory `backup` wrote")
+    restore.set_defaults(run=cmd_restore)
 
     init = sub.add_parser("init-network", help="create validator identities and a network manifest from a config file")
     init.add_argument(

@@ -1,0 +1,148 @@
+"""The network outlives its edge: an edge killed and replaced by one on an empty store (a new key, no
+heads) gets the lineage back from its validator, and the running validator and trainer go on with it.
+Real uvicorn edges on one port, a real validator and trainer in threads, real MNIST."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from native_peer import StorageConfig, Validator
+from native_peer.identity import NodeIdentity
+from native_peer.mnist import mlp_learner
+from protocol.messages import Candidate, HeadDescriptor
+from protocol.network_pins import NetworkSignature, signed_by
+from server.serve import BackgroundEdge
+from server.store import Store
+from tools.networks import BASELINE, mnist_network
+
+from .support import edge_settings, mnist_trainer
+
+
+def _heads(url: str) -> list[HeadDescriptor]:
+    response = httpx.get(f"{url}/v1/experiments/{BASELINE}/heads", timeout=10)
+    return [HeadDescriptor.from_wire(h) for h in response.json()] if response.status_code == 200 else []
+
+
+def _until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Wait until ``condition`` holds, ``timeout_s`` at most (the asserts after it say what did not)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.mark.slow  # a minute of real windows across two edges
+def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_trainer_trains_on(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    storage = StorageConfig(tmp_path / "validator")
+    network = mnist_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    first = BackgroundEdge(edge_settings(tmp_path, dataset_root)).start()
+    validator = Validator(mlp_learner(), network, storage, first.url, dataset_root)
+    trainer = mnist_trainer(network, tmp_path / "trainer", first.url)
+    old_key = trainer.network.edge_key
+    stop = threading.Event()
+    runs = [
+        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
+        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
+    ]
+    second = None
+    try:
+        for run in runs:
+            run.start()
+        _until(lambda: len(_heads(first.url)) >= 4, 120)
+        first.stop()
+        store = Store(tmp_path / "edge" / "edge.sqlite3")
+        before = store.heads(BASELINE)  # every head the first edge certified, the last one included
+        store.close()
+        assert len(before) >= 4
+        shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
+        second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
+        _until(lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+    finally:
+        stop.set()
+        for run in runs:
+            run.join(timeout=60)
+        trainer.close()
+        validator.close()
+        first.stop()
+    try:
+        heads = _heads(second.url)
+        new_key = httpx.get(f"{second.url}/v1/network").json()["edge_key"]
+        candidates = httpx.get(f"{second.url}/v1/experiments/{BASELINE}/candidates").json()
+        signatures = [NetworkSignature.from_wire(s) for s in httpx.get(f"{second.url}/v1/network/signatures").json()]
+    finally:
+        second.stop()
+    assert [h.head_id for h in heads[: len(before)]] == [h.head_id for h in before]  # no head lost
+    assert len(heads) >= len(before) + 3, "the network did not go on after the replacement"
+    assert [h.window for h in heads] == list(range(len(heads)))  # one genesis, one head a window
+    for parent, head in itertools.pairwise(heads):
+        assert head.parent == parent.head_id
+    for head in heads:
+        head.verify_trusted(network.validator_key_set, network.quorum)
+    # the trainer went on: heads after the replacement merge its candidates, leased from the new edge
+    ours = {c["candidate_id"] for c in candidates if Candidate.from_wire(c).peer_id == trainer.peer_id}
+    merged_after = {cid for head in heads[len(before) :] for cid in head.merged}
+    assert merged_after & ours, "no candidate of the trainer merged after the replacement"
+    assert trainer.network.edge_key != old_key and validator.network.edge_key == trainer.network.edge_key
+    assert replace(trainer.network, edge_key=None) == replace(network, edge_key=None)
+    assert new_key is not None and validator.network.edge_key is not None
+    assert signed_by(network, signatures) == network.validator_key_set  # what pinning peers check, given back
+
+
+def _replaced(edge: BackgroundEdge, root: Path, dataset_root: Path) -> tuple[BackgroundEdge, list[HeadDescriptor]]:
+    """Kill ``edge``, delete its store and artifacts, start a fresh one on its port; the heads it held."""
+    edge.stop()
+    store = Store(root / "edge" / "edge.sqlite3")
+    held = store.heads(BASELINE)
+    store.close()
+    shutil.rmtree(root / "edge")
+    return BackgroundEdge(edge_settings(root, dataset_root, port=edge.settings.port)).start(), held
+
+
+@pytest.mark.slow  # real windows on two edges and a window timeout's wait
+def test_a_trainer_whose_delivered_candidate_died_with_the_edge_trains_that_window_again(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    storage = StorageConfig(tmp_path / "validator")
+    network = mnist_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    network = replace(network, experiments=tuple(replace(s, window_timeout_s=2.0) for s in network.experiments))
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    spec = network.experiment(BASELINE)
+    edge = BackgroundEdge(edge_settings(tmp_path, dataset_root)).start()
+    validator = Validator(mlp_learner(), network, storage, edge.url, dataset_root)
+    trainer = mnist_trainer(network, tmp_path / "trainer", edge.url)
+    experiment = trainer.experiment(*BASELINE.parts)
+    stop = threading.Event()
+    run = threading.Thread(target=trainer.run, args=([experiment],), kwargs={"max_windows": 1, "stop": stop})
+    try:
+        validator.ensure_genesis(spec)
+        trainer.train_window_once(experiment)
+        assert validator.poll(spec) is not None  # head 1
+        delivered = trainer.train_window_once(experiment)  # on head 1, taken by the edge, not judged yet
+        edge, before = _replaced(edge, tmp_path, dataset_root)
+        run.start()  # the trainer counts head 1 as trained: it waits for head 2
+        deadline = time.monotonic() + 60
+        while (report := validator.poll(spec)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the first poll gives the edge its heads back; the window on head 1 is open
+        run.join(timeout=30)
+    finally:
+        stop.set()
+        trainer.close()
+        validator.close()
+        edge.stop()
+    assert [h.window for h in before] == [0, 1]
+    assert report is not None, "the window whose only candidate died with the edge never closed"
+    assert report.head.parent == before[-1].head_id and report.head.window == 2
+    assert report.head.merged and delivered.candidate_id not in report.head.merged  # trained again, leased anew
+    assert trainer.progress(BASELINE).last_base_head == before[-1].head_id
