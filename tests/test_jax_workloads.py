@@ -35,6 +35,7 @@ from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import NetworkConfigError, read_experiments
 
+from .conftest import REPO
 from .support import edge_settings, experiment_spec, missing, proof
 
 PYTREE = "tests.jax_workloads.pytree_mlp:learner"
@@ -59,6 +60,8 @@ def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 # -- names on the wire ------------------------------------------------------------------------------
 def test_parameters_travel_under_their_key_paths_and_round_trip_bit_for_bit() -> None:
+    source = (Path(__file__).parent / "jax_workloads" / "pytree_mlp.py").read_text()
+    assert source.split('"""')[2].strip() in (REPO / "docs" / "workloads-of-your-own.md").read_text()  # the example
     model = describe(PYTREE, "own-mlp")
     assert [name for name, _ in model.param_shapes] == ["hidden.b", "hidden.w", "out.0", "out.1"]
     assert model.shapes["hidden.w"] == (784, 32) and model.output == (10,)
