@@ -144,8 +144,9 @@ def package_sources(path: str) -> dict[str, str]:
         raise WorkloadError(f"workload {path}: no module {module} is installed here")
     origin = Path(found.origin)
     if found.submodule_search_locations is None and "." not in module:
-        files = [origin]
+        files, base = [origin], origin.parent
     else:
+        base = origin.parent.parent
         files = [
             file
             for file in sorted(origin.parent.rglob("*"))
@@ -158,10 +159,7 @@ def package_sources(path: str) -> dict[str, str]:
             f"workload {path}: its package {origin.parent} has {len(files)} files, more than {MAX_SOURCE_FILES}; "
             "give the workload a package of its own"
         )
-    return {
-        file.relative_to(origin.parent.parent).as_posix(): hashlib.sha256(file.read_bytes()).hexdigest()
-        for file in files
-    }
+    return {file.relative_to(base).as_posix(): hashlib.sha256(file.read_bytes()).hexdigest() for file in files}
 
 
 def _version(package: str) -> str | None:

@@ -20,7 +20,7 @@ import pytest
 
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge
-from lab.stack import LocalNetwork, validating
+from lab.stack import validating
 from native_peer.cli import main as dtn_main
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import TrainEngine
@@ -32,11 +32,10 @@ from protocol.manifests import NetworkManifest
 from protocol.signing import PureSigner
 from protocol.workload import WorkloadModel
 from server.serve import BackgroundEdge
-from tools.cli import main as tools_main
 from tools.networks import NetworkConfigError, read_experiments
 
 from .conftest import REPO
-from .support import edge_settings, experiment_spec, missing, proof
+from .support import edge_settings, experiment_spec, missing, network_from_config, proof
 
 PYTREE = "tests.jax_workloads.pytree_mlp:learner"
 KEY = ExperimentKey.parse("study/own-mlp/rev-1")
@@ -147,6 +146,18 @@ def test_the_manifest_pins_the_workloads_files_and_a_changed_file_is_refused_bef
     assert load(model).model == model
 
 
+def test_a_top_level_module_is_pinned_as_its_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copy(Path(__file__).parent / "jax_workloads" / "pytree_mlp.py", tmp_path / "own_top_level_mlp.py")
+    (tmp_path / "unrelated.txt").write_text("not part of the workload")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        model = describe("own_top_level_mlp:learner", "own-mlp")
+        assert [path for path, _ in model.sources] == ["own_top_level_mlp.py"]
+        assert load(model).model == model
+    finally:
+        sys.modules.pop("own_top_level_mlp", None)
+
+
 def test_a_workload_checked_with_other_package_versions_is_refused(own_package: Path) -> None:
     model = describe(f"{own_package.name}.models:learner", "own-mlp")
     versions = dict(model.versions)
@@ -185,11 +196,7 @@ def test_a_workload_model_on_the_wire_is_read_strictly(case: str) -> None:
 
 # -- the network's config -----------------------------------------------------------------------------
 def test_init_network_pins_a_workload_and_refuses_one_it_cannot_import(tmp_path: Path, dataset_root: Path) -> None:
-    (tmp_path / "net.toml").write_text(CONFIG)
-    argv = ["init-network", "--validator-storage", str(tmp_path / "v"), "--out", str(tmp_path / "net.json"),
-            "--config", str(tmp_path / "net.toml"), "--datasets", str(dataset_root)]  # fmt: skip
-    tools_main(argv)
-    network = NetworkManifest.from_wire(json.loads((tmp_path / "net.json").read_text()))
+    network = network_from_config(tmp_path, CONFIG, dataset_root).network
     model = network.experiment(KEY).model
     assert isinstance(model, WorkloadModel) and model == describe(PYTREE, "own-mlp") and model.native_only
     (tmp_path / "bad.toml").write_text(CONFIG.replace("pytree_mlp", "no_such_module"))
@@ -228,12 +235,7 @@ def test_browser_peers_get_no_lease_for_a_native_only_experiment(tmp_path: Path,
 def test_a_native_trainer_trains_a_workload_a_validator_judges_through_a_real_edge(
     tmp_path: Path, dataset_root: Path
 ) -> None:
-    (tmp_path / "net.toml").write_text(CONFIG)
-    tools_main([
-        "init-network", "--validator-storage", str(tmp_path / "validator"), "--out", str(tmp_path / "network.json"),
-        "--config", str(tmp_path / "net.toml"), "--datasets", str(dataset_root),
-    ])  # fmt: skip
-    local = LocalNetwork(tmp_path, dataset_root, NetworkManifest.from_wire(json.loads((tmp_path / "network.json").read_text())))  # fmt: skip
+    local = network_from_config(tmp_path, CONFIG, dataset_root)
     spec = local.network.experiment(KEY)
     with (
         BackgroundEdge(local.edge_settings(pyodide_dir=tmp_path / "no-pyodide")) as edge,
