@@ -79,6 +79,7 @@ def test_parameters_travel_under_their_key_paths_and_round_trip_bit_for_bit() ->
         learner.from_tensors({**tensors, "hidden.extra": tensors["out.1"]})
 
 
+@pytest.mark.slow  # imports flax and equinox and compiles two epochs: 3 s of the fast tier's 3-minute budget
 @pytest.mark.parametrize(
     ("module", "framework", "names"),
     [
