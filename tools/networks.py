@@ -11,10 +11,11 @@ objective; ``native_peer.models``). An experiment's ``model`` names one of those
 (``networks/models.toml``); the manifest carries the model's whole spec. An experiment with a
 ``workload`` (an import path, ``mypkg.models:learner``) trains that JAX code of the operator's own,
 on native peers only, as the model its ``model`` names (``native_peer.workloads``): the manifest
-carries its shapes and its pin (the hash of its files, the versions of jax and optax it was checked with). Fields with a default may be
-left out; anything else wrong (an unknown field, a value out of range, an unknown model, layer or
-screening preset, layers whose shapes do not chain, a key twice) is a ``NetworkConfigError`` naming the
-file, the experiment or model, and the field. Config files live in ``networks/`` at the top of the
+carries its shapes and its pin (the hash of its files, the versions of jax and optax it was checked
+with). Fields with a default may be left out; anything else wrong (an unknown field, a value out of
+range, an unknown model, layer or screening preset, layers whose shapes do not chain, a workload that
+cannot be imported, a key twice) is a ``NetworkConfigError`` naming the file, the experiment or
+model, and the field. Config files live in ``networks/`` at the top of the
 repository, next to ``deploy/``: they are what an operator copies and edits, not code.
 """
 
@@ -55,6 +56,7 @@ BASELINE = ExperimentKey.parse("study/mnist/rev-1")  # the experiments of MNIST_
 LOW_LR = ExperimentKey.parse("study/mnist-low-lr/rev-1")
 
 _FIELDS = {f.name for f in fields(ExperimentSpec)}
+_CONFIG_FIELDS = _FIELDS | {"workload"}  # an experiment's table: its spec's fields, and where its workload is
 _DEFAULTS = {f.name: f.default for f in fields(ExperimentSpec) if f.default is not MISSING}
 
 
@@ -99,9 +101,9 @@ def _models(tables: object, path: Path) -> dict[str, ModelSpec]:
 
 
 def _experiment(entry: dict[str, Any], models: dict[str, ModelSpec], where: str) -> ExperimentSpec:
-    unknown = sorted(set(entry) - _FIELDS - {"workload"})
+    unknown = sorted(set(entry) - _CONFIG_FIELDS)
     if unknown:
-        raise NetworkConfigError(f"{where}: unknown field(s) {unknown}; fields: {sorted(_FIELDS | {'workload'})}")
+        raise NetworkConfigError(f"{where}: unknown field(s) {unknown}; fields: {sorted(_CONFIG_FIELDS)}")
     entry = dict(entry)
     path, name = entry.pop("workload", None), entry.get("model")
     if not isinstance(name, str):
