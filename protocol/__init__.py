@@ -17,6 +17,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     framing      a JSON header behind a length prefix (the codec's and the envelope's)
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward
     model        model specs (input shape, layers, objective), the reference forward and evaluation
+    workload     WorkloadModel: a manifest's pinned record of JAX code of the network's own (native only)
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
     lease_size   how many shards a continuous trainer asks for: enough to fill the window period

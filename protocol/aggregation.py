@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .model import ModelSpec, Params
+from .model import Model, Params
 
 __all__ = [
     "AGGREGATORS",
@@ -92,12 +92,12 @@ class AggregationContext:
 Aggregator = Callable[[Vector, Vector, AggregationContext], Vector]
 
 
-def flatten(spec: ModelSpec, params: Mapping[str, np.ndarray]) -> Vector:
+def flatten(spec: Model, params: Mapping[str, np.ndarray]) -> Vector:
     """All parameters as one float64 vector, in the spec's name order."""
     return np.concatenate([np.asarray(params[name], np.float64).ravel() for name in spec.shapes])
 
 
-def unflatten(spec: ModelSpec, vector: Vector) -> Params:
+def unflatten(spec: Model, vector: Vector) -> Params:
     params: Params = {}
     offset = 0
     for name, shape in spec.shapes.items():
@@ -427,7 +427,7 @@ NEEDS_REFERENCE = frozenset({"fltrust", "fltrust_trimmed_mean"})
 
 
 def merge_params(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     candidates: Sequence[tuple[str, Mapping[str, np.ndarray], float]],
     aggregator: str = "weighted_mean",

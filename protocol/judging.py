@@ -39,10 +39,9 @@ from .aggregation import (
     unflatten,
 )
 from .errors import ProtocolError
-from .layers import activation_shapes
 from .manifests import ExperimentSpec, FetchManifest
 from .messages import Candidate, HeadDescriptor, Lease
-from .model import ModelSpec, Params
+from .model import Model, Params
 from .outer import OuterOptimizer
 from .reasons import Reason
 from .screening import (
@@ -223,7 +222,7 @@ def reference_batches(base_head: str, examples: int, steps: int, batch_size: int
 
 
 def judge_window(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     base_metrics: Mapping[str, float],
     submissions: Sequence[Submission],
@@ -294,13 +293,8 @@ def judge_window(
     )
 
 
-def classes(spec: ModelSpec) -> int:
-    """The classes (vocabulary) ``spec``'s model predicts among: its output's last dimension."""
-    return int(activation_shapes(spec.layers, spec.input_shape)[-1][-1])
-
-
 def admit(
-    spec: ModelSpec,
+    spec: Model,
     submissions: Sequence[Submission],
     trust: TrustBook,
     policy: ScreeningPolicy | None = None,
@@ -312,7 +306,7 @@ def admit(
     when measured, the evidence that it trained on its lease (``screen_lease_evidence``:
     ``no_lease_evidence``; ``policy``'s bound, the default ``ScreeningPolicy.min_lease_evidence_z``
     without one), when it applies on a head of holdout loss ``head_loss`` (``lease_evidence_applies``)."""
-    evidence = lease_evidence_applies(policy, head_loss, classes(spec))
+    evidence = lease_evidence_applies(policy, head_loss, spec.classes)
     screens: dict[str, Screen] = {}
     contributed: set[tuple[str, int]] = set()
     admitted: list[Submission] = []
@@ -337,7 +331,7 @@ def admit(
 
 
 def screen_updates(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     admitted: Sequence[Submission],
     policy: ScreeningPolicy,
@@ -476,7 +470,7 @@ class Merge:
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: Model,
         base: Mapping[str, np.ndarray],
         trusted: Sequence[Submission],
         policy: ScreeningPolicy,

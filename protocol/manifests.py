@@ -2,7 +2,8 @@
 
 ``NetworkManifest`` is what a peer is told before it joins: the keys of the validators (only they
 make a head canonical), the edge's key (it signs leases) and the experiments the network runs, each
-with the whole spec of its model (``protocol.model``), from which every peer builds it.
+with the whole spec of its model (``protocol.model``), from which every peer builds it, or the pinned
+record of a workload of the network's own JAX code (``protocol.workload``), which only native peers run.
 ``FetchManifest`` is the dataset origin's table of shards, each with its sha256, so a peer verifies
 every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 """
@@ -17,10 +18,11 @@ from typing import Any
 from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
-from .model import ModelSpec
+from .model import Model, ModelSpec
 from .outer import OuterOptimizer
 from .signing import b64decode, b64encode
 from .updates import CODECS
+from .workload import WorkloadModel
 
 __all__ = [
     "FEATURE_KINDS",
@@ -149,7 +151,7 @@ class ExperimentSpec:
 
     key: ExperimentKey
     dataset_id: DatasetId
-    model: ModelSpec
+    model: Model  # a ModelSpec, or a WorkloadModel (native peers only: ``native_only``)
     learning_rate: float
     batch_size: int
     local_epochs: int
@@ -200,6 +202,16 @@ class ExperimentSpec:
         progress = min(max(window, 0), self.lr_decay_windows) / self.lr_decay_windows
         factor = self.lr_min_factor + (1.0 - self.lr_min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.learning_rate * factor
+
+    def refusal(self, peer_kind: str) -> str | None:
+        """Why a trainer of ``peer_kind`` may not train this experiment (browser peers run no JAX code:
+        not a workload model's); ``None`` when it may."""
+        if peer_kind == "browser" and self.model.native_only:
+            return (
+                f"experiment {self.key} is native-only: its model {self.model.name} is JAX code (a workload), "
+                "which browser peers do not run"
+            )
+        return None
 
     @property
     def outer(self) -> OuterOptimizer:
@@ -264,14 +276,20 @@ class ExperimentSpec:
         )
 
 
-def _model(d: Mapping[str, object]) -> ModelSpec:
-    if isinstance(d.get("model"), str):
+def _model(d: Mapping[str, object]) -> Model:
+    """Field ``model``: a ``WorkloadModel`` when it names a workload, else a ``ModelSpec``."""
+    value = d.get("model")
+    if isinstance(value, str):
         raise InvalidMessage(
-            f"field 'model' names a model ({d['model']!r}) where a manifest holds its spec: write the manifest "
+            f"field 'model' names a model ({value!r}) where a manifest holds its spec: write the manifest "
             "again from its config (python -m tools init-network)"
         )
     try:
-        return ModelSpec.from_wire(d.get("model"))
+        return (
+            WorkloadModel.from_wire(value)
+            if isinstance(value, dict) and "workload" in value
+            else ModelSpec.from_wire(value)
+        )
     except InvalidMessage as exc:
         raise InvalidMessage(f"field 'model': {exc}") from None
 
@@ -296,7 +314,7 @@ class NetworkManifest:
             raise InvalidMessage(
                 f"quorum {self.quorum} must be between 1 and the {len(self.validator_keys)} validators"
             )
-        models: dict[str, ModelSpec] = {}
+        models: dict[str, Model] = {}
         for spec in self.experiments:  # peers keep one learner per model name
             if models.setdefault(spec.model.name, spec.model) != spec.model:
                 raise InvalidMessage(f"experiments declare two different models named {spec.model.name}")

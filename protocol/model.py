@@ -1,5 +1,9 @@
 """Model specs: the layers of a model, its parameters' names, shapes and init, and its objective.
 
+``Model`` is what the protocol needs of any model (name, input shape, objective, parameter shapes,
+classes); ``ModelSpec`` is the model every peer builds from its layers, ``protocol.workload`` the
+other kind (JAX code of the network's own, pinned by hash, native peers only).
+
 A ``ModelSpec`` is an input shape (one example), a chain of ``protocol.layers`` and an objective:
 ``classify`` (labels ``[n]``, logits ``[n, C]``) or ``next-token`` (labels ``[n, T]``, logits
 ``[n, T, V]``; the loss is the mean over every position). Parameters are stored flat by name
@@ -17,7 +21,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -46,87 +50,63 @@ from .layers import (
 
 __all__ = [
     "MAX_ARTIFACT_METADATA_BYTES",
+    "MAX_PARAMS",
+    "MODEL_NAME",
     "OBJECTIVES",
+    "Model",
     "ModelSpec",
     "Params",
+    "check_input_shape",
     "evaluate",
     "evaluation_metrics",
     "forward",
     "init_params",
     "mlp",
+    "read_input_shape",
     "softmax_cross_entropy",
 ]
 
 MAX_ARTIFACT_METADATA_BYTES = 16 * 1024  # header room beyond the tensor table: a few metadata strings
 MAX_PARAMS = 2**27  # 512 MiB of float32
 OBJECTIVES = ("classify", "next-token")
-_MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model: the shape of one input example, its layers in order, and its objective.
-
-    Construction checks the whole spec (names, shapes, sizes) and raises ``InvalidMessage``."""
+class Model:
+    """What every peer and the edge know of an experiment's model: its name, one example's input
+    shape, its objective, its parameters' names and shapes, and the classes (a next-token model's
+    vocabulary) it predicts among. ``ModelSpec`` (layers every peer builds) and
+    ``protocol.workload.WorkloadModel`` (JAX code of the network's own, native peers only) are the two kinds."""
 
     name: str
     input_shape: Shape
-    layers: tuple[Layer, ...]
-    objective: str = "classify"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _MODEL_NAME.fullmatch(self.name):
-            raise InvalidMessage(f"model name {self.name!r} must match {_MODEL_NAME.pattern}")
-        if self.objective not in OBJECTIVES:
-            raise InvalidMessage(f"unknown objective {self.objective!r}; objectives: {OBJECTIVES}")
-        if (
-            not isinstance(self.input_shape, tuple)
-            or not 1 <= len(self.input_shape) <= MAX_RANK
-            or not all(type(d) is int and 1 <= d <= MAX_DIM for d in self.input_shape)
-        ):
-            raise InvalidMessage(f"input shape {self.input_shape!r}: 1 to {MAX_RANK} sizes in [1, {MAX_DIM}]")
-        if not isinstance(self.layers, tuple):
-            raise InvalidMessage("layers must be a tuple")
-        check_chain(self.layers)
-        nested = [sub for layer in self.layers if isinstance(layer, Residual) for sub in layer.layers]
-        if any(isinstance(layer, Embedding) for layer in [*self.layers[1:], *nested]):
-            raise InvalidMessage("only a model's first layer may be an embedding (it takes token ids)")
-        shapes = activation_shapes(self.layers, self.input_shape)
-        if max(math.prod(shape) for shape in shapes) > MAX_ACTIVATION:
-            raise InvalidMessage(f"an activation of {self.name} exceeds {MAX_ACTIVATION} elements per example")
-        output = shapes[-1]
-        if self.objective == "classify" and not (len(output) == 1 and output[0] >= 2):
-            raise InvalidMessage(f"a classifier's output must be [classes >= 2], not {list(output)}")
-        if self.objective == "next-token" and not (
-            len(self.input_shape) == 1 and len(output) == 2 and output[0] == self.input_shape[0] and output[1] >= 2
-        ):
-            raise InvalidMessage(
-                f"a next-token model maps [T] to [T, vocab], not {list(self.input_shape)} to {list(output)}"
-            )
-        if self.num_params > MAX_PARAMS:
-            raise InvalidMessage(f"{self.name} has {self.num_params} parameters, more than {MAX_PARAMS}")
+    objective: str
+    native_only: ClassVar[bool] = False  # only native peers can build it (browser peers do not lease for it)
 
     @property
     def shapes(self) -> dict[str, Shape]:
-        """Every parameter's shape by flat name, in layer order."""
-        return chain_param_shapes(self.layers, self.input_shape)
+        """Every parameter's shape by flat name, in the model's order."""
+        raise NotImplementedError
 
     @property
     def classes(self) -> int:
         """The classes a classifier tells apart, or a next-token model's vocabulary (its output's last axis)."""
-        return activation_shapes(self.layers, self.input_shape)[-1][-1]
+        raise NotImplementedError
 
     @property
     def reads_tokens(self) -> bool:
-        """Whether the model takes token ids (its first layer is an embedding) rather than pixels."""
-        return isinstance(self.layers[0], Embedding)
+        """Whether the model takes token ids rather than pixels."""
+        raise NotImplementedError
+
+    def to_wire(self) -> dict[str, Any]:
+        raise NotImplementedError
 
     @property
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.shapes.values())
 
     def check(self, params: Mapping[str, np.ndarray]) -> None:
-        """Raise ``InvalidMessage`` unless ``params`` has exactly this spec's names, shapes, float32."""
+        """Raise ``InvalidMessage`` unless ``params`` has exactly this model's names, shapes, float32."""
         if set(params) != set(self.shapes):
             raise InvalidMessage(f"parameter names {sorted(params)} do not match {self.name}")
         for name, shape in self.shapes.items():
@@ -138,6 +118,72 @@ class ModelSpec:
     def max_artifact_bytes(self) -> int:
         """The largest artifact that can hold this model: float32 tensors plus a small header."""
         return 8 + MAX_ARTIFACT_METADATA_BYTES + 4 * self.num_params
+
+    def check_output(self, output: Shape) -> None:
+        """Raise ``InvalidMessage`` unless ``output`` (one example's logits) fits the objective:
+        ``[classes >= 2]`` for a classifier, ``[T, vocab >= 2]`` from ``[T]`` for a next-token model."""
+        if self.objective not in OBJECTIVES:
+            raise InvalidMessage(f"unknown objective {self.objective!r}; objectives: {OBJECTIVES}")
+        if self.objective == "classify" and not (len(output) == 1 and output[0] >= 2):
+            raise InvalidMessage(f"a classifier's output must be [classes >= 2], not {list(output)}")
+        if self.objective == "next-token" and not (
+            len(self.input_shape) == 1 and len(output) == 2 and output[0] == self.input_shape[0] and output[1] >= 2
+        ):
+            raise InvalidMessage(
+                f"a next-token model maps [T] to [T, vocab], not {list(self.input_shape)} to {list(output)}"
+            )
+
+
+def check_input_shape(shape: object) -> None:
+    """Raise ``InvalidMessage`` unless ``shape`` is one example's shape: 1 to ``MAX_RANK`` sizes in [1, ``MAX_DIM``]."""
+    if (
+        not isinstance(shape, tuple)
+        or not 1 <= len(shape) <= MAX_RANK
+        or not all(type(d) is int and 1 <= d <= MAX_DIM for d in shape)
+    ):
+        raise InvalidMessage(f"input shape {shape!r}: 1 to {MAX_RANK} sizes in [1, {MAX_DIM}]")
+
+
+@dataclass(frozen=True)
+class ModelSpec(Model):
+    """A model: the shape of one input example, its layers in order, and its objective.
+
+    Construction checks the whole spec (names, shapes, sizes) and raises ``InvalidMessage``."""
+
+    name: str
+    input_shape: Shape
+    layers: tuple[Layer, ...]
+    objective: str = "classify"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not MODEL_NAME.fullmatch(self.name):
+            raise InvalidMessage(f"model name {self.name!r} must match {MODEL_NAME.pattern}")
+        check_input_shape(self.input_shape)
+        if not isinstance(self.layers, tuple):
+            raise InvalidMessage("layers must be a tuple")
+        check_chain(self.layers)
+        nested = [sub for layer in self.layers if isinstance(layer, Residual) for sub in layer.layers]
+        if any(isinstance(layer, Embedding) for layer in [*self.layers[1:], *nested]):
+            raise InvalidMessage("only a model's first layer may be an embedding (it takes token ids)")
+        shapes = activation_shapes(self.layers, self.input_shape)
+        if max(math.prod(shape) for shape in shapes) > MAX_ACTIVATION:
+            raise InvalidMessage(f"an activation of {self.name} exceeds {MAX_ACTIVATION} elements per example")
+        self.check_output(shapes[-1])
+        if self.num_params > MAX_PARAMS:
+            raise InvalidMessage(f"{self.name} has {self.num_params} parameters, more than {MAX_PARAMS}")
+
+    @property
+    def shapes(self) -> dict[str, Shape]:
+        return chain_param_shapes(self.layers, self.input_shape)
+
+    @property
+    def classes(self) -> int:
+        return activation_shapes(self.layers, self.input_shape)[-1][-1]
+
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether the model's first layer is an embedding (it takes token ids)."""
+        return isinstance(self.layers[0], Embedding)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -155,10 +201,15 @@ class ModelSpec:
             raise InvalidMessage(f"a model has no fields {sorted(unknown)}")
         return cls(
             name=read_str(d, "name", max_len=64),
-            input_shape=tuple(read_list(d, "input_shape", _size, max_len=MAX_RANK)),
+            input_shape=read_input_shape(d),
             layers=read_layers(d, "layers"),
             objective=read_str(d, "objective", max_len=16),
         )
+
+
+def read_input_shape(d: Mapping[str, object]) -> Shape:
+    """Field ``input_shape`` of ``d``: a list of up to ``MAX_RANK`` integers (checked further by the model)."""
+    return tuple(read_list(d, "input_shape", _size, max_len=MAX_RANK))
 
 
 def _size(value: object) -> int:

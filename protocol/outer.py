@@ -25,7 +25,7 @@ import numpy as np
 from .aggregation import Vector, flatten, unflatten
 from .codec import decode_tensors, encode_tensors
 from .errors import InvalidMessage
-from .model import ModelSpec
+from .model import Model
 from .updates import check_layout
 
 __all__ = ["OUTER_OPTIMIZERS", "OuterOptimizer", "decode_state", "encode_state"]
@@ -63,12 +63,12 @@ class OuterOptimizer:
         return base - self.learning_rate * (gradient + self.momentum * m), m
 
 
-def encode_state(spec: ModelSpec, momentum: Vector) -> bytes:
+def encode_state(spec: Model, momentum: Vector) -> bytes:
     """The momentum as a float32 tensor artifact, one tensor per parameter (the model's names)."""
     return encode_tensors(unflatten(spec, momentum), {"model": spec.name, "kind": "outer-momentum"})
 
 
-def decode_state(spec: ModelSpec, data: bytes) -> Vector:
+def decode_state(spec: Model, data: bytes) -> Vector:
     """The momentum vector of an artifact written by ``encode_state``; ``InvalidMessage`` when its
     layout is not exactly the model's float32 parameters."""
     tensors, _ = decode_tensors(data)

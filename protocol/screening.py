@@ -38,7 +38,7 @@ import numpy as np
 
 from .aggregation import flatten
 from .errors import InvalidMessage
-from .model import ModelSpec
+from .model import Model
 from .reasons import Reason
 
 __all__ = [
@@ -185,7 +185,7 @@ def counted_windows(policy: ScreeningPolicy, declared: float) -> float:
     return min(max(declared, 1.0), policy.max_declared_windows)
 
 
-def screen_schema(spec: ModelSpec, params: Mapping[str, np.ndarray]) -> Screen:
+def screen_schema(spec: Model, params: Mapping[str, np.ndarray]) -> Screen:
     """Names, shapes and dtype per the model spec, and every value finite."""
     try:
         spec.check(params)
@@ -197,7 +197,7 @@ def screen_schema(spec: ModelSpec, params: Mapping[str, np.ndarray]) -> Screen:
 
 
 def screen_cohort(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     cohort: Sequence[Mapping[str, np.ndarray]],
     policy: ScreeningPolicy,
@@ -228,7 +228,7 @@ def screen_cohort(
 
 
 def screen_reference(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     cohort: Sequence[Mapping[str, np.ndarray]],
     reference: Mapping[str, np.ndarray],

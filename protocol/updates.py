@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from .codec import decode_tensors
 from .errors import InvalidMessage, TooLarge
-from .model import MAX_ARTIFACT_METADATA_BYTES, ModelSpec, Params
+from .model import MAX_ARTIFACT_METADATA_BYTES, Model, Params
 
 __all__ = ["CODECS", "INT8_BLOCK", "check_layout", "decode_update", "encode_update", "layout", "read_artifact"]
 
@@ -40,7 +40,7 @@ def _blocks(size: int) -> int:
     return -(-size // INT8_BLOCK)
 
 
-def layout(spec: ModelSpec, codec: str) -> dict[str, tuple[np.dtype[np.generic], tuple[int, ...]]]:
+def layout(spec: Model, codec: str) -> dict[str, tuple[np.dtype[np.generic], tuple[int, ...]]]:
     """The exact tensors (name → dtype, shape) of an artifact of ``spec`` under ``codec``."""
     if codec == "fp32":
         return {name: (np.dtype(np.float32), shape) for name, shape in spec.shapes.items()}
@@ -56,7 +56,7 @@ def layout(spec: ModelSpec, codec: str) -> dict[str, tuple[np.dtype[np.generic],
     raise InvalidMessage(f"unknown update codec {codec!r}; codecs: {CODECS}")
 
 
-def check_layout(spec: ModelSpec, tensors: Mapping[str, np.ndarray], codec: str) -> None:
+def check_layout(spec: Model, tensors: Mapping[str, np.ndarray], codec: str) -> None:
     """Raise ``InvalidMessage`` unless ``tensors`` is exactly ``layout(spec, codec)``."""
     expected = layout(spec, codec)
     if set(tensors) != set(expected):
@@ -67,7 +67,7 @@ def check_layout(spec: ModelSpec, tensors: Mapping[str, np.ndarray], codec: str)
             raise InvalidMessage(f"{name}: expected {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}")
 
 
-def read_artifact(spec: ModelSpec, data: bytes, codec: str) -> dict[str, np.ndarray]:
+def read_artifact(spec: Model, data: bytes, codec: str) -> dict[str, np.ndarray]:
     """The tensors in ``data`` if it is exactly an artifact of ``spec`` under ``codec`` (size, names,
     shapes, dtypes); raises ``TooLarge``, ``CodecError`` or ``InvalidMessage`` otherwise."""
     limit = 8 + MAX_ARTIFACT_METADATA_BYTES + sum(d.itemsize * int(np.prod(s)) for d, s in layout(spec, codec).values())
@@ -79,7 +79,7 @@ def read_artifact(spec: ModelSpec, data: bytes, codec: str) -> dict[str, np.ndar
 
 
 def encode_update(
-    spec: ModelSpec,
+    spec: Model,
     base: Mapping[str, np.ndarray],
     params: Mapping[str, np.ndarray],
     codec: str,
@@ -110,9 +110,7 @@ def encode_update(
     return tensors, dropped
 
 
-def decode_update(
-    spec: ModelSpec, base: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray], codec: str
-) -> Params:
+def decode_update(spec: Model, base: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray], codec: str) -> Params:
     """The trained parameters an artifact of ``codec`` carries, trained from ``base``."""
     check_layout(spec, tensors, codec)
     params: Params = {}

@@ -81,11 +81,15 @@ class LeaseIssuer:
         shards: int | None = None,
     ) -> LeaseGrant:
         """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
-        ``peer_id`` (its proof or its join): a trainer kind, a known experiment, the peer's rate limit
-        (``server.intake.check_peer_rate``), then ``issue``."""
+        ``peer_id`` (its proof or its join): a trainer kind, a known experiment open to that kind
+        (``ExperimentSpec.refusal``: browser peers get no lease for a native-only one), the peer's rate
+        limit (``server.intake.check_peer_rate``), then ``issue``."""
         if peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {peer_kind}")
-        self.state.experiment(experiment)  # before the rate limit: a made-up experiment gets no budget of its own
+        # before the rate limit: a made-up experiment, or one not for this kind, gets no budget of its own
+        refusal = self.state.experiment(experiment).refusal(peer_kind)
+        if refusal is not None:
+            raise Forbidden(refusal)
         check_peer_rate(self.state, peer_id, experiment)
         return await self.issue(experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards)
 

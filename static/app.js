@@ -234,7 +234,10 @@ function renderSnapshot(snapshot) {
   setText("network-id", `network ${snapshot.network_id}`);
   const select = $("experiment");
   if (select.options.length === 0) {
-    for (const experiment of snapshot.experiments) select.add(new Option(experiment.key, experiment.key));
+    // a native-only experiment (its model is a workload, JAX code: protocol/workload.py) is not for a browser
+    for (const experiment of snapshot.experiments.filter((e) => !("workload" in e.spec.model))) {
+      select.add(new Option(experiment.key, experiment.key));
+    }
     if (params.get("experiment")) select.value = params.get("experiment");
   }
   $("heads").replaceChildren(

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from lab.stack import LocalNetwork
 from native_peer import Project, StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
@@ -212,6 +213,25 @@ def tools_output(argv: list[str]) -> str:
     with contextlib.redirect_stdout(out):
         tools_main(argv)
     return out.getvalue()
+
+
+def init_network_argv(root: Path, config: str, datasets: Path) -> list[str]:
+    """``python -m tools init-network`` of the network config text ``config`` (written to
+    ``root/network.toml``), checked against ``datasets``, in ``LocalNetwork``'s layout under ``root``:
+    one validator (``root/validator``), the manifest at ``root/network.json``."""
+    (root / "network.toml").write_text(config)
+    return [
+        "init-network", "--validator-storage", str(root / "validator"), "--out", str(root / "network.json"),
+        "--config", str(root / "network.toml"), "--datasets", str(datasets),
+    ]  # fmt: skip
+
+
+def network_from_config(root: Path, config: str, datasets: Path) -> LocalNetwork:
+    """The network ``init-network`` writes from the config text ``config`` (``init_network_argv``)."""
+    from tools.cli import main as tools_main
+
+    tools_main(init_network_argv(root, config, datasets))
+    return LocalNetwork(root, datasets, NetworkManifest.from_wire(json.loads((root / "network.json").read_text())))
 
 
 def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, continuous: bool = False) -> Trainer:

@@ -17,7 +17,7 @@ import pytest
 from browser_peer.peer import BrowserPeer, PeerConfig
 from datasets.sharding import shard
 from datasets.sources import read_npz
-from lab.stack import LocalNetwork, validating
+from lab.stack import validating
 from native_peer import Project, StorageConfig
 from native_peer.edge_client import EdgeClient
 from native_peer.learner import spec_learner
@@ -35,7 +35,7 @@ from tools.networks import NetworkConfigError, read_experiments
 
 from .conftest import REPO
 from .native_bridge import NativeBridge
-from .support import experiment_spec
+from .support import experiment_spec, init_network_argv, network_from_config
 
 DIGITS_MLP = """
 [models.digits-mlp]
@@ -174,14 +174,6 @@ def digits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "datasets"
 
 
-def _init_network(tmp_path: Path, text: str, datasets: Path) -> list[str]:
-    (tmp_path / "net.toml").write_text(text)
-    return [
-        "init-network", "--validator-storage", str(tmp_path / "v"), "--out", str(tmp_path / "net.json"),
-        "--config", str(tmp_path / "net.toml"), "--datasets", str(datasets),
-    ]  # fmt: skip
-
-
 MISMATCH = {
     "input features": (
         EXPERIMENT.replace('"digits-mlp"', '"mnist-mlp"'),
@@ -208,15 +200,14 @@ def test_init_network_refuses_a_model_that_does_not_fit_its_dataset(
 ) -> None:
     text, message = MISMATCH[case]
     with pytest.raises(SystemExit) as caught:
-        tools_main(_init_network(tmp_path, text, digits_root))
+        tools_main(init_network_argv(tmp_path, text, digits_root))
     assert message in str(caught.value) and "\n" not in str(caught.value), caught.value
-    assert not (tmp_path / "net.json").exists() and not (tmp_path / "v").exists()
+    assert not (tmp_path / "network.json").exists() and not (tmp_path / "validator").exists()
 
 
 def test_init_network_writes_a_network_whose_model_fits_its_dataset(tmp_path: Path, digits_root: Path) -> None:
     assert (DIGITS_MLP + EXPERIMENT).strip() in (REPO / "docs" / "models.md").read_text()  # the example there
-    tools_main(_init_network(tmp_path, DIGITS_MLP + EXPERIMENT, digits_root))
-    network = NetworkManifest.from_wire(json.loads((tmp_path / "net.json").read_text()))
+    network = network_from_config(tmp_path, DIGITS_MLP + EXPERIMENT, digits_root).network
     assert network.experiment(DIGITS).model.shapes["dense0.kernel"] == (64, 32)
 
 
@@ -244,12 +235,7 @@ def _verdicts(edge: EdgeClient, peer_id: str, timeout_s: float = 60.0) -> list[V
 def test_native_and_browser_peers_train_a_model_declared_in_the_network_config(
     tmp_path: Path, dataset_root: Path
 ) -> None:
-    (tmp_path / "narrow.toml").write_text(NARROW)
-    tools_main([
-        "init-network", "--validator-storage", str(tmp_path / "validator"), "--out", str(tmp_path / "network.json"),
-        "--config", str(tmp_path / "narrow.toml"), "--datasets", str(dataset_root),
-    ])  # fmt: skip
-    local = LocalNetwork(tmp_path, dataset_root, NetworkManifest.from_wire(json.loads((tmp_path / "network.json").read_text())))  # fmt: skip
+    local = network_from_config(tmp_path, NARROW, dataset_root)
     spec = local.network.experiment(NARROW_KEY)
     with (
         BackgroundEdge(local.edge_settings(pyodide_dir=tmp_path / "no-pyodide")) as edge,

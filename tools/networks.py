@@ -8,10 +8,14 @@ batch_size, local_epochs, codec, outer_optimizer, outer_learning_rate, outer_mom
 max_shards_per_lease, min_candidates, window_timeout_s, screening, lr_schedule, ...), and optionally
 ``models``: one table per model of the network's own (``[models.<name>]``: input_shape, layers,
 objective; ``native_peer.models``). An experiment's ``model`` names one of those or a built-in model
-(``networks/models.toml``); the manifest carries the model's whole spec. Fields with a default may be
-left out; anything else wrong (an unknown field, a value out of range, an unknown model, layer or
-screening preset, layers whose shapes do not chain, a key twice) is a ``NetworkConfigError`` naming the
-file, the experiment or model, and the field. Config files live in ``networks/`` at the top of the
+(``networks/models.toml``); the manifest carries the model's whole spec. An experiment with a
+``workload`` (an import path, ``mypkg.models:learner``) trains that JAX code of the operator's own,
+on native peers only, as the model its ``model`` names (``native_peer.workloads``): the manifest
+carries its shapes and its pin (the hash of its files, the versions of jax and optax it was checked
+with). Fields with a default may be left out; anything else wrong (an unknown field, a value out of
+range, an unknown model, layer or screening preset, layers whose shapes do not chain, a workload that
+cannot be imported, a key twice) is a ``NetworkConfigError`` naming the file, the experiment or
+model, and the field. Config files live in ``networks/`` at the top of the
 repository, next to ``deploy/``: they are what an operator copies and edits, not code.
 """
 
@@ -31,7 +35,7 @@ from native_peer.storage import StorageConfig
 from protocol.errors import InvalidMessage
 from protocol.ids import ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.model import ModelSpec
+from protocol.model import Model, ModelSpec
 from protocol.screening import PRESETS
 
 __all__ = [
@@ -52,6 +56,7 @@ BASELINE = ExperimentKey.parse("study/mnist/rev-1")  # the experiments of MNIST_
 LOW_LR = ExperimentKey.parse("study/mnist-low-lr/rev-1")
 
 _FIELDS = {f.name for f in fields(ExperimentSpec)}
+_CONFIG_FIELDS = _FIELDS | {"workload"}  # an experiment's table: its spec's fields, and where its workload is
 _DEFAULTS = {f.name: f.default for f in fields(ExperimentSpec) if f.default is not MISSING}
 
 
@@ -96,16 +101,21 @@ def _models(tables: object, path: Path) -> dict[str, ModelSpec]:
 
 
 def _experiment(entry: dict[str, Any], models: dict[str, ModelSpec], where: str) -> ExperimentSpec:
-    unknown = sorted(set(entry) - _FIELDS)
+    unknown = sorted(set(entry) - _CONFIG_FIELDS)
     if unknown:
-        raise NetworkConfigError(f"{where}: unknown field(s) {unknown}; fields: {sorted(_FIELDS)}")
-    name = entry.get("model")
+        raise NetworkConfigError(f"{where}: unknown field(s) {unknown}; fields: {sorted(_CONFIG_FIELDS)}")
+    entry = dict(entry)
+    path, name = entry.pop("workload", None), entry.get("model")
     if not isinstance(name, str):
         raise NetworkConfigError(f"{where}: field 'model' must name a model (built-in or a [models.<name>] table)")
-    if name not in models:
+    if path is not None:
+        model = _workload(path, name, models, where)
+    elif name in models:
+        model = models[name]
+    else:
         raise NetworkConfigError(f"{where}: field 'model': unknown model {name!r}; models: {sorted(models)}")
     try:
-        spec = ExperimentSpec.from_wire(_DEFAULTS | entry | {"model": models[name].to_wire()})
+        spec = ExperimentSpec.from_wire(_DEFAULTS | entry | {"model": model.to_wire()})
     except InvalidMessage as exc:
         raise NetworkConfigError(f"{where}: {exc}") from None
     if spec.screening not in PRESETS:
@@ -113,6 +123,23 @@ def _experiment(entry: dict[str, Any], models: dict[str, ModelSpec], where: str)
             f"{where}: field 'screening': unknown preset {spec.screening!r}; presets: {sorted(PRESETS)}"
         )
     return spec
+
+
+def _workload(path: object, name: str, models: dict[str, ModelSpec], where: str) -> Model:
+    """The workload at import ``path`` as model ``name`` (``native_peer.workloads.describe``: the
+    operator's own code, imported here)."""
+    if name in models:
+        raise NetworkConfigError(
+            f"{where}: field 'model': {name} is a declared or built-in model; a workload's needs a name of its own"
+        )
+    if not isinstance(path, str):
+        raise NetworkConfigError(f"{where}: field 'workload' must be an import path module:attribute")
+    from native_peer.workloads import WorkloadError, describe  # JAX, imported only for a workload
+
+    try:
+        return describe(path, name)
+    except WorkloadError as exc:
+        raise NetworkConfigError(f"{where}: {exc}") from None
 
 
 def check_datasets(experiments: Sequence[ExperimentSpec], datasets: Path, config: Path) -> None:
