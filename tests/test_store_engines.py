@@ -21,7 +21,7 @@ from protocol.reasons import Reason
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
 from server.serve import BackgroundEdge
-from server.store import EdgeStore, PostgresStore, Store
+from server.store import SCHEMA_VERSION, EdgeStore, PostgresStore, Store
 
 from .support import (
     EXPERIMENT,
@@ -244,7 +244,7 @@ def test_verdicts_newest_first_by_peer_and_counted(store: EdgeStore) -> None:
             VALIDATOR.public_key, i,
         )  # fmt: skip
         verdicts.append(verdict.signed(VALIDATOR))
-    assert all(store.add_verdict(v) for v in verdicts) and not store.add_verdict(verdicts[0])
+    assert all(store.add_verdict(v, 10) for v in verdicts) and not store.add_verdict(verdicts[0], 10)
     assert store.verdicts(EXPERIMENT) == verdicts[::-1] and store.verdicts(EXPERIMENT, limit=1) == verdicts[2:]
     assert store.verdicts(EXPERIMENT, verdicts[1].peer_id) == [verdicts[1]]
     assert store.verdict_counts(EXPERIMENT) == {"accepted": 2, "rejected": 1}
@@ -279,7 +279,7 @@ def test_peers_are_remembered_with_their_latest_kind(store: EdgeStore) -> None:
 def test_a_database_of_another_schema_version_is_refused(opener: Opener, tmp_path: Path) -> None:
     store = opener()
     _mark_old_schema(store, tmp_path)
-    with pytest.raises(RuntimeError, match=r"holds edge schema v1; this edge needs v2"):
+    with pytest.raises(RuntimeError, match=rf"holds edge schema v1; this edge needs v{SCHEMA_VERSION}"):
         opener()
 
 
@@ -352,11 +352,13 @@ def test_credit_is_tallied_from_signed_verdicts_as_they_arrive_alike_on_every_ed
         ).signed(VALIDATOR)  # fmt: skip
 
     alice, bob = (peer_id_from_public_key(t.public_key) for t in TRAINERS[:2])
-    store.add_verdict(verdict(TRAINERS[0], 0, Reason.ACCEPTED, 4000))
-    store.add_verdict(verdict(TRAINERS[1], 1, Reason.ACCEPTED, 1000))
+    store.add_verdict(
+        verdict(TRAINERS[0], 0, Reason.ACCEPTED, 1e11), 4000
+    )  # credited: the edge's count, not the metric
+    store.add_verdict(verdict(TRAINERS[1], 1, Reason.ACCEPTED, 1000), 1000)
     assert [(s.peer_id, s.examples) for s in books[0].leaderboard(EXPERIMENT, 10)] == [(alice, 4000), (bob, 1000)]
-    store.add_verdict(verdict(TRAINERS[1], 2, Reason.ACCEPTED, 3500))
-    store.add_verdict(verdict(TRAINERS[0], 3, Reason.OUTLIER, 4000))  # rejected: no examples credited
+    store.add_verdict(verdict(TRAINERS[1], 2, Reason.ACCEPTED, 3500), 3500)
+    store.add_verdict(verdict(TRAINERS[0], 3, Reason.OUTLIER, 4000), 4000)  # rejected: no examples credited
     for book in books:
         assert [s.to_wire() for s in book.leaderboard(EXPERIMENT, 10)] == [
             {"peer_id": bob, "accepted": 2, "rejected": 0, "examples": 4500, "last_accepted_ms": 102},

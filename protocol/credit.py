@@ -1,0 +1,80 @@
+"""Which verdicts count toward a contributor's credit and standing: the rule every party applies alike
+(the edge as it takes verdicts in; anyone re-tallying from the public heads, candidates and verdicts).
+
+A verdict decides one candidate. The canonical heads that can decide it are the head after the
+candidate's base and the one after that (a candidate that came late is merged one window later, as
+a delayed update): its *deciding heads*, as far as they exist. Against them a verdict ``settle``\\s as
+
+    COUNTED      the lineage bears it out: an acceptance naming the deciding head that merged the
+                 candidate, or a rejection once both deciding heads exist and neither merged it
+    PENDING      the lineage does not decide it yet: it counts once ``quorum`` distinct validators
+                 have signed the same decision (``same_decision``), or once the lineage bears it out
+    CONTRADICTS  it names another trainer or base than the candidate's own, accepts what no deciding
+                 head merged (or names a head that did not merge it), or rejects what one merged
+
+So one validator key of a k-of-n quorum (k > 1) can neither mint credit (an acceptance counts only
+with the certified head that merged it, or with k signatures) nor erase it (a rejection of merged
+work contradicts its head). The examples credited for an accepted candidate are what its trainer
+declared, capped by what its lease covers (``credited_examples``): never a number from the verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+from .ids import HeadId
+from .manifests import FetchManifest
+from .messages import Candidate, HeadDescriptor, Lease, Verdict
+
+__all__ = ["DECIDING_HEADS", "Settled", "credited_examples", "leased_examples", "same_decision", "settle"]
+
+DECIDING_HEADS = 2  # the head after a candidate's base, and the one after it (a delayed update)
+
+
+class Settled(enum.Enum):
+    COUNTED = "counted"
+    PENDING = "pending"
+    CONTRADICTS = "contradicts"
+
+
+def settle(verdict: Verdict, candidate: Candidate, deciding: Sequence[HeadDescriptor]) -> tuple[Settled, str]:
+    """How ``verdict`` on ``candidate`` stands against its ``deciding`` canonical heads (the head
+    after its base, then the one after that, as far as they exist), with the reason in words."""
+    cid = candidate.candidate_id
+    if (verdict.peer_id, verdict.base_head) != (candidate.peer_id, candidate.base_head):
+        return Settled.CONTRADICTS, f"candidate {cid} is {candidate.peer_id}'s on {candidate.base_head}"
+    merged_by = next((head.head_id for head in deciding if cid in head.merged), None)
+    if merged_by is not None:
+        if verdict.accepted and verdict.head_id == merged_by:
+            return Settled.COUNTED, f"canonical head {merged_by} merged it"
+        return Settled.CONTRADICTS, f"canonical head {merged_by} merged {cid}"
+    if verdict.accepted and verdict.head_id in {head.head_id for head in deciding}:
+        return Settled.CONTRADICTS, f"canonical head {verdict.head_id} did not merge {cid}"
+    if len(deciding) >= DECIDING_HEADS:
+        if verdict.accepted:
+            return Settled.CONTRADICTS, f"no canonical head merged {cid}"
+        return Settled.COUNTED, f"no canonical head merged {cid}"
+    return Settled.PENDING, f"no canonical head decides {cid} yet"
+
+
+def _decision(verdict: Verdict) -> tuple[bool, HeadId | None]:
+    return verdict.accepted, verdict.head_id if verdict.accepted else None
+
+
+def same_decision(verdict: Verdict, votes: Iterable[Verdict], validator_keys: frozenset[bytes]) -> int:
+    """How many distinct listed validators signed the decision of ``verdict`` (accepted into the same
+    head, or rejected) among ``votes`` and ``verdict`` itself (whose signatures the caller checked)."""
+    signers = {v.validator_key for v in (verdict, *votes) if _decision(v) == _decision(verdict)}
+    return len(signers & validator_keys)
+
+
+def leased_examples(lease: Lease, manifest: FetchManifest, local_epochs: int) -> int:
+    """The examples a candidate trained on ``lease`` (of ``manifest``'s shards) can have seen: its
+    shards' examples × the experiment's ``local_epochs``."""
+    return sum(manifest.shard(s).examples for s in lease.shard_ids) * local_epochs
+
+
+def credited_examples(candidate: Candidate, leased: int) -> int:
+    """The examples an accepted ``candidate`` is credited with: its declared count, at most ``leased``."""
+    return min(candidate.examples, leased)
