@@ -3,7 +3,9 @@
 A head is canonical only once two distinct validators vouch for it (its proposer's signature plus
 attestations); trainers verify that certificate. One validator down: the others go on. One
 Byzantine validator signing a different merge: its head never becomes canonical, and the
-disagreement shows in the edge's metrics and in the events viewers watch.
+disagreement shows in the edge's metrics and in the events viewers watch. One validator key used to
+mint credit, erase it and flood proposals: credit and standing follow the quorum, the flood is
+refused past the key's budget and the experiment goes on at its pace.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,14 +24,22 @@ import numpy as np
 import pytest
 
 from native_peer import StorageConfig, Validator, ValidatorConfig
+from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
+from protocol.codec import encode_tensors
+from protocol.envelope import pack_envelope
 from protocol.errors import InvalidMessage, SignatureError
+from protocol.hashing import content_id
+from protocol.ids import ContentId, HeadId
 from protocol.judging import WindowDecision
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Attestation, HeadDescriptor
+from protocol.messages import Attestation, HeadDescriptor, Verdict
+from protocol.model import init_params
+from protocol.reasons import Reason
+from protocol.signing import peer_id_from_public_key
 from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import BASELINE, mnist_network
@@ -193,6 +204,96 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
         events = http.get("/portal/snapshot").json()["events"]
     disputes = [e["data"] for e in events if e["topic"] == "quorum" and e["data"]["rivals"]]
     assert disputes and any(set(d["rivals"]) & byzantine_heads or d["head_id"] in byzantine_heads for d in disputes)
+    trainer.close()
+
+
+def _rogue_round(
+    http: httpx.Client, reader: EdgeClient, rogue: NodeIdentity, spec: ExperimentSpec, head: HeadDescriptor, seed: int
+) -> dict[str, list[httpx.Response]]:
+    """What one validator key signing at will does in the window on ``head``: proposes 4 heads of its
+    own, each attested as judged from the window's candidates (so the other validators judge them);
+    credits a peer that never uploaded anything; rejects every candidate of the experiment, merged or not."""
+    path = f"/v1/experiments/{spec.key}"
+    considered = [c.candidate_id for c in reader.candidates(spec.key, head.head_id)]
+    answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
+    for i in range(4):
+        artifact = encode_tensors(init_params(spec.model, seed + i))
+        proposal = HeadDescriptor(
+            spec.key, HeadId(content_id(artifact)), head.head_id, head.window + 1, 0, (), rogue.public_key,
+            int(time.time() * 1000),
+        ).signed(rogue)  # fmt: skip
+        answers["flood"].append(http.post(f"{path}/heads", content=pack_envelope(proposal.to_wire(), artifact)))
+        http.post(f"{path}/attestations", json=Attestation.of(proposal, considered, rogue, 1).to_wire())
+    nobody = peer_id_from_public_key(hashlib.sha256(b"nobody %d" % seed).digest())
+    for i in range(3):
+        minted = Verdict(
+            spec.key, ContentId("sha256:" + hashlib.sha256(b"%d %d" % (seed, i)).hexdigest()), head.head_id, nobody,
+            True, Reason.ACCEPTED, "", rogue.public_key, 1, head.head_id, {"examples": 1e9},
+        ).signed(rogue)  # fmt: skip
+        answers["mint"].append(http.post(f"{path}/verdicts", json=minted.to_wire()))
+    for candidate in reader.candidates(spec.key):
+        erased = Verdict(
+            spec.key, candidate.candidate_id, candidate.base_head, candidate.peer_id, False, Reason.REGRESSION, "",
+            rogue.public_key, 1,
+        ).signed(rogue)  # fmt: skip
+        answers["erase"].append(http.post(f"{path}/verdicts", json=erased.to_wire()))
+    return answers
+
+
+@pytest.mark.slow
+def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall_the_experiment(
+    quorum_env: Env, dataset_root: Path
+) -> None:
+    edge, network, _, clock, root = quorum_env
+    rogue = NodeIdentity.load_or_create(root / "validator-0" / "identity.key")  # validator 0's key, never run
+    honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
+    spec = network.experiment(BASELINE)
+    for validator in honest:
+        validator.ensure_genesis(spec)
+    head = _current(edge)
+    assert head is not None
+    trainer = _trainer(quorum_env, "trainer")
+    reader = EdgeClient(edge.url, reader=rogue)
+    answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
+    waited_on_honest_turns: list[float] = []
+    examples = 0
+    with httpx.Client(base_url=edge.url) as http:
+        for window in range(4):
+            outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+            examples += outcome.examples
+            for kind, sent in _rogue_round(http, reader, rogue, spec, head, 1000 + 10 * window).items():
+                answers[kind] += sent
+            first_turn = min(
+                network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest()
+            )
+            started_s, parent = clock.monotonic_s(), head
+            for validator in (*honest, *honest):  # each proposes or attests, whichever polls first
+                validator.poll(spec)
+            head = _next_head(quorum_env, honest, spec, head.window)
+            assert outcome.candidate_id in head.merged and head.validator_key != rogue.public_key
+            if first_turn != rogue.public_key:  # an honest proposer's turn: the flood held up no deadline
+                waited_on_honest_turns.append(clock.monotonic_s() - started_s)
+            rivals = [p for p in reader.proposals(spec.key, parent.head_id) if p.validator_key == rogue.public_key]
+            assert len(rivals) == 2  # its budget of proposals for the window, no more stored
+        for validator in honest:  # the last window's verdicts published
+            validator.poll(spec)
+    # the flood: 2 proposals a window taken, the rest refused with the reason
+    statuses = Counter(a.status_code for a in answers["flood"])
+    assert statuses == {202: 8, 429: 8}
+    assert all("proposed its 2 heads" in a.json()["detail"] for a in answers["flood"] if a.status_code == 429)
+    assert waited_on_honest_turns and all(waited == 0 for waited in waited_on_honest_turns), waited_on_honest_turns
+    # minting: refused, nobody but the trainer on the leaderboard, credited with the examples it trained
+    assert {a.status_code for a in answers["mint"]} == {404}
+    board = reader._request("GET", f"/v1/experiments/{BASELINE}/credit").json()
+    assert [(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board] == [
+        (trainer.peer_id, 4, 0, examples)
+    ]
+    # erasing: rejections of merged work refused with the reason; those of the open window only held
+    erased = Counter(a.status_code for a in answers["erase"])
+    assert erased == {409: 0 + 1 + 2 + 3, 202: 4}, erased  # each window: the merged ones so far, and the open one
+    assert all("merged" in a.json()["detail"] for a in answers["erase"] if a.status_code == 409)
+    assert all(v.validator_key != rogue.public_key for v in reader.verdicts(BASELINE))
+    reader.close()
     trainer.close()
 
 
