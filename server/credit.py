@@ -1,11 +1,11 @@
 """Credit for contributors, tallied from the verdicts that count (``protocol.credit``).
 
-A verdict counts once the canonical lineage bears it out or ``NetworkManifest.quorum`` validators
-signed the same decision (``server.intake`` holds the others as pending and refuses contradictions);
-a contributor's standing is a sum over the counted ones: windows accepted and rejected, and the
-examples of the accepted candidates, as the edge credits them from the candidate and its lease
-(``protocol.credit.credited_examples``), never from the verdict's own numbers. Nothing here can be
-claimed by a peer or by one validator of a quorum: anyone can recompute a standing from
+A verdict counts once ``NetworkManifest.quorum`` validators signed the same decision (a rejection also
+once the canonical lineage bears it out); ``server.intake`` holds the others as pending and refuses
+those the lineage contradicts. A contributor's standing is a sum over the counted ones: windows
+accepted and rejected, and the examples credited for the accepted ones (what the quorum vouched for,
+capped by the candidate's own count and its lease: ``protocol.credit.credited_examples``). Nothing here
+can be claimed by a peer or by one validator of a quorum: anyone can recompute a standing from
 ``GET /v1/experiments/<key>/verdicts?peer_id=...``, the heads and the candidates, and check each
 signature against the network's validator keys. The tally is kept in memory and caught up from the
 store's newly counted verdicts at each read, so every edge on a shared store answers alike.

@@ -33,12 +33,13 @@ and ``EdgeState.validator_window_bytes`` of heads and outer states stored (past 
 flooding proposals neither fills the edge's storage nor gives the other validators more than a few
 proposals to judge; other keys' proposals are not touched by it.
 
-Verdicts count toward credit and standing by ``protocol.credit``: one its candidate's canonical
-lineage bears out counts at once; one the lineage contradicts is refused (409), one on a candidate
-never received here too (404); one not decided yet is held as pending (202) and counts once
-``NetworkManifest.quorum`` validators signed the same decision, or once the heads that decide it are
-canonical (``_settle_votes``, at each promotion), where a contradicted one is dropped. The examples an
-accepted candidate is credited with come from the candidate and its lease, never from the verdict.
+Verdicts count toward credit and standing by ``protocol.credit``: one the canonical lineage
+contradicts is refused (409), one on a candidate never received here too (404); a rejection the
+lineage bears out counts at once; any other is held as its validator's vote (202) and counts once
+``NetworkManifest.quorum`` validators signed the same decision (an acceptance: into the same head,
+vouching for the same examples), or, a rejection, once the heads that decide it are canonical
+(``_settle_votes``, at each promotion), where a contradicted vote is dropped. The examples credited are
+those vouched for, capped by the candidate's own count and its lease.
 
 Retention: when a head is promoted, artifacts of candidates whose window is
 ``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
@@ -51,7 +52,15 @@ from dataclasses import replace
 
 import anyio
 
-from protocol.credit import DECIDING_HEADS, Settled, credited_examples, leased_examples, same_decision, settle
+from protocol.credit import (
+    DECIDING_HEADS,
+    Settled,
+    counts,
+    credited_examples,
+    leased_examples,
+    same_decision,
+    settle,
+)
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
@@ -336,9 +345,9 @@ def accept_verdicts(
 ) -> tuple[int, int]:
     """Check every verdict (its experiment, a validator's signature, its candidate received here and
     not contradicted by the canonical lineage: ``protocol.credit.settle``) before keeping any, so a
-    batch with one bad verdict is refused whole; then count those the lineage bears out and hold the
-    others as pending, counted once ``NetworkManifest.quorum`` validators sign the same decision.
-    Returns how many count now and how many are held."""
+    batch with one bad verdict is refused whole; then count those that count now
+    (``protocol.credit.counts``) and hold the others as pending. Returns how many count now and how
+    many are held."""
     verdicts = [Verdict.from_wire(descriptor) for descriptor in descriptors]
     settled = []
     for verdict in verdicts:
@@ -354,7 +363,7 @@ def accept_verdicts(
 
 def _settle(state: EdgeState, verdict: Verdict) -> tuple[Settled, str, int]:
     """How ``verdict`` stands against the canonical lineage (``protocol.credit.settle``), why, and the
-    examples it credits when it accepts; ``NotFound`` when its candidate was never received here."""
+    examples it credits should it count; ``NotFound`` when its candidate was never received here."""
     found = state.store.decided_by(verdict.experiment, ContentId(verdict.candidate_id), DECIDING_HEADS)
     if found is None:
         raise NotFound(f"no candidate {verdict.candidate_id} of {verdict.experiment} was received here")
@@ -364,26 +373,28 @@ def _settle(state: EdgeState, verdict: Verdict) -> tuple[Settled, str, int]:
         local_epochs = state.experiment(verdict.experiment).local_epochs
         leased = leased_examples(lease, state.dataset(lease.dataset_id), local_epochs)
     outcome, why = settle(verdict, candidate, deciding)
-    return outcome, why, credited_examples(candidate, leased)
+    return outcome, why, credited_examples(verdict, candidate, leased)
 
 
 def _keep(state: EdgeState, verdict: Verdict, outcome: Settled, examples: int) -> bool:
-    """Count a verdict borne out by the lineage; hold a pending one, counting it once the quorum signed
-    its decision. True when it counts."""
-    if outcome is Settled.PENDING:
+    """Count ``verdict`` (crediting ``examples``) if it counts now, else hold it as this validator's
+    vote on its candidate; True when it counts."""
+    cid = ContentId(verdict.candidate_id)
+    agreeing = 0
+    if not (outcome is Settled.BORNE_OUT and not verdict.accepted):
         state.store.add_vote(verdict)
-        votes = state.store.votes(verdict.experiment, ContentId(verdict.candidate_id))
-        if same_decision(verdict, votes, state.network.validator_key_set) < state.network.quorum:
-            return False
+        agreeing = same_decision(verdict, state.store.votes(verdict.experiment, cid), state.network.validator_key_set)
+    if not counts(verdict, outcome, agreeing, state.network.quorum):
+        return False
     if state.store.add_verdict(verdict, examples):
         state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
-    state.store.drop_votes(verdict.experiment, ContentId(verdict.candidate_id))
+    state.store.drop_votes(verdict.experiment, cid)
     return True
 
 
 def _settle_votes(state: EdgeState, head: HeadDescriptor) -> None:
     """Settle the pending verdicts that ``head``, canonical now, decides (on candidates of its parent's
-    and grandparent's windows): one borne out counts, contradicted ones are dropped."""
+    and grandparent's windows): one that counts now is counted, contradicted ones are dropped."""
     parent = None if head.parent is None else state.store.head(head.experiment, head.parent)
     bases = tuple(h for h in (head.parent, None if parent is None else parent.parent) if h is not None)
     if not bases:
@@ -391,11 +402,10 @@ def _settle_votes(state: EdgeState, head: HeadDescriptor) -> None:
     for cid in state.store.voted_candidates(head.experiment, bases):
         for vote in state.store.votes(head.experiment, cid):
             outcome, _, examples = _settle(state, vote)
-            if outcome is Settled.COUNTED:
-                _keep(state, vote, outcome, examples)
-                break
             if outcome is Settled.CONTRADICTS:
                 state.store.drop_votes(head.experiment, cid, vote.validator_key)
+            elif _keep(state, vote, outcome, examples):
+                break
 
 
 def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> tuple[Verdict, bool]:

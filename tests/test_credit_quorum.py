@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from protocol.codec import encode_tensors
-from protocol.credit import Settled, credited_examples, leased_examples, same_decision, settle
+from protocol.credit import Settled, counts, credited_examples, leased_examples, same_decision, settle
 from protocol.envelope import pack_envelope
 from protocol.hashing import content_id
 from protocol.ids import ContentId, HeadId, LeaseId
@@ -140,10 +140,13 @@ def test_one_validator_can_neither_mint_nor_erase_credit_and_honest_verdicts_cou
         _refused(http.post(f"{BASE}/verdict-batches", json=batch), 409, "contradicts the canonical lineage")
         assert _standing(http, alice) == (0, 0, 0)  # the refused batch kept nothing
 
-        # an acceptance the certified head bears out counts at once; its examples are the edge's count
-        inflated = _verdict(BYZANTINE, merged, first, examples=1e11)
-        assert _post(http, inflated).status_code == 201
-        assert _post(http, _verdict(HONEST[0], merged, first)).status_code == 201  # the first one counted
+        # an acceptance the certified head bears out counts once two validators vouch for the same
+        # credit: the Byzantine key's inflated claim stays a vote; the honest ones count, capped by the
+        # candidate's own count (64; its lease covers more)
+        assert _post(http, _verdict(BYZANTINE, merged, first, examples=1e11)).status_code == 202
+        assert _post(http, _verdict(HONEST[0], merged, first, examples=1e5)).status_code == 202
+        assert _standing(http, alice) == (0, 0, 0)
+        assert _post(http, _verdict(HONEST[1], merged, first, examples=1e5)).status_code == 201
         assert _standing(http, alice) == (1, 0, 64)
 
         # a rejection the lineage does not decide yet (one more head could merge it late) is pending
@@ -157,14 +160,17 @@ def test_one_validator_can_neither_mint_nor_erase_credit_and_honest_verdicts_cou
         assert _standing(http, bob) == (0, 1, 0)
 
         # the Byzantine key alone rejects honest work of the open window: held, then dropped when the
-        # certified head merges it; an honest validator alone rejects another: counted once the
-        # lineage decides it (two heads later), while the Byzantine acceptance of it is dropped
+        # certified head merges it (and its acceptance crediting nothing does not erase the credit);
+        # an honest validator alone rejects another: counted once the lineage decides it (two heads
+        # later), while the Byzantine acceptance of it is dropped
         late_merged, lone = _upload(http, carol, 3), _upload(http, dave, 4)
         assert _post(http, _verdict(BYZANTINE, late_merged, None)).status_code == 202
         assert _post(http, _verdict(BYZANTINE, lone, first, head_id=HeadId("sha256:" + "6" * 64))).status_code == 202
         second = _certify(http, first, (late_merged.candidate_id,), 2)
+        assert _post(http, _verdict(BYZANTINE, late_merged, second, examples=0.0)).status_code == 202
+        assert _post(http, _verdict(HONEST[0], late_merged, second)).status_code == 202
         assert _standing(http, carol) == (0, 0, 0)
-        assert _post(http, _verdict(HONEST[0], late_merged, second)).status_code == 201
+        assert _post(http, _verdict(HONEST[1], late_merged, second)).status_code == 201
         assert _post(http, _verdict(HONEST[0], lone, None)).status_code == 202
         assert _standing(http, dave) == (0, 0, 0)
         _certify(http, second, (), 3)
@@ -179,7 +185,7 @@ def test_one_validator_can_neither_mint_nor_erase_credit_and_honest_verdicts_cou
 
 
 def test_the_settling_rule_is_pure_and_credits_what_the_lease_covers(train_manifest: FetchManifest) -> None:
-    """``protocol.credit`` without an edge: the cases the edge test goes through, and the example cap."""
+    """``protocol.credit`` without an edge: the cases the edge test goes through, and the credit's caps."""
     trainer = PureSigner(b"\x31" * 32)
     genesis, _ = _head(None, (), HONEST[0], 0)
     lease = Lease(
@@ -193,19 +199,27 @@ def test_the_settling_rule_is_pure_and_credits_what_the_lease_covers(train_manif
     other, _ = _head(genesis, (), HONEST[0], 2)
     after, _ = _head(other, (), HONEST[0], 3)
     accept, reject = _verdict(HONEST[0], candidate, merging), _verdict(HONEST[0], candidate, None)
-    assert settle(accept, candidate, [merging])[0] is Settled.COUNTED
+    assert settle(accept, candidate, [merging])[0] is Settled.BORNE_OUT
     assert settle(reject, candidate, [merging])[0] is Settled.CONTRADICTS
     assert settle(reject, candidate, [other])[0] is Settled.PENDING
-    assert settle(reject, candidate, [other, after])[0] is Settled.COUNTED
+    assert settle(reject, candidate, [other, after])[0] is Settled.BORNE_OUT
     assert settle(_verdict(HONEST[0], candidate, after), candidate, [other, after])[0] is Settled.CONTRADICTS
     assert settle(replace(reject, peer_id=NOBODY), candidate, [other, after])[0] is Settled.CONTRADICTS
     keys = frozenset(s.public_key for s in (*HONEST, BYZANTINE))
-    votes = [_verdict(HONEST[1], candidate, None), _verdict(BYZANTINE, candidate, merging)]
+    votes = [_verdict(HONEST[1], candidate, None), _verdict(BYZANTINE, candidate, merging, examples=1e9)]
     assert same_decision(reject, votes, keys) == 2 and same_decision(votes[1], votes, keys) == 1
+    assert same_decision(accept, votes, keys) == 1  # the Byzantine vote vouches for other examples
+    assert same_decision(accept, [_verdict(HONEST[1], candidate, merging)], keys) == 2
     assert same_decision(_verdict(PureSigner(b"\x32" * 32), candidate, None), [], keys) == 0  # not a validator
+    assert counts(reject, Settled.BORNE_OUT, 1, 2) and not counts(accept, Settled.BORNE_OUT, 1, 2)
+    assert counts(accept, Settled.BORNE_OUT, 2, 2) and not counts(accept, Settled.CONTRADICTS, 3, 2)
+    assert not counts(reject, Settled.PENDING, 1, 2) and counts(reject, Settled.PENDING, 2, 2)
     covered = sum(s.examples for s in train_manifest.shards[:2]) * 3
     assert leased_examples(lease, train_manifest, 3) == covered
-    assert credited_examples(candidate, covered) == covered  # a claim of a million is capped by the lease
+    claims = _verdict(HONEST[0], candidate, merging, examples=1e9)
+    assert credited_examples(claims, candidate, covered) == covered  # a million declared, capped by the lease
+    assert credited_examples(_verdict(HONEST[0], candidate, merging, examples=12.0), candidate, covered) == 12
+    assert credited_examples(reject, candidate, covered) == 0
 
 
 def _flood(http: httpx.Client, parent: HeadDescriptor, count: int) -> list[httpx.Response]:

@@ -256,11 +256,9 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     reader = EdgeClient(edge.url, reader=rogue)
     answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
     waited_on_honest_turns: list[float] = []
-    examples = 0
     with httpx.Client(base_url=edge.url) as http:
         for window in range(4):
             outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
-            examples += outcome.examples
             for kind, sent in _rogue_round(http, reader, rogue, spec, head, 1000 + 10 * window).items():
                 answers[kind] += sent
             first_turn = min(
@@ -282,17 +280,20 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     assert statuses == {202: 8, 429: 8}
     assert all("proposed its 2 heads" in a.json()["detail"] for a in answers["flood"] if a.status_code == 429)
     assert waited_on_honest_turns and all(waited == 0 for waited in waited_on_honest_turns), waited_on_honest_turns
-    # minting: refused, nobody but the trainer on the leaderboard, credited with the examples it trained
+    # minting: refused; nobody but the trainer on the leaderboard, credited what the honest pair vouched for
     assert {a.status_code for a in answers["mint"]} == {404}
+    counted = reader.verdicts(BASELINE)
+    vouched = sum(int(v.metrics["examples"]) for v in counted if v.accepted)
+    assert vouched > 0  # evidence of work on its leases (decision 0020), from the second window on
     board = reader._request("GET", f"/v1/experiments/{BASELINE}/credit").json()
     assert [(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board] == [
-        (trainer.peer_id, 4, 0, examples)
+        (trainer.peer_id, 4, 0, vouched)
     ]
     # erasing: rejections of merged work refused with the reason; those of the open window only held
     erased = Counter(a.status_code for a in answers["erase"])
     assert erased == {409: 0 + 1 + 2 + 3, 202: 4}, erased  # each window: the merged ones so far, and the open one
     assert all("merged" in a.json()["detail"] for a in answers["erase"] if a.status_code == 409)
-    assert all(v.validator_key != rogue.public_key for v in reader.verdicts(BASELINE))
+    assert len(counted) == 4 and all(v.validator_key != rogue.public_key for v in counted)
     reader.close()
     trainer.close()
 
