@@ -8,6 +8,7 @@ import itertools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,51 @@ def test_verdicts_newest_first_by_peer_and_counted(store: EdgeStore) -> None:
     assert store.verdicts(EXPERIMENT) == verdicts[::-1] and store.verdicts(EXPERIMENT, limit=1) == verdicts[2:]
     assert store.verdicts(EXPERIMENT, verdicts[1].peer_id) == [verdicts[1]]
     assert store.verdict_counts(EXPERIMENT) == {"accepted": 2, "rejected": 1}
+
+
+def test_pending_verdicts_and_validator_budgets_on_every_engine(store: EdgeStore) -> None:
+    """What ``server.intake`` keeps for the quorum: votes per validator and candidate, the heads that
+    decide a candidate, and each validator key's proposals and bytes per window."""
+    genesis, after = _chain(store, 2)
+    candidate, _ = candidate_envelope(TRAINERS[0], genesis.head_id, "lease-v")
+    assert store.add_candidate(candidate, 100, 1)
+    found = store.decided_by(EXPERIMENT, candidate.candidate_id, 2)
+    assert found is not None and found[0] == candidate and found[1] is None and found[2] == [after]
+    assert store.decided_by(EXPERIMENT, ContentId("sha256:" + "4" * 64), 2) is None
+    others = [PureSigner(bytes([i]) * 32) for i in (60, 61)]
+    votes = [
+        Verdict(
+            EXPERIMENT,
+            candidate.candidate_id,
+            genesis.head_id,
+            candidate.peer_id,
+            False,
+            Reason.OUTLIER,
+            "",
+            signer.public_key,
+            1,
+        ).signed(signer)
+        for signer in (VALIDATOR, *others)
+    ]
+    assert all(store.add_vote(v) for v in votes) and not store.add_vote(votes[0])  # one per validator
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == votes
+    assert store.voted_candidates(EXPERIMENT, (genesis.head_id,)) == [candidate.candidate_id]
+    assert store.voted_candidates(EXPERIMENT, (after.head_id,)) == []
+    store.drop_votes(EXPERIMENT, candidate.candidate_id, others[0].public_key)
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == [votes[0], votes[2]]
+    store.drop_votes(EXPERIMENT, candidate.candidate_id)
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == []
+    proposal, _ = head_envelope(parent=after.head_id, window=2)
+    assert store.proposed_by(EXPERIMENT, after.head_id, VALIDATOR.public_key) == 0
+    assert store.add_proposal(proposal, 5)
+    assert store.proposed_by(EXPERIMENT, after.head_id, VALIDATOR.public_key) == 1
+    assert store.proposed_by(EXPERIMENT, after.head_id, others[0].public_key) == 0
+    assert store.charge_validator(proposal, proposal.head_id, 60, 100) is None
+    assert store.charge_validator(proposal, proposal.head_id, 60, 100) is None  # once per artifact
+    assert store.charge_validator(proposal, ContentId("sha256:" + "3" * 64), 60, 100) == 60  # past the budget
+    assert (
+        store.charge_validator(replace(proposal, validator_key=others[0].public_key), proposal.head_id, 60, 100) is None
+    )
 
 
 def test_tokens_bind_at_most_their_keys_and_revoke_by_prefix(store: EdgeStore) -> None:
