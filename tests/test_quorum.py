@@ -15,6 +15,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,23 +24,17 @@ import httpx
 import numpy as np
 import pytest
 
+from lab.rogue import Rogue
 from native_peer import StorageConfig, Validator, ValidatorConfig
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
 from protocol.clock import ManualClock
-from protocol.codec import encode_tensors
-from protocol.envelope import pack_envelope
 from protocol.errors import InvalidMessage, SignatureError
-from protocol.hashing import content_id
-from protocol.ids import ContentId, HeadId
 from protocol.judging import WindowDecision
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Attestation, HeadDescriptor, Verdict
-from protocol.model import init_params
-from protocol.reasons import Reason
-from protocol.signing import peer_id_from_public_key
+from protocol.messages import Attestation, HeadDescriptor
 from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import BASELINE, mnist_network
@@ -207,39 +202,6 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
     trainer.close()
 
 
-def _rogue_round(
-    http: httpx.Client, reader: EdgeClient, rogue: NodeIdentity, spec: ExperimentSpec, head: HeadDescriptor, seed: int
-) -> dict[str, list[httpx.Response]]:
-    """What one validator key signing at will does in the window on ``head``: proposes 4 heads of its
-    own, each attested as judged from the window's candidates (so the other validators judge them);
-    credits a peer that never uploaded anything; rejects every candidate of the experiment, merged or not."""
-    path = f"/v1/experiments/{spec.key}"
-    considered = [c.candidate_id for c in reader.candidates(spec.key, head.head_id)]
-    answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
-    for i in range(4):
-        artifact = encode_tensors(init_params(spec.model, seed + i))
-        proposal = HeadDescriptor(
-            spec.key, HeadId(content_id(artifact)), head.head_id, head.window + 1, 0, (), rogue.public_key,
-            int(time.time() * 1000),
-        ).signed(rogue)  # fmt: skip
-        answers["flood"].append(http.post(f"{path}/heads", content=pack_envelope(proposal.to_wire(), artifact)))
-        http.post(f"{path}/attestations", json=Attestation.of(proposal, considered, rogue, 1).to_wire())
-    nobody = peer_id_from_public_key(hashlib.sha256(b"nobody %d" % seed).digest())
-    for i in range(3):
-        minted = Verdict(
-            spec.key, ContentId("sha256:" + hashlib.sha256(b"%d %d" % (seed, i)).hexdigest()), head.head_id, nobody,
-            True, Reason.ACCEPTED, "", rogue.public_key, 1, head.head_id, {"examples": 1e9},
-        ).signed(rogue)  # fmt: skip
-        answers["mint"].append(http.post(f"{path}/verdicts", json=minted.to_wire()))
-    for candidate in reader.candidates(spec.key):
-        erased = Verdict(
-            spec.key, candidate.candidate_id, candidate.base_head, candidate.peer_id, False, Reason.REGRESSION, "",
-            rogue.public_key, 1,
-        ).signed(rogue)  # fmt: skip
-        answers["erase"].append(http.post(f"{path}/verdicts", json=erased.to_wire()))
-    return answers
-
-
 @pytest.mark.slow
 def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall_the_experiment(
     quorum_env: Env, dataset_root: Path
@@ -253,13 +215,13 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     head = _current(edge)
     assert head is not None
     trainer = _trainer(quorum_env, "trainer")
-    reader = EdgeClient(edge.url, reader=rogue)
+    reader = EdgeClient(edge.url)
     answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
     waited_on_honest_turns: list[float] = []
-    with httpx.Client(base_url=edge.url) as http:
-        for window in range(4):
+    with closing(Rogue(edge.url, rogue, spec)) as flooding:
+        for _ in range(4):
             outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
-            for kind, sent in _rogue_round(http, reader, rogue, spec, head, 1000 + 10 * window).items():
+            for kind, sent in flooding.round(head).items():
                 answers[kind] += sent
             first_turn = min(
                 network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest()
