@@ -35,6 +35,7 @@ from .messages import Candidate, HeadDescriptor, Lease, Verdict
 __all__ = [
     "DECIDING_HEADS",
     "Settled",
+    "agree",
     "counts",
     "credited_examples",
     "leased_examples",
@@ -82,11 +83,17 @@ def _decision(verdict: Verdict) -> tuple[bool, HeadId | None, int]:
     return verdict.accepted, verdict.head_id if verdict.accepted else None, vouched(verdict)
 
 
+def agree(verdict: Verdict, other: Verdict) -> bool:
+    """Whether two verdicts make the same decision: rejected, or accepted into the same head vouching
+    for the same examples."""
+    return _decision(verdict) == _decision(other)
+
+
 def same_decision(verdict: Verdict, votes: Iterable[Verdict], validator_keys: frozenset[bytes]) -> int:
     """How many distinct listed validators signed the decision of ``verdict`` (accepted into the same
     head vouching for the same examples, or rejected) among ``votes`` and ``verdict`` itself (whose
     signatures the caller checked)."""
-    signers = {v.validator_key for v in (verdict, *votes) if _decision(v) == _decision(verdict)}
+    signers = {v.validator_key for v in (verdict, *votes) if agree(v, verdict)}
     return len(signers & validator_keys)
 
 

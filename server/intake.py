@@ -35,7 +35,8 @@ proposals to judge; other keys' proposals are not touched by it.
 
 Verdicts count toward credit and standing by ``protocol.credit``: one the canonical lineage
 contradicts is refused (409), one on a candidate never received here too (404); a rejection the
-lineage bears out counts at once; any other is held as its validator's vote (202) and counts once
+lineage bears out counts at once; one on a candidate whose verdict counts already must make the same
+decision (else 409) and changes nothing; any other is held as its validator's vote (202) and counts once
 ``NetworkManifest.quorum`` validators signed the same decision (an acceptance: into the same head,
 vouching for the same examples), or, a rejection, once the heads that decide it are canonical
 (``_settle_votes``, at each promotion), where a contradicted vote is dropped. The examples credited are
@@ -55,6 +56,7 @@ import anyio
 from protocol.credit import (
     DECIDING_HEADS,
     Settled,
+    agree,
     counts,
     credited_examples,
     leased_examples,
@@ -373,6 +375,9 @@ def _settle(state: EdgeState, verdict: Verdict) -> tuple[Settled, str, int]:
         local_epochs = state.experiment(verdict.experiment).local_epochs
         leased = leased_examples(lease, state.dataset(lease.dataset_id), local_epochs)
     outcome, why = settle(verdict, candidate, deciding)
+    counted = state.store.counted_verdict(verdict.experiment, candidate.candidate_id)
+    if outcome is not Settled.CONTRADICTS and counted is not None and not agree(verdict, counted):
+        outcome, why = Settled.CONTRADICTS, f"the verdict that counts for {candidate.candidate_id} decided otherwise"
     return outcome, why, credited_examples(verdict, candidate, leased)
 
 
@@ -380,6 +385,8 @@ def _keep(state: EdgeState, verdict: Verdict, outcome: Settled, examples: int) -
     """Count ``verdict`` (crediting ``examples``) if it counts now, else hold it as this validator's
     vote on its candidate; True when it counts."""
     cid = ContentId(verdict.candidate_id)
+    if state.store.counted_verdict(verdict.experiment, cid) is not None:
+        return True  # the same decision counts already (``_settle`` refused another): nothing to hold
     agreeing = 0
     if not (outcome is Settled.BORNE_OUT and not verdict.accepted):
         state.store.add_vote(verdict)

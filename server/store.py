@@ -445,6 +445,13 @@ class EdgeStore:
             *(verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor, credited),
         )
 
+    def counted_verdict(self, experiment: ExperimentKey, cid: ContentId) -> Verdict | None:
+        """The verdict that counts for candidate ``cid``, if one does."""
+        rows = self._db.query(
+            "SELECT descriptor FROM verdicts WHERE experiment = ? AND candidate_id = ?", experiment, cid
+        )
+        return Verdict.from_wire(json.loads(str(rows[0][0]))) if rows else None
+
     def add_vote(self, verdict: Verdict) -> bool:
         """Hold a verdict that does not count yet (``protocol.credit``: pending), one per validator and
         candidate; False when that validator's vote on it is held already."""

@@ -148,6 +148,10 @@ def test_one_validator_can_neither_mint_nor_erase_credit_and_honest_verdicts_cou
         assert _standing(http, alice) == (0, 0, 0)
         assert _post(http, _verdict(HONEST[1], merged, first, examples=1e5)).status_code == 201
         assert _standing(http, alice) == (1, 0, 64)
+        # once a verdict counts, another decision on its candidate is refused; the same one changes nothing
+        _refused(_post(http, _verdict(BYZANTINE, merged, first, examples=0.0)), 409, "decided otherwise")
+        assert _post(http, _verdict(HONEST[0], merged, first, examples=1e5)).status_code == 201
+        assert _standing(http, alice) == (1, 0, 64)
 
         # a rejection the lineage does not decide yet (one more head could merge it late) is pending
         # until two validators sign it; the Byzantine key's acceptance of it stays pending
