@@ -43,7 +43,7 @@ from native_peer.identity import NodeIdentity
 from native_peer.storage import StorageConfig
 from protocol.manifests import NetworkManifest
 
-from . import BENCH_EXPERIMENT, bench_network, write_result
+from . import BENCH_EXPERIMENT, bench_network, published, spread, write_result
 
 HONEST = ("validator-1", "validator-2")  # the rogue holds the key under root/validator
 WINDOW_TIMEOUT_S = 10.0
@@ -103,11 +103,6 @@ def _quorum(root: Path) -> Callable[[bytes], NetworkManifest]:
     return network
 
 
-def _published(storage: Path) -> bool:
-    path = StorageConfig(storage).outcomes_path
-    return path.exists() and path.stat().st_size > 0
-
-
 def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, trainers: int, proposals: int) -> Run:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -124,7 +119,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
                 fleet.start(name, argv)
             for name in names:
                 fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
-            while not all(_published(root / name) for name in names) or len(edge.heads(BENCH_EXPERIMENT)) < WARM_HEADS:
+            while not all(published(root / name) for name in names) or len(edge.heads(BENCH_EXPERIMENT)) < WARM_HEADS:
                 fleet.check_alive()  # compiled, through a window each, and a few heads in
                 time.sleep(0.2)
             if config != "clean":
@@ -156,10 +151,6 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
     )
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -182,9 +173,9 @@ def main() -> None:
     def row(config: str) -> str:
         mine = [r for r in runs if r.config == config]
         if config == "clean":
-            return f"| clean | {_spread(heads[config])} | | | {max(r.strangers for r in mine)} |"
-        taken, refused = _spread([r.taken_per_window for r in mine]), _spread([r.refused_per_window for r in mine])
-        return f"| {config} | {_spread(heads[config])} | {taken} | {refused} | {max(r.strangers for r in mine)} |"
+            return f"| clean | {spread(heads[config])} | | | {max(r.strangers for r in mine)} |"
+        taken, refused = spread([r.taken_per_window for r in mine]), spread([r.refused_per_window for r in mine])
+        return f"| {config} | {spread(heads[config])} | {taken} | {refused} | {max(r.strangers for r in mine)} |"
 
     lines = [
         f"{args.trainers} honest continuous trainers, two honest validators of a 2-of-3 quorum (the third key's "

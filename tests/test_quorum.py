@@ -101,6 +101,16 @@ def _current(edge: BackgroundEdge) -> HeadDescriptor | None:
     return HeadDescriptor.from_wire(response.json()) if response.status_code == 200 else None
 
 
+def _genesis(env: Env, validators: list[Validator]) -> tuple[ExperimentSpec, HeadDescriptor]:
+    """The baseline experiment and its genesis head, proposed and attested by ``validators``."""
+    spec = env[1].experiment(BASELINE)
+    for validator in validators:
+        validator.ensure_genesis(spec)
+    head = _current(env[0])
+    assert head is not None
+    return spec, head
+
+
 def _next_head(env: Env, validators: list[Validator], spec: ExperimentSpec, after: int) -> HeadDescriptor:
     """Poll ``validators`` (advancing their clock) until a head past window ``after`` is canonical."""
     edge, _, _, clock, _ = env
@@ -143,13 +153,9 @@ def test_a_head_is_canonical_only_with_a_quorum_and_trainers_check_it(quorum_env
 
 @pytest.mark.slow
 def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_root: Path) -> None:
-    edge, network, _, _, _ = quorum_env
+    _, network, _, _, _ = quorum_env
     alive = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (0, 1)]  # validator 2 never runs
-    spec = network.experiment(BASELINE)
-    for validator in alive:
-        validator.ensure_genesis(spec)
-    head = _current(edge)
-    assert head is not None
+    spec, head = _genesis(quorum_env, alive)
     trainer = _trainer(quorum_env, "trainer")
     dead = network.validator_keys[2]
     skipped_turns = 0
@@ -172,11 +178,7 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
     byzantine = _validator(quorum_env, 0, ByzantineValidator, dataset_root=dataset_root)
     honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
     everyone = [byzantine, *honest]
-    spec = network.experiment(BASELINE)
-    for validator in everyone:
-        validator.ensure_genesis(spec)
-    head = _current(edge)
-    assert head is not None
+    spec, head = _genesis(quorum_env, everyone)
     trainer = _trainer(quorum_env, "trainer")
     byzantine_heads: set[str] = set()
     for _ in range(2):
@@ -209,11 +211,7 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     edge, network, _, clock, root = quorum_env
     rogue = NodeIdentity.load_or_create(root / "validator-0" / "identity.key")  # validator 0's key, never run
     honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
-    spec = network.experiment(BASELINE)
-    for validator in honest:
-        validator.ensure_genesis(spec)
-    head = _current(edge)
-    assert head is not None
+    spec, head = _genesis(quorum_env, honest)
     trainer = _trainer(quorum_env, "trainer")
     reader = EdgeClient(edge.url)
     answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
