@@ -6,12 +6,14 @@ Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT``
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from native_peer.models import builtin_model
+from native_peer.storage import StorageConfig
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 
@@ -56,3 +58,14 @@ def write_result(out: Path, slug: str, title: str, command: str, lines: Sequence
     header = [f"# {title}", "", f"Command: `{command}` at commit {commit()}; {os.cpu_count()} cores, no GPU.", ""]
     path.write_text("\n".join([*header, *lines, ""]))
     return path
+
+
+def spread(values: Sequence[float]) -> str:
+    """Median and (min–max) of ``values``, one decimal."""
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def published(storage: Path) -> bool:
+    """Whether the trainer storing under ``storage`` has published a window (its outcomes file)."""
+    path = StorageConfig(storage).outcomes_path
+    return path.exists() and path.stat().st_size > 0

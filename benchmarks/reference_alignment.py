@@ -59,7 +59,7 @@ def _verdicts_by_decade(store: Store, key: ExperimentKey, heads: dict[str, HeadD
     the holdout accuracy of each measured candidate alone minus its base head's."""
     cosines: dict[int, list[float]] = {}
     gains: dict[int, list[float]] = {}
-    for _, verdict in store.verdicts_after(key, 0, limit=10**6):
+    for _, verdict, _ in store.verdicts_after(key, 0, limit=10**6):
         base = heads.get(verdict.base_head)
         if base is None:
             continue

@@ -29,9 +29,8 @@ from pathlib import Path
 from lab.hostile import SOURCES, Squatter
 from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
-from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, write_result
+from . import BENCH_EXPERIMENT, bench_network, published, spread, write_result
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,6 @@ class Run:
     config: str
     heads_per_min: float
     squatted_per_window: float  # leases the squatter was granted, a window
-
-
-def _published(storage: Path) -> bool:
-    path = StorageConfig(storage).outcomes_path
-    return path.exists() and path.stat().st_size > 0
 
 
 def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, trainers: int, identities: int) -> Run:
@@ -57,7 +51,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
             names = [f"trainer-{i}" for i in range(trainers)]
             for name in names:
                 fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
-            while not all(_published(root / name) for name in names):  # compiled, through a window each
+            while not all(published(root / name) for name in names):  # compiled, through a window each
                 fleet.check_alive()
                 time.sleep(0.2)
             if config == "squatted":
@@ -76,10 +70,6 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
     print()
     per_window = squatter.granted / max(squatter.windows, 1) if squatter is not None else 0.0
     return Run(config, heads_per_min=(heads1 - heads0) * 60 / wall, squatted_per_window=per_window)
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
 def main() -> None:
@@ -107,8 +97,8 @@ def main() -> None:
         "",
         "| network | heads / min | squatter's leases granted / window |",
         "| --- | --- | --- |",
-        f"| clean | {_spread(heads['clean'])} | |",
-        f"| squatted | {_spread(heads['squatted'])} | {_spread(squats)} |",
+        f"| clean | {spread(heads['clean'])} | |",
+        f"| squatted | {spread(heads['squatted'])} | {spread(squats)} |",
         "",
         f"squatted / clean heads a minute (medians): "
         f"{statistics.median(heads['squatted']) / statistics.median(heads['clean']):.2f} x",

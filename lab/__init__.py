@@ -8,6 +8,7 @@
     simulated   simulated trainers: many real identities in one process, for the fleet benchmark
     attacks  the attack suite: the validators' real rules against attackers on real MNIST updates
     hostile  hostile clients against a real edge (squatters, idle connections, stalled uploads)
+    rogue    a rogue validator key: floods proposals, mints and erases credit (one key of a quorum)
     charts   a dependency-free SVG accuracy chart
     browser_host  the browser peer's host under CPython (httpx, websockets): its code as a tab runs it
     cli      ``python -m lab demo | attack-suite | stack``

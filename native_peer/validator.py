@@ -85,6 +85,7 @@ from protocol.aggregation import Vector
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
+from protocol.credit import leased_examples
 from protocol.deadline import (
     DeadlinePolicy,
     DeliveryRecord,
@@ -846,7 +847,7 @@ class Validator:
         leased = 0
         manifest = self.edge.fetch_manifest(spec.dataset_id)
         if lease is not None:
-            leased = sum(manifest.shard(s).examples for s in lease.shard_ids) * spec.local_epochs
+            leased = leased_examples(lease, manifest, spec.local_epochs)
         behind = staleness(candidate.base_head, head)
         own_base = head if behind == 0 else self._head(spec, candidate.base_head) if behind == 1 else None
         screen = precheck(
@@ -974,9 +975,10 @@ class Validator:
         credited: bool = False,
     ) -> Verdict:
         """The signed verdict; an accepting ``screen`` names the head ``promoted`` it was merged into.
-        Its ``examples`` metric is what contributors are credited for (``server.credit``): the
-        candidate's example count (checked against its lease before it can be accepted) when its
-        work is ``credited`` (``WindowDecision.credited``: evidence it trained on its lease), else 0."""
+        Its ``examples`` metric is the credit it vouches for: the candidate's example count (checked
+        against its lease before it can be accepted) when its work is ``credited``
+        (``WindowDecision.credited``: evidence it trained on its lease), else 0. The edge credits that
+        once the quorum signs the same, capped by the candidate and its lease (``protocol.credit``)."""
         accepted = screen.accepted and promoted is not None
         return Verdict(
             experiment=candidate.experiment,
@@ -1040,7 +1042,7 @@ class Validator:
             if decision.attestation is not None:
                 self.edge.publish_attestation(decision.attestation)
         except EdgeRequestError as exc:
-            if exc.status not in (404, 409):
+            if exc.status not in (404, 409, 413, 429):  # 413, 429: past this validator's budgets for the window
                 raise
             log.warning("head %s of window %d was not taken: %s", head.head_id[:19], head.window, exc)
 

@@ -31,6 +31,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     screening    update screening presets and the promotion rule
     evidence     lease evidence: a candidate's loss gain on its lease against training shards outside it
     trust        per-peer strikes and quarantine (an immutable TrustBook)
+    credit       which verdicts count toward credit and standing: borne out by the lineage or the quorum
     judging      judge_window: the whole decision for one window, pure; returns the next trust book
     deadline     when a validator closes a window: derived from recent window durations
     clock        the one injectable clock (wall time for the wire, monotonic for durations)

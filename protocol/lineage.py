@@ -35,6 +35,7 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .credit import Settled, settle
 from .errors import InvalidMessage, SignatureError, TooLarge
 from .fields import read_list, read_object, read_str
 from .hashing import content_id, verify_content
@@ -150,16 +151,15 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, max_blob_bytes:
     return handle.read()
 
 
-def verdict_contradiction(verdict: Verdict, deciding: Sequence[HeadDescriptor]) -> str | None:
-    """Why ``verdict`` contradicts the canonical lineage, or ``None`` when the lineage bears it out.
-    ``deciding``: the canonical heads that can have merged its candidate (the one after its base, and
-    the one after that: a late candidate is merged as a delayed update). An accepting verdict must name
-    the head that merged its candidate; a rejection's candidate no deciding head merged."""
-    if not deciding:
+def verdict_contradiction(verdict: Verdict, candidate: Candidate, deciding: Sequence[HeadDescriptor]) -> str | None:
+    """Why ``verdict`` on ``candidate`` cannot stand in a lineage whose canonical heads that can have
+    merged it are ``deciding`` (the one after its base, and the one after that), or ``None``: the rule
+    edges apply to verdicts (``protocol.credit.settle``), and a lineage's verdicts are decided ones."""
+    outcome, why = settle(verdict, candidate, deciding)
+    if outcome is Settled.CONTRADICTS:
+        return f"the verdict on {verdict.candidate_id} contradicts the canonical lineage: {why}"
+    if outcome is Settled.PENDING:
         return f"candidate {verdict.candidate_id} is not decided by a canonical head yet"
-    merged_by = next((head.head_id for head in deciding if verdict.candidate_id in head.merged), None)
-    if verdict.accepted != (merged_by is not None) or (verdict.accepted and verdict.head_id != merged_by):
-        return f"the verdict on {verdict.candidate_id} contradicts the canonical lineage"
     return None
 
 
@@ -224,7 +224,7 @@ def _check_verdict(
         raise SignatureError(f"{where}: {exc}") from None
     window = by_id[candidate.base_head].window
     deciding = [by_window[w] for w in (window + 1, window + 2) if w in by_window]
-    if (contradiction := verdict_contradiction(verdict, deciding)) is not None:
+    if (contradiction := verdict_contradiction(verdict, candidate, deciding)) is not None:
         raise InvalidMessage(contradiction)
 
 

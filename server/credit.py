@@ -1,12 +1,14 @@
-"""Credit for contributors, tallied from the verdicts validators signed.
+"""Credit for contributors, tallied from the verdicts that count (``protocol.credit``).
 
-Every verdict the edge keeps carries a validator's signature, checked on intake; a contributor's
-standing is a sum over them: windows accepted and rejected, and the examples of the accepted
-candidates (the count the validator checked against the lease and signed as the verdict's
-``examples`` metric). Nothing here can be claimed by a peer: anyone can recompute a standing from
-``GET /v1/experiments/<key>/verdicts?peer_id=...`` and check each signature against the network's
-validator keys. The tally is kept in memory and caught up from the store's new verdicts at each read,
-so every edge on a shared store answers alike.
+A verdict counts once ``NetworkManifest.quorum`` validators signed the same decision (a rejection also
+once the canonical lineage bears it out); ``server.intake`` holds the others as pending and refuses
+those the lineage contradicts. A contributor's standing is a sum over the counted ones: windows
+accepted and rejected, and the examples credited for the accepted ones (what the quorum vouched for,
+capped by the candidate's own count and its lease: ``protocol.credit.credited_examples``). Nothing here
+can be claimed by a peer or by one validator of a quorum: anyone can recompute a standing from
+``GET /v1/experiments/<key>/verdicts?peer_id=...``, the heads and the candidates, and check each
+signature against the network's validator keys. The tally is kept in memory and caught up from the
+store's newly counted verdicts at each read, so every edge on a shared store answers alike.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ class Standing:
     examples: int = 0  # training examples in the accepted candidates
     last_accepted_ms: int | None = None
 
-    def add(self, verdict: Verdict) -> None:
+    def add(self, verdict: Verdict, examples: int) -> None:
+        """Count ``verdict``, crediting ``examples`` when it accepts."""
         if verdict.accepted:
             self.accepted += 1
-            self.examples += int(verdict.metrics.get("examples", 0))
+            self.examples += examples
             self.last_accepted_ms = max(self.last_accepted_ms or 0, verdict.decided_at_ms)
         else:
             self.rejected += 1
@@ -50,8 +53,8 @@ class CreditBook:
     def _catch_up(self, experiment: ExperimentKey) -> dict[PeerId, Standing]:
         standings = self._standings.setdefault(experiment, {})
         while rows := self.store.verdicts_after(experiment, self._after.get(experiment, 0)):
-            for position, verdict in rows:
-                standings.setdefault(verdict.peer_id, Standing(verdict.peer_id)).add(verdict)
+            for position, verdict, examples in rows:
+                standings.setdefault(verdict.peer_id, Standing(verdict.peer_id)).add(verdict, examples)
                 self._after[experiment] = position
         return standings
 

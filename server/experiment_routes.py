@@ -138,14 +138,15 @@ async def head_delta(
 @router.post(
     f"{EXPERIMENT}/heads",
     status_code=201,
-    responses=documented(*_UPLOAD, Conflict),
+    responses=documented(*_UPLOAD, Conflict, RateLimited),
     openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (a validator-signed HeadDescriptor)"),
 )
 async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
     """Propose a head: DTN1 envelope of a validator-signed HeadDescriptor and the artifact.
 
     201 when it is canonical (``quorum`` validators vouch for it: with a quorum of 1, at once), 202
-    while it waits for attestations; 409 when its parent is not the current head."""
+    while it waits for attestations; 409 when its parent is not the current head; 429 past its
+    proposer's budget of proposals for the window, 413 past its budget of bytes (``server.intake``)."""
     state.admission.check_header(request.headers.get("authorization"), "head")
     body = await read_body(request, state.inline_limit(key) + MAX_DESCRIPTOR_BYTES)
     head, canonical = await accept_head(state, body, route=key)
@@ -155,13 +156,14 @@ async def publish_head(key: Experiment, state: State, request: Request) -> JSON:
 @router.post(
     f"{EXPERIMENT}/outer-states",
     status_code=201,
-    responses=documented(*_UPLOAD, Conflict),
+    responses=documented(*_UPLOAD, Conflict, RateLimited),
     openapi_extra=body_doc("application/octet-stream", f"{ENVELOPE} (the proposed head, then its outer state)"),
 )
 async def publish_outer_state(key: Experiment, state: State, request: Request) -> JSON:
     """Store the outer optimizer state (DiLoCo momentum) a proposed head names, before the head:
     DTN1 envelope of the validator-signed HeadDescriptor and the state artifact. Served like any
-    artifact at ``/v1/artifacts/{outer_state}``; 409 when the head's parent is not the current head."""
+    artifact at ``/v1/artifacts/{outer_state}``; 409 when the head's parent is not the current head;
+    charged to the proposer's budgets as its head is (429, 413)."""
     state.admission.check_header(request.headers.get("authorization"), "head")
     body = await read_body(request, state.inline_limit(key) + MAX_DESCRIPTOR_BYTES)
     return JSON({"outer_state": await accept_outer_state(state, body, route=key)}, status_code=201)
@@ -306,14 +308,20 @@ async def get_lease(lease_id: str, state: State, request: Request) -> JSON:
 @router.post(
     f"{EXPERIMENT}/verdicts",
     status_code=201,
-    responses=documented(*_UPLOAD, Conflict),
+    responses={
+        202: {"description": "held as pending: it counts once the lineage or the quorum bears it out"},
+        **documented(*_UPLOAD, Conflict),
+    },
     openapi_extra=body_doc("application/json", "a Verdict signed by a validator of the network"),
 )
 async def publish_verdict(key: Experiment, state: State, request: Request) -> JSON:
-    """Publish a validator-signed verdict on a candidate (the first one per candidate is kept)."""
+    """Publish a validator-signed verdict on a candidate received here (``server.intake``): 201 when it
+    counts (the canonical lineage bears it out, or the quorum signed its decision; the first one per
+    candidate is kept), 202 when it is held as pending; 404 for a candidate never received, 409 for a
+    verdict the canonical lineage contradicts."""
     state.admission.check_header(request.headers.get("authorization"), "verdict")
-    verdict = accept_verdict(state, await read_json(request, 16384), route=key)
-    return JSON(verdict.to_wire(), status_code=201)
+    verdict, counted = accept_verdict(state, await read_json(request, 16384), route=key)
+    return JSON(verdict.to_wire(), status_code=201 if counted else 202)
 
 
 @router.post(
@@ -323,13 +331,14 @@ async def publish_verdict(key: Experiment, state: State, request: Request) -> JS
     openapi_extra=body_doc("application/json", f"a list of at most {VERDICT_BATCH} validator-signed Verdicts"),
 )
 async def publish_verdicts(key: Experiment, state: State, request: Request) -> JSON:
-    """Publish a window's verdicts in one request, each checked as ``POST .../verdicts`` checks one
-    (the first one per candidate is kept); refused whole when any of them is bad."""
+    """Publish a window's verdicts in one request, each checked as ``POST .../verdicts`` checks one;
+    refused whole when any of them is refused. Answers how many count now and how many are held."""
     state.admission.check_header(request.headers.get("authorization"), "verdict")
     body = await read_json(request, 16384 * VERDICT_BATCH)
     if not isinstance(body, list) or len(body) > VERDICT_BATCH:
         raise InvalidMessage(f"a verdict batch is a list of at most {VERDICT_BATCH} verdicts")
-    return JSON({"published": len(accept_verdicts(state, body, route=key))}, status_code=201)
+    counted, pending = accept_verdicts(state, body, route=key)
+    return JSON({"published": counted + pending, "counted": counted, "pending": pending}, status_code=201)
 
 
 @router.get(f"{EXPERIMENT}/verdicts", responses=_READ)

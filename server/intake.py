@@ -27,6 +27,21 @@ and bytes). The first proposal on the current head to gather its quorum becomes 
 proposals on one parent and attestations of another merge are published on the ``quorum`` topic and
 counted (``dtn_quorum_conflicts_total``), so viewers see validators disagree.
 
+Each validator key has budgets per window of an experiment (the window on a head's parent): at most
+``validator_proposals_per_window`` proposed heads (past it 429, checked before any bytes are read)
+and ``EdgeState.validator_window_bytes`` of heads and outer states stored (past it 413), so one key
+flooding proposals neither fills the edge's storage nor gives the other validators more than a few
+proposals to judge; other keys' proposals are not touched by it.
+
+Verdicts count toward credit and standing by ``protocol.credit``: one the canonical lineage
+contradicts is refused (409), one on a candidate never received here too (404); a rejection the
+lineage bears out counts at once; one on a candidate whose verdict counts already must make the same
+decision (else 409) and changes nothing; any other is held as its validator's vote (202) and counts once
+``NetworkManifest.quorum`` validators signed the same decision (an acceptance: into the same head,
+vouching for the same examples), or, a rejection, once the heads that decide it are canonical
+(``_settle_votes``, at each promotion), where a contradicted vote is dropped. The examples credited are
+those vouched for, capped by the candidate's own count and its lease.
+
 Retention: when a head is promoted, artifacts of candidates whose window is
 ``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
 """
@@ -38,18 +53,27 @@ from dataclasses import replace
 
 import anyio
 
+from protocol.credit import (
+    DECIDING_HEADS,
+    Settled,
+    agree,
+    counts,
+    credited_examples,
+    leased_examples,
+    same_decision,
+    settle,
+)
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
-from protocol.lineage import verdict_contradiction
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
 from protocol.signing import b64encode
 from protocol.updates import read_artifact
 from protocol.window import lease_covers
 
-from .errors import Conflict, Forbidden, NotFound, QuotaExceeded
+from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited
 from .state import EdgeState
 
 __all__ = [
@@ -172,7 +196,9 @@ async def accept_outer_state(state: EdgeState, body: bytes, *, route: Experiment
             raise InvalidMessage("this head names no outer optimizer state")
         _on_current(state, head.experiment, head.parent, state.store.current_head(head.experiment))
         if inline or not state.blobs.exists(head.outer_state):  # a staged publish again: stored already
+            _within_proposals(state, head)
             artifact = await _artifact(state, inline, head.experiment, head.outer_state)
+            _charge(state, head, head.outer_state, len(artifact))
             await _store_artifact(state, artifact, head.outer_state, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
@@ -197,7 +223,9 @@ async def accept_head(
         if head.outer_state is not None and not state.blobs.exists(head.outer_state):
             raise Conflict(f"the outer state {head.outer_state} this head names is not stored; upload it first")
         if inline or state.store.proposal(head.experiment, head.head_id) is None:  # staged again: stored
+            _within_proposals(state, head)
             artifact = await _artifact(state, inline, head.experiment, head.head_id)
+            _charge(state, head, head.head_id, len(artifact))
             await _store_artifact(state, artifact, head.head_id, spec)
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
@@ -234,6 +262,31 @@ def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey)
     return _promote_if_certified(state, head.experiment, head.head_id)
 
 
+def _within_proposals(state: EdgeState, head: HeadDescriptor) -> None:
+    """``RateLimited`` when ``head`` is a new proposal past its proposer's budget of heads for the
+    window on its parent (``validator_proposals_per_window``): one validator key cannot flood a window
+    with proposals that the other validators would judge, nor the edge's storage."""
+    if state.store.proposal(head.experiment, head.head_id) is not None:
+        return  # stored already: publishing it again costs nothing
+    budget = state.settings.validator_proposals_per_window
+    if state.store.proposed_by(head.experiment, head.parent, head.validator_key) >= budget:
+        raise RateLimited(
+            f"validator {b64encode(head.validator_key)} proposed its {budget} heads for the window on {head.parent}"
+        )
+
+
+def _charge(state: EdgeState, head: HeadDescriptor, cid: ContentId, size: int) -> None:
+    """Charge ``size`` bytes stored as ``cid`` to ``head``'s proposer in its window; ``TooLarge`` past
+    its budget (``EdgeState.validator_window_bytes``)."""
+    budget = state.validator_window_bytes(head.experiment)
+    used = state.store.charge_validator(head, cid, size, budget)
+    if used is not None:
+        raise TooLarge(
+            f"validator {b64encode(head.validator_key)} stored {used} bytes in the window on {head.parent};"
+            f" {size} more exceed its {budget}"
+        )
+
+
 def _signed_by_validator(state: EdgeState, message: Attestation | Verdict, what: str) -> None:
     """Raise ``SignatureError`` unless a validator listed in the network manifest signed ``message``."""
     if message.validator_key not in state.network.validator_key_set:
@@ -263,6 +316,7 @@ def _promote_if_certified(state: EdgeState, experiment: ExperimentKey, head_id: 
         state.hub.publish(head.experiment, "heads", head.to_wire())
         state.hub.head_changed(head.experiment)
         _retire_candidates(state, head.experiment)
+        _settle_votes(state, head)
     return head, True
 
 
@@ -290,34 +344,79 @@ def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
 
 def accept_verdicts(
     state: EdgeState, descriptors: Sequence[object], *, route: ExperimentKey | None = None
-) -> list[Verdict]:
-    """Check every verdict (its experiment, a validator's signature) before keeping any, so a batch with
-    one bad verdict is refused whole; then keep each the first time its candidate is decided."""
+) -> tuple[int, int]:
+    """Check every verdict (its experiment, a validator's signature, its candidate received here and
+    not contradicted by the canonical lineage: ``protocol.credit.settle``) before keeping any, so a
+    batch with one bad verdict is refused whole; then count those that count now
+    (``protocol.credit.counts``) and hold the others as pending. Returns how many count now and how
+    many are held."""
     verdicts = [Verdict.from_wire(descriptor) for descriptor in descriptors]
+    settled = []
     for verdict in verdicts:
         _same_experiment(verdict.experiment, route)
         _signed_by_validator(state, verdict, "verdict")
-        _agrees_with_lineage(state, verdict)
-    for verdict in verdicts:
-        if state.store.add_verdict(verdict):
-            state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
-    return verdicts
+        outcome, why, examples = _settle(state, verdict)
+        if outcome is Settled.CONTRADICTS:
+            raise Conflict(f"the verdict on {verdict.candidate_id} contradicts the canonical lineage: {why}")
+        settled.append((verdict, outcome, examples))
+    counted = sum(_keep(state, verdict, outcome, examples) for verdict, outcome, examples in settled)
+    return counted, len(settled) - counted
 
 
-def _agrees_with_lineage(state: EdgeState, verdict: Verdict) -> None:
-    """A verdict counts toward credit and standing only when the canonical lineage bears it out: its
-    candidate was received here (``NotFound``), a canonical head follows its window, and an accepting
-    verdict names the canonical head that merged it while a rejection's candidate no canonical head
-    merged (``Conflict``). One validator's signature can then neither mint credit for work nobody
-    uploaded nor erase work a certified head merged. Not covered: a rejection of a late candidate
-    published after its base's next head and before the one after it, which could still merge it."""
-    deciding = state.store.deciding_heads(verdict.experiment, ContentId(verdict.candidate_id))
-    if deciding is None:
+def _settle(state: EdgeState, verdict: Verdict) -> tuple[Settled, str, int]:
+    """How ``verdict`` stands against the canonical lineage (``protocol.credit.settle``), why, and the
+    examples it credits should it count; ``NotFound`` when its candidate was never received here."""
+    found = state.store.decided_by(verdict.experiment, ContentId(verdict.candidate_id), DECIDING_HEADS)
+    if found is None:
         raise NotFound(f"no candidate {verdict.candidate_id} of {verdict.experiment} was received here")
-    if (contradiction := verdict_contradiction(verdict, deciding)) is not None:
-        raise Conflict(contradiction)
+    candidate, lease, deciding = found
+    leased = 0
+    if lease is not None:
+        local_epochs = state.experiment(verdict.experiment).local_epochs
+        leased = leased_examples(lease, state.dataset(lease.dataset_id), local_epochs)
+    outcome, why = settle(verdict, candidate, deciding)
+    counted = state.store.counted_verdict(verdict.experiment, candidate.candidate_id)
+    if outcome is not Settled.CONTRADICTS and counted is not None and not agree(verdict, counted):
+        outcome, why = Settled.CONTRADICTS, f"the verdict that counts for {candidate.candidate_id} decided otherwise"
+    return outcome, why, credited_examples(verdict, candidate, leased)
 
 
-def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> Verdict:
-    [verdict] = accept_verdicts(state, [descriptor], route=route)
-    return verdict
+def _keep(state: EdgeState, verdict: Verdict, outcome: Settled, examples: int) -> bool:
+    """Count ``verdict`` (crediting ``examples``) if it counts now, else hold it as this validator's
+    vote on its candidate; True when it counts."""
+    cid = ContentId(verdict.candidate_id)
+    if state.store.counted_verdict(verdict.experiment, cid) is not None:
+        return True  # the same decision counts already (``_settle`` refused another): nothing to hold
+    agreeing = 0
+    if not (outcome is Settled.BORNE_OUT and not verdict.accepted):
+        state.store.add_vote(verdict)
+        agreeing = same_decision(verdict, state.store.votes(verdict.experiment, cid), state.network.validator_key_set)
+    if not counts(verdict, outcome, agreeing, state.network.quorum):
+        return False
+    if state.store.add_verdict(verdict, examples):
+        state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
+    state.store.drop_votes(verdict.experiment, cid)
+    return True
+
+
+def _settle_votes(state: EdgeState, head: HeadDescriptor) -> None:
+    """Settle the pending verdicts that ``head``, canonical now, decides (on candidates of its parent's
+    and grandparent's windows): one that counts now is counted, contradicted ones are dropped."""
+    parent = None if head.parent is None else state.store.head(head.experiment, head.parent)
+    bases = tuple(h for h in (head.parent, None if parent is None else parent.parent) if h is not None)
+    if not bases:
+        return
+    for cid in state.store.voted_candidates(head.experiment, bases):
+        for vote in state.store.votes(head.experiment, cid):
+            outcome, _, examples = _settle(state, vote)
+            if outcome is Settled.CONTRADICTS:
+                state.store.drop_votes(head.experiment, cid, vote.validator_key)
+            elif _keep(state, vote, outcome, examples):
+                break
+
+
+def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey | None = None) -> tuple[Verdict, bool]:
+    """Take one verdict as ``accept_verdicts`` does; returns it and whether it counts now (else held)."""
+    verdict = Verdict.from_wire(descriptor)
+    counted, _ = accept_verdicts(state, [descriptor], route=route)
+    return verdict, counted == 1

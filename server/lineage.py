@@ -18,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from protocol.credit import credited_examples
 from protocol.errors import InvalidMessage
 from protocol.ids import ContentId, ExperimentKey
 from protocol.lineage import Lineage, verify_lineage
 from protocol.manifests import NetworkManifest
+from protocol.messages import Candidate, Verdict
 from protocol.updates import read_artifact
 
 from .blobs import Blobs
@@ -45,7 +47,7 @@ def export_lineage(store: EdgeStore, blobs: Blobs, network: NetworkManifest, key
         experiment=key,
         heads=heads,
         candidates=tuple(_every(lambda since: store.candidates_since(key, since, _PAGE))),
-        verdicts=tuple(_every(lambda position: store.verdicts_after(key, position, _PAGE))),
+        verdicts=tuple(_every(lambda at: [(p, v) for p, v, _ in store.verdicts_after(key, at, _PAGE)])),
         blobs={ContentId(cid): blobs.read(ContentId(cid)) for cid in names},
     )
 
@@ -97,5 +99,16 @@ def import_lineage(
     candidates = sum(store.add_candidate(candidate, 0, now_ms) for candidate in lineage.candidates)
     for head in lineage.heads[len(held) :]:
         store.promote_head(head, now_ms)
-    verdicts = sum(store.add_verdict(verdict) for verdict in lineage.verdicts)
+    candidates_by_id = {c.candidate_id: c for c in lineage.candidates}
+    verdicts = sum(
+        store.add_verdict(verdict, _credited(verdict, candidates_by_id[verdict.candidate_id], network.quorum))
+        for verdict in lineage.verdicts
+    )
     return ImportReport(len(lineage.heads) - len(held), len(held), candidates, verdicts)
+
+
+def _credited(verdict: Verdict, candidate: Candidate, quorum: int) -> int:
+    """The examples an imported verdict credits: what it vouches for, at most the candidate's declared
+    count, with a quorum of one; none above one, where an archive carries one validator's verdict and
+    not the k agreeing votes that made it count (``protocol.credit.counts``)."""
+    return credited_examples(verdict, candidate, candidate.examples) if quorum == 1 else 0

@@ -60,6 +60,8 @@ _HELP = {
     # native verification's cost per signature: docs/results/2026-12-signatures.md
     "address_checks_per_min": "signed joins, lease requests and uploads per minute from one client address, counted before their signatures are checked (burst: a quarter); bounds the CPU a flood of bad signatures costs (native verification: about 0.1 ms each)",
     "window_quota_bytes": "candidate bytes the edge stores per window of an experiment; uploads past it get 507",
+    "validator_proposals_per_window": "heads one validator key may propose per window of an experiment (an honest one proposes one); past it 429",
+    "validator_window_bytes": "bytes of proposed heads and outer optimizer states one validator key may store per window of an experiment; past it 413 (0: two artifacts of the model per proposal)",
     "upload_chunk_bytes": "largest chunk of a staged upload (PUT /v1/experiments/<key>/uploads/<cid>, for artifacts too large for one request); larger chunks get 413",
     "upload_address_bytes": "bytes of staged uploads one client address may hold on this edge at once (each counts its whole size, at least one chunk); past it 507",
     "upload_stage_bytes": "bytes of staged uploads this edge holds at once, all clients together (each counts its whole size, at least one chunk); past it 507",
@@ -118,6 +120,8 @@ class Settings:
     peer_requests_per_min: float = REQUESTS_PER_WINDOW * 60 / SHORTEST_WINDOW_S
     address_checks_per_min: float = 3000.0
     window_quota_bytes: int = 256 * 1024 * 1024
+    validator_proposals_per_window: int = 2
+    validator_window_bytes: int = 0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 120.0
     max_connections: int = 4096

@@ -118,6 +118,12 @@ class EdgeState:
         is the ceiling for every experiment), so a small model's uploads are refused early."""
         return min(self.settings.max_artifact_bytes, self.experiment(key).model.max_artifact_bytes)
 
+    def validator_window_bytes(self, key: ExperimentKey | str) -> int:
+        """Bytes of proposed heads and outer states one validator key may store per window of ``key``
+        (``validator_window_bytes``; 0: a head and an outer state of the model for each proposal)."""
+        budget = self.settings.validator_window_bytes
+        return budget or 2 * self.settings.validator_proposals_per_window * self.artifact_limit(key)
+
     def inline_limit(self, key: ExperimentKey | str) -> int:
         """The largest artifact of ``key`` one request body may carry (``max_inline_bytes``); a larger
         one is staged in chunks first (``server.uploads``)."""

@@ -57,7 +57,10 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE INDEX IF NOT EXISTS leases_by_window ON leases (experiment, base_head);
 CREATE TABLE IF NOT EXISTS verdicts (
     experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, peer_id TEXT NOT NULL, accepted INTEGER NOT NULL,
-    descriptor TEXT NOT NULL, PRIMARY KEY (experiment, candidate_id));
+    descriptor TEXT NOT NULL, examples INTEGER NOT NULL, PRIMARY KEY (experiment, candidate_id));
+CREATE TABLE IF NOT EXISTS verdict_votes (
+    experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, validator_key TEXT NOT NULL, descriptor TEXT NOT NULL,
+    PRIMARY KEY (experiment, candidate_id, validator_key));
 CREATE TABLE IF NOT EXISTS tokens (
     digest TEXT PRIMARY KEY, role TEXT NOT NULL, label TEXT NOT NULL, issued_at_ms INTEGER NOT NULL,
     expires_at_ms INTEGER NOT NULL);
@@ -65,6 +68,9 @@ CREATE TABLE IF NOT EXISTS proposals (
     experiment TEXT NOT NULL, head_id TEXT NOT NULL, parent TEXT, validator_key TEXT NOT NULL,
     descriptor TEXT NOT NULL, received_at_ms INTEGER NOT NULL, PRIMARY KEY (experiment, head_id));
 CREATE INDEX IF NOT EXISTS proposals_by_parent ON proposals (experiment, parent);
+CREATE TABLE IF NOT EXISTS validator_uploads (
+    experiment TEXT NOT NULL, parent TEXT NOT NULL, validator_key TEXT NOT NULL, content_id TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL, PRIMARY KEY (experiment, parent, validator_key, content_id));
 CREATE TABLE IF NOT EXISTS attestations (
     experiment TEXT NOT NULL, head_id TEXT NOT NULL, validator_key TEXT NOT NULL, descriptor TEXT NOT NULL,
     PRIMARY KEY (experiment, head_id, validator_key));
@@ -75,7 +81,7 @@ CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _head(text: object) -> HeadDescriptor:
@@ -261,26 +267,29 @@ class EdgeStore:
         )
         return (ExperimentKey.parse(str(rows[0][0])), HeadId(str(rows[0][1]))) if rows else None
 
-    def deciding_heads(self, experiment: ExperimentKey, cid: ContentId) -> list[HeadDescriptor] | None:
-        """The canonical heads that can have merged candidate ``cid``, as far as they exist (``None``: no
-        such candidate of ``experiment``): the head after its base, and the one after that (a candidate
-        that came late is judged in the next window, as a delayed update)."""
+    def decided_by(
+        self, experiment: ExperimentKey, cid: ContentId, count: int
+    ) -> tuple[Candidate, Lease | None, list[HeadDescriptor]] | None:
+        """Candidate ``cid`` of ``experiment`` (``None``: none was received), the lease it names, and
+        the ``count`` canonical heads after its base, as far as they exist (``protocol.credit``: the
+        heads that can decide it)."""
         rows = self._db.query(
-            'SELECT h."window" FROM candidates c JOIN heads h ON h.experiment = c.experiment'
-            " AND h.head_id = c.base_head WHERE c.experiment = ? AND c.candidate_id = ?",
+            'SELECT c.descriptor, h."window", l.descriptor FROM candidates c JOIN heads h'
+            " ON h.experiment = c.experiment AND h.head_id = c.base_head"
+            " LEFT JOIN leases l ON l.lease_id = c.lease_id WHERE c.experiment = ? AND c.candidate_id = ?",
             experiment,
             cid,
         )
         if not rows:
             return None
-        window = int(rows[0][0])
+        text, window, lease = rows[0]
         after = self._db.query(
-            'SELECT descriptor FROM heads WHERE experiment = ? AND "window" IN (?, ?) ORDER BY "window"',
+            'SELECT descriptor FROM heads WHERE experiment = ? AND "window" > ? ORDER BY "window" LIMIT ?',
             experiment,
-            window + 1,
-            window + 2,
+            int(window),
+            count,
         )
-        return [_head(row[0]) for row in after]
+        return _candidate(text), None if lease is None else _lease(lease), [_head(row[0]) for row in after]
 
     # -- leases ----------------------------------------------------------------------------
     def grant_lease(
@@ -354,6 +363,41 @@ class EdgeStore:
             *(head.experiment, head.head_id, head.parent, key, descriptor, now_ms),
         )
 
+    def proposed_by(self, experiment: ExperimentKey, parent: HeadId | None, validator_key: bytes) -> int:
+        """How many heads ``validator_key`` proposed on top of ``parent`` (``None``: genesis)."""
+        rows = self._db.query(
+            "SELECT COUNT(*) FROM proposals WHERE experiment = ? AND parent IS NOT DISTINCT FROM ?"
+            " AND validator_key = ?",
+            experiment,
+            parent,
+            b64encode(validator_key),
+        )
+        return int(rows[0][0])
+
+    def charge_validator(self, head: HeadDescriptor, cid: ContentId, size: int, budget: int) -> int | None:
+        """Charge ``size`` bytes stored as ``cid`` (``head`` or the outer state it names) to ``head``'s
+        proposer in the window on its parent, once per artifact, atomically across edges: ``None`` when
+        charged (or charged already), else the bytes charged so far, which ``size`` more would take
+        past ``budget``."""
+        window = (head.experiment, head.parent or "", b64encode(head.validator_key))
+        where = "experiment = ? AND parent = ? AND validator_key = ?"
+        with self._db.transaction() as run:
+            if run(f"SELECT 1 FROM validator_uploads WHERE {where} AND content_id = ?", *window, cid).fetchone():
+                return None
+            used = int(
+                run(f"SELECT COALESCE(SUM(size_bytes), 0) FROM validator_uploads WHERE {where}", *window).fetchone()[0]
+            )
+            if used + size > budget:
+                return used
+            run(
+                "INSERT INTO validator_uploads (experiment, parent, validator_key, content_id, size_bytes)"
+                " VALUES (?, ?, ?, ?, ?)",
+                *window,
+                cid,
+                size,
+            )
+            return None
+
     def proposal(self, experiment: ExperimentKey, head_id: HeadId) -> HeadDescriptor | None:
         """The proposed head ``head_id`` with every attestation received for it as its certificate."""
         rows = self._db.query(
@@ -390,13 +434,63 @@ class EdgeStore:
         return [Attestation.from_wire(json.loads(str(r[0]))) for r in rows]
 
     # -- verdicts --------------------------------------------------------------------------
-    def add_verdict(self, verdict: Verdict) -> bool:
+    def add_verdict(self, verdict: Verdict, examples: int) -> bool:
+        """Keep the verdict that counts for its candidate (the first one), crediting ``examples`` when it
+        accepts; False when its candidate has one already."""
         descriptor = json.dumps(verdict.to_wire())
+        credited = examples if verdict.accepted else 0
         return self._insert_new(
             "verdicts",
-            "experiment, candidate_id, peer_id, accepted, descriptor",
-            *(verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor),
+            "experiment, candidate_id, peer_id, accepted, descriptor, examples",
+            *(verdict.experiment, verdict.candidate_id, verdict.peer_id, int(verdict.accepted), descriptor, credited),
         )
+
+    def counted_verdict(self, experiment: ExperimentKey, cid: ContentId) -> Verdict | None:
+        """The verdict that counts for candidate ``cid``, if one does."""
+        rows = self._db.query(
+            "SELECT descriptor FROM verdicts WHERE experiment = ? AND candidate_id = ?", experiment, cid
+        )
+        return Verdict.from_wire(json.loads(str(rows[0][0]))) if rows else None
+
+    def add_vote(self, verdict: Verdict) -> bool:
+        """Hold a verdict that does not count yet (``protocol.credit``: pending), one per validator and
+        candidate; False when that validator's vote on it is held already."""
+        key, descriptor = b64encode(verdict.validator_key), json.dumps(verdict.to_wire())
+        return self._insert_new(
+            "verdict_votes",
+            "experiment, candidate_id, validator_key, descriptor",
+            *(verdict.experiment, verdict.candidate_id, key, descriptor),
+        )
+
+    def votes(self, experiment: ExperimentKey, cid: ContentId) -> list[Verdict]:
+        """The pending verdicts held on candidate ``cid``, in arrival order."""
+        rows = self._db.query(
+            "SELECT descriptor FROM verdict_votes WHERE experiment = ? AND candidate_id = ? ORDER BY rowid",
+            experiment,
+            cid,
+        )
+        return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    def drop_votes(self, experiment: ExperimentKey, cid: ContentId, validator_key: bytes | None = None) -> None:
+        """Drop the pending verdicts on ``cid`` (of one validator when ``validator_key`` is given)."""
+        key_clause = "" if validator_key is None else " AND validator_key = ?"
+        with self._db.transaction() as run:
+            run(
+                f"DELETE FROM verdict_votes WHERE experiment = ? AND candidate_id = ?{key_clause}",
+                *(experiment, cid, *(() if validator_key is None else (b64encode(validator_key),))),
+            )
+
+    def voted_candidates(self, experiment: ExperimentKey, base_heads: tuple[HeadId, ...]) -> list[ContentId]:
+        """The candidates on one of ``base_heads`` with pending verdicts held."""
+        marks = ", ".join("?" * len(base_heads))
+        rows = self._db.query(
+            "SELECT DISTINCT v.candidate_id FROM verdict_votes v"
+            " JOIN candidates c ON c.experiment = v.experiment AND c.candidate_id = v.candidate_id"
+            f" WHERE v.experiment = ? AND c.base_head IN ({marks})",
+            experiment,
+            *base_heads,
+        )
+        return [ContentId(str(r[0])) for r in rows]
 
     def verdicts(self, experiment: ExperimentKey, peer_id: PeerId | None = None, limit: int = 500) -> list[Verdict]:
         if peer_id is None:
@@ -412,15 +506,19 @@ class EdgeStore:
             )
         return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
 
-    def verdicts_after(self, experiment: ExperimentKey, position: int, limit: int = 5000) -> list[tuple[int, Verdict]]:
-        """Verdicts stored after ``position`` (0: from the first), oldest first, each with its position."""
+    def verdicts_after(
+        self, experiment: ExperimentKey, position: int, limit: int = 5000
+    ) -> list[tuple[int, Verdict, int]]:
+        """Verdicts stored after ``position`` (0: from the first), oldest first, each with its position
+        and the examples it credits."""
         rows = self._db.query(
-            "SELECT rowid, descriptor FROM verdicts WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
+            "SELECT rowid, descriptor, examples FROM verdicts WHERE experiment = ? AND rowid > ?"
+            " ORDER BY rowid LIMIT ?",
             experiment,
             position,
             limit,
         )
-        return [(int(r[0]), Verdict.from_wire(json.loads(str(r[1])))) for r in rows]
+        return [(int(r[0]), Verdict.from_wire(json.loads(str(r[1]))), int(r[2])) for r in rows]
 
     def verdict_counts(self, experiment: ExperimentKey) -> dict[str, int]:
         rows = self._db.query(

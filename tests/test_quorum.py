@@ -3,7 +3,9 @@
 A head is canonical only once two distinct validators vouch for it (its proposer's signature plus
 attestations); trainers verify that certificate. One validator down: the others go on. One
 Byzantine validator signing a different merge: its head never becomes canonical, and the
-disagreement shows in the edge's metrics and in the events viewers watch.
+disagreement shows in the edge's metrics and in the events viewers watch. One validator key used to
+mint credit, erase it and flood proposals: credit and standing follow the quorum, the flood is
+refused past the key's budget and the experiment goes on at its pace.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,9 @@ import httpx
 import numpy as np
 import pytest
 
+from lab.rogue import Rogue
 from native_peer import StorageConfig, Validator, ValidatorConfig
+from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
@@ -95,6 +101,16 @@ def _current(edge: BackgroundEdge) -> HeadDescriptor | None:
     return HeadDescriptor.from_wire(response.json()) if response.status_code == 200 else None
 
 
+def _genesis(env: Env, validators: list[Validator]) -> tuple[ExperimentSpec, HeadDescriptor]:
+    """The baseline experiment and its genesis head, proposed and attested by ``validators``."""
+    spec = env[1].experiment(BASELINE)
+    for validator in validators:
+        validator.ensure_genesis(spec)
+    head = _current(env[0])
+    assert head is not None
+    return spec, head
+
+
 def _next_head(env: Env, validators: list[Validator], spec: ExperimentSpec, after: int) -> HeadDescriptor:
     """Poll ``validators`` (advancing their clock) until a head past window ``after`` is canonical."""
     edge, _, _, clock, _ = env
@@ -137,13 +153,9 @@ def test_a_head_is_canonical_only_with_a_quorum_and_trainers_check_it(quorum_env
 
 @pytest.mark.slow
 def test_with_one_validator_down_the_network_goes_on(quorum_env: Env, dataset_root: Path) -> None:
-    edge, network, _, _, _ = quorum_env
+    _, network, _, _, _ = quorum_env
     alive = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (0, 1)]  # validator 2 never runs
-    spec = network.experiment(BASELINE)
-    for validator in alive:
-        validator.ensure_genesis(spec)
-    head = _current(edge)
-    assert head is not None
+    spec, head = _genesis(quorum_env, alive)
     trainer = _trainer(quorum_env, "trainer")
     dead = network.validator_keys[2]
     skipped_turns = 0
@@ -166,11 +178,7 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
     byzantine = _validator(quorum_env, 0, ByzantineValidator, dataset_root=dataset_root)
     honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
     everyone = [byzantine, *honest]
-    spec = network.experiment(BASELINE)
-    for validator in everyone:
-        validator.ensure_genesis(spec)
-    head = _current(edge)
-    assert head is not None
+    spec, head = _genesis(quorum_env, everyone)
     trainer = _trainer(quorum_env, "trainer")
     byzantine_heads: set[str] = set()
     for _ in range(2):
@@ -193,6 +201,60 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
         events = http.get("/portal/snapshot").json()["events"]
     disputes = [e["data"] for e in events if e["topic"] == "quorum" and e["data"]["rivals"]]
     assert disputes and any(set(d["rivals"]) & byzantine_heads or d["head_id"] in byzantine_heads for d in disputes)
+    trainer.close()
+
+
+@pytest.mark.slow
+def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall_the_experiment(
+    quorum_env: Env, dataset_root: Path
+) -> None:
+    edge, network, _, clock, root = quorum_env
+    rogue = NodeIdentity.load_or_create(root / "validator-0" / "identity.key")  # validator 0's key, never run
+    honest = [_validator(quorum_env, i, dataset_root=dataset_root) for i in (1, 2)]
+    spec, head = _genesis(quorum_env, honest)
+    trainer = _trainer(quorum_env, "trainer")
+    reader = EdgeClient(edge.url)
+    answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
+    waited_on_honest_turns: list[float] = []
+    with closing(Rogue(edge.url, rogue, spec)) as flooding:
+        for _ in range(4):
+            outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+            for kind, sent in flooding.round(head).items():
+                answers[kind] += sent
+            first_turn = min(
+                network.validator_keys, key=lambda key: hashlib.sha256(head.head_id.encode() + key).digest()
+            )
+            started_s, parent = clock.monotonic_s(), head
+            for validator in (*honest, *honest):  # each proposes or attests, whichever polls first
+                validator.poll(spec)
+            head = _next_head(quorum_env, honest, spec, head.window)
+            assert outcome.candidate_id in head.merged and head.validator_key != rogue.public_key
+            if first_turn != rogue.public_key:  # an honest proposer's turn: the flood held up no deadline
+                waited_on_honest_turns.append(clock.monotonic_s() - started_s)
+            rivals = [p for p in reader.proposals(spec.key, parent.head_id) if p.validator_key == rogue.public_key]
+            assert len(rivals) == 2  # its budget of proposals for the window, no more stored
+        for validator in honest:  # the last window's verdicts published
+            validator.poll(spec)
+    # the flood: 2 proposals a window taken, the rest refused with the reason
+    statuses = Counter(a.status_code for a in answers["flood"])
+    assert statuses == {202: 8, 429: 8}
+    assert all("proposed its 2 heads" in a.json()["detail"] for a in answers["flood"] if a.status_code == 429)
+    assert waited_on_honest_turns and all(waited == 0 for waited in waited_on_honest_turns), waited_on_honest_turns
+    # minting: refused; nobody but the trainer on the leaderboard, credited what the honest pair vouched for
+    assert {a.status_code for a in answers["mint"]} == {404}
+    counted = reader.verdicts(BASELINE)
+    vouched = sum(int(v.metrics["examples"]) for v in counted if v.accepted)
+    assert vouched > 0  # evidence of work on its leases (decision 0020), from the second window on
+    board = reader._request("GET", f"/v1/experiments/{BASELINE}/credit").json()
+    assert [(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board] == [
+        (trainer.peer_id, 4, 0, vouched)
+    ]
+    # erasing: rejections of merged work refused with the reason; those of the open window only held
+    erased = Counter(a.status_code for a in answers["erase"])
+    assert erased == {409: 0 + 1 + 2 + 3, 202: 4}, erased  # each window: the merged ones so far, and the open one
+    assert all("merged" in a.json()["detail"] for a in answers["erase"] if a.status_code == 409)
+    assert len(counted) == 4 and all(v.validator_key != rogue.public_key for v in counted)
+    reader.close()
     trainer.close()
 
 

@@ -8,6 +8,7 @@ import itertools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from protocol.reasons import Reason
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
 from server.serve import BackgroundEdge
-from server.store import EdgeStore, PostgresStore, Store
+from server.store import SCHEMA_VERSION, EdgeStore, PostgresStore, Store
 
 from .support import (
     EXPERIMENT,
@@ -244,10 +245,55 @@ def test_verdicts_newest_first_by_peer_and_counted(store: EdgeStore) -> None:
             VALIDATOR.public_key, i,
         )  # fmt: skip
         verdicts.append(verdict.signed(VALIDATOR))
-    assert all(store.add_verdict(v) for v in verdicts) and not store.add_verdict(verdicts[0])
+    assert all(store.add_verdict(v, 10) for v in verdicts) and not store.add_verdict(verdicts[0], 10)
     assert store.verdicts(EXPERIMENT) == verdicts[::-1] and store.verdicts(EXPERIMENT, limit=1) == verdicts[2:]
     assert store.verdicts(EXPERIMENT, verdicts[1].peer_id) == [verdicts[1]]
     assert store.verdict_counts(EXPERIMENT) == {"accepted": 2, "rejected": 1}
+
+
+def test_pending_verdicts_and_validator_budgets_on_every_engine(store: EdgeStore) -> None:
+    """What ``server.intake`` keeps for the quorum: votes per validator and candidate, the heads that
+    decide a candidate, and each validator key's proposals and bytes per window."""
+    genesis, after = _chain(store, 2)
+    candidate, _ = candidate_envelope(TRAINERS[0], genesis.head_id, "lease-v")
+    assert store.add_candidate(candidate, 100, 1)
+    found = store.decided_by(EXPERIMENT, candidate.candidate_id, 2)
+    assert found is not None and found[0] == candidate and found[1] is None and found[2] == [after]
+    assert store.decided_by(EXPERIMENT, ContentId("sha256:" + "4" * 64), 2) is None
+    others = [PureSigner(bytes([i]) * 32) for i in (60, 61)]
+    votes = [
+        Verdict(
+            EXPERIMENT,
+            candidate.candidate_id,
+            genesis.head_id,
+            candidate.peer_id,
+            False,
+            Reason.OUTLIER,
+            "",
+            signer.public_key,
+            1,
+        ).signed(signer)
+        for signer in (VALIDATOR, *others)
+    ]
+    assert all(store.add_vote(v) for v in votes) and not store.add_vote(votes[0])  # one per validator
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == votes
+    assert store.voted_candidates(EXPERIMENT, (genesis.head_id,)) == [candidate.candidate_id]
+    assert store.voted_candidates(EXPERIMENT, (after.head_id,)) == []
+    store.drop_votes(EXPERIMENT, candidate.candidate_id, others[0].public_key)
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == [votes[0], votes[2]]
+    store.drop_votes(EXPERIMENT, candidate.candidate_id)
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == []
+    proposal, _ = head_envelope(parent=after.head_id, window=2)
+    assert store.proposed_by(EXPERIMENT, after.head_id, VALIDATOR.public_key) == 0
+    assert store.add_proposal(proposal, 5)
+    assert store.proposed_by(EXPERIMENT, after.head_id, VALIDATOR.public_key) == 1
+    assert store.proposed_by(EXPERIMENT, after.head_id, others[0].public_key) == 0
+    assert store.charge_validator(proposal, proposal.head_id, 60, 100) is None
+    assert store.charge_validator(proposal, proposal.head_id, 60, 100) is None  # once per artifact
+    assert store.charge_validator(proposal, ContentId("sha256:" + "3" * 64), 60, 100) == 60  # past the budget
+    assert (
+        store.charge_validator(replace(proposal, validator_key=others[0].public_key), proposal.head_id, 60, 100) is None
+    )
 
 
 def test_tokens_bind_at_most_their_keys_and_revoke_by_prefix(store: EdgeStore) -> None:
@@ -279,7 +325,7 @@ def test_peers_are_remembered_with_their_latest_kind(store: EdgeStore) -> None:
 def test_a_database_of_another_schema_version_is_refused(opener: Opener, tmp_path: Path) -> None:
     store = opener()
     _mark_old_schema(store, tmp_path)
-    with pytest.raises(RuntimeError, match=r"holds edge schema v1; this edge needs v2"):
+    with pytest.raises(RuntimeError, match=rf"holds edge schema v1; this edge needs v{SCHEMA_VERSION}"):
         opener()
 
 
@@ -352,11 +398,13 @@ def test_credit_is_tallied_from_signed_verdicts_as_they_arrive_alike_on_every_ed
         ).signed(VALIDATOR)  # fmt: skip
 
     alice, bob = (peer_id_from_public_key(t.public_key) for t in TRAINERS[:2])
-    store.add_verdict(verdict(TRAINERS[0], 0, Reason.ACCEPTED, 4000))
-    store.add_verdict(verdict(TRAINERS[1], 1, Reason.ACCEPTED, 1000))
+    store.add_verdict(
+        verdict(TRAINERS[0], 0, Reason.ACCEPTED, 1e11), 4000
+    )  # credited: the edge's count, not the metric
+    store.add_verdict(verdict(TRAINERS[1], 1, Reason.ACCEPTED, 1000), 1000)
     assert [(s.peer_id, s.examples) for s in books[0].leaderboard(EXPERIMENT, 10)] == [(alice, 4000), (bob, 1000)]
-    store.add_verdict(verdict(TRAINERS[1], 2, Reason.ACCEPTED, 3500))
-    store.add_verdict(verdict(TRAINERS[0], 3, Reason.OUTLIER, 4000))  # rejected: no examples credited
+    store.add_verdict(verdict(TRAINERS[1], 2, Reason.ACCEPTED, 3500), 3500)
+    store.add_verdict(verdict(TRAINERS[0], 3, Reason.OUTLIER, 4000), 4000)  # rejected: no examples credited
     for book in books:
         assert [s.to_wire() for s in book.leaderboard(EXPERIMENT, 10)] == [
             {"peer_id": bob, "accepted": 2, "rejected": 0, "examples": 4500, "last_accepted_ms": 102},
