@@ -744,7 +744,8 @@ class Trainer:
     ) -> list[WindowOutcome]:
         """Keep training across windows, round-robin over ``experiments``, following newer heads
         (continuous: training the next window's lease while no new head is there); while the edge is
-        unavailable, wait 0.5 s, doubling per failure up to 30 s. A window's candidate is published
+        unavailable, or serves what the validators did not sign (another network's terms, a head or lease
+        that does not verify), wait 0.5 s, doubling per failure up to 30 s, and ask again. A window's candidate is published
         while the next one trains (a failed publication is logged); all are published on return."""
         outcomes: list[WindowOutcome] = []
         stop = stop or threading.Event()
@@ -771,6 +772,10 @@ class Trainer:
                 except (httpx.TransportError, EdgeRequestError) as exc:
                     delay_s = backoff.next_delay_s()
                     log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
+                    stop.wait(delay_s)
+                except SignatureError as exc:  # what the edge serves is not the validators': never trained on
+                    delay_s = backoff.next_delay_s()
+                    log.warning("edge not trusted (%s); asking again in %.1f s", exc, delay_s)
                     stop.wait(delay_s)
         self._write_behind.submit(lambda: None).result()  # every window's delivery has ended
         return outcomes

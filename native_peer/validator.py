@@ -1050,7 +1050,9 @@ class Validator:
         """Validate ``specs`` until ``stop`` is set. Between rounds the validator waits on the edge's
         activity (``EdgeClient.activity``), not on a clock: a candidate, lease, head or quorum event
         wakes it at once, an open window's deadline when it comes first, ``config.idle_s`` at most.
-        The activity token is taken before each round reads anything, so no event goes unseen."""
+        The activity token is taken before each round reads anything, so no event goes unseen. An edge
+        that is unavailable, or serves what the validators did not sign (another network's terms, a head
+        without a quorum), is asked again after a back-off, never followed and never a reason to stop."""
         backoff = Backoff()
         since: str | None = None
         signed = False  # once the edge answered (took the signature or refused it)
@@ -1068,6 +1070,10 @@ class Validator:
             except (httpx.TransportError, EdgeRequestError) as exc:
                 delay_s = backoff.next_delay_s()
                 log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
+                stop.wait(delay_s)
+            except SignatureError as exc:  # it serves what the validators did not sign: wait for one that does
+                delay_s = backoff.next_delay_s()
+                log.warning("edge not trusted (%s); asking again in %.1f s", exc, delay_s)
                 stop.wait(delay_s)
 
     def _idle_s(self) -> float:

@@ -27,6 +27,7 @@ from native_peer.trainer import Trainer, WindowOutcome
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
+from protocol.errors import SignatureError
 from protocol.ids import ContentId
 from protocol.manifests import ExperimentSpec, FetchManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict
@@ -886,3 +887,48 @@ def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path: Path) -> None
     data = path.read_bytes()
     assert len(data) == 4096 and len(set(data)) == 1
     assert [p.name for p in path.parent.iterdir()] == ["same.safetensors"]  # no temporary file left
+
+
+def test_a_validator_that_finds_its_edge_untrusted_waits_and_goes_on(
+    network_env: tuple[BackgroundEdge, Validator, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An edge that serves other network terms (``protocol.network_pins.served_by``) or a head without
+    a quorum makes the validator wait and ask again, not stop: the edge may be put right."""
+    _, validator, _ = network_env
+    spec = validator.network.experiment(BASELINE)
+    stop, calls = threading.Event(), []
+    activity = validator.edge.activity
+
+    def untrusted_once(*args: Any, **kwargs: Any) -> str:
+        calls.append(args)
+        if len(calls) == 1:
+            raise SignatureError("the edge now serves network 'other' on other terms")
+        stop.set()
+        return activity(*args, **kwargs)
+
+    validator.edge.activity = untrusted_once  # type: ignore[method-assign]
+    validator.run([spec], stop)
+    assert len(calls) == 2 and "edge not trusted" in caplog.text
+
+
+def test_a_trainer_that_finds_its_edge_untrusted_waits_and_goes_on(
+    network_env: tuple[BackgroundEdge, Validator, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head, lease or network the validators did not sign makes a running trainer wait and ask again,
+    never train on it, and never stop for it: the edge may be put right."""
+    edge, validator, root = network_env
+    validator.ensure_genesis(validator.network.experiment(BASELINE))
+    trainer = _trainer(edge, root, "wary")
+    experiment = trainer.experiment(*BASELINE.parts)
+    current_head, calls = trainer.edge.current_head, []
+
+    def forged_once(*args: Any, **kwargs: Any) -> HeadDescriptor | None:
+        calls.append(args)
+        if len(calls) == 1:
+            raise SignatureError("bad dtn/head/v1 signature")
+        return current_head(*args, **kwargs)
+
+    trainer.edge.current_head = forged_once  # type: ignore[method-assign]
+    outcomes = trainer.run([experiment], max_windows=1)
+    trainer.close()
+    assert len(outcomes) == 1 and len(calls) >= 2 and "edge not trusted" in caplog.text
