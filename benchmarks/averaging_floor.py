@@ -13,8 +13,14 @@ Per (trainers, outer step), median and spread over ``--runs`` seeds: samples × 
 windows it took. Samples count every example a trainer trained on until the first head at the
 target (a window's granularity: up to one window past the exact point).
 
+With ``--inner-lr-scalings sqrt``, every trainer's Adam learning rate is the centralized loop's × √N
+(``linear``: × N; ``1``: unscaled), the large-batch scaling rule for Adam (Malladi et al. 2022, "On the
+SDEs and Scaling Rules for Adaptive Gradient Algorithms"): the mean of N updates has 1/N of one
+update's gradient noise, as one batch N times larger would.
+
     python -m benchmarks.averaging_floor [--trainers 1 3 8] [--steps 140] [--runs 3]
-        [--outers fedavg diloco:0.7:0.5 diloco:0.7:0.9]
+        [--outers fedavg diloco:0.7:0.5 diloco:0.7:0.9] [--inner-lr-scalings 1 sqrt linear]
+        [--centralized-lr-scales 1.5 3]
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ def parse_outer(name: str) -> OuterOptimizer:
     if kind == "diloco" and len(numbers) == 2:
         return OuterOptimizer("nesterov", float(numbers[0]), float(numbers[1]))
     raise SystemExit(f"unknown outer step {name!r}: fedavg | diloco:<lr>:<momentum>")
+
+
+INNER_LR_SCALINGS = {"1": lambda n: 1.0, "sqrt": lambda n: n**0.5, "linear": lambda n: float(n)}
 
 
 def averaged_samples(
@@ -109,6 +118,8 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 3, 8])
     parser.add_argument("--steps", type=int, default=140, help="optimizer steps a trainer takes a window")
     parser.add_argument("--outers", nargs="+", default=["fedavg", "diloco:0.7:0.5", "diloco:0.7:0.9"])
+    parser.add_argument("--inner-lr-scalings", nargs="+", default=["1"], choices=sorted(INNER_LR_SCALINGS))
+    parser.add_argument("--centralized-lr-scales", type=float, nargs="*", default=[])
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
@@ -121,23 +132,30 @@ def main() -> None:
     x, y = load_train(root / "datasets" / "mnist")
     test = load_split(root / "datasets" / "mnist", "test")
     print(f"centralized optax loop (batch {BATCH}, Adam {LEARNING_RATE}): {baseline} samples to {args.target}")
+    for scale in args.centralized_lr_scales:  # how far the baseline's own learning rate is from its best
+        lr = LEARNING_RATE * scale
+        other = centralized_samples(root / "datasets", args.target, replace(spec, learning_rate=lr))
+        print(f"  the same loop at Adam {lr:.4g}: " + (f"{other / baseline:.2f} ×" if other else "not reached"))
     print(f"\n{args.steps} steps a trainer a window, {args.runs} seeds each")
-    print("| trainers | outer step | reached | samples × centralized | windows |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| trainers | inner lr | outer step | reached | samples × centralized | windows |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for trainers in args.trainers:
-        for name in args.outers:
-            runs = [
-                averaged_samples(
-                    x, y, test, spec, trainers, args.steps, parse_outer(name), args.target, seed, 20 * baseline
+        for scaling in args.inner_lr_scalings:
+            inner = replace(spec, learning_rate=LEARNING_RATE * INNER_LR_SCALINGS[scaling](trainers))
+            for name in args.outers:
+                runs = [
+                    averaged_samples(
+                        x, y, test, inner, trainers, args.steps, parse_outer(name), args.target, seed, 20 * baseline
+                    )
+                    for seed in range(args.runs)
+                ]
+                ratios = [s / baseline for s, _ in runs if s is not None]
+                windows = [float(w) for s, w in runs if s is not None]
+                print(
+                    f"| {trainers} | {inner.learning_rate:.4g} | {name} | {len(ratios)}/{len(runs)} "
+                    f"| {_spread(ratios)} | {_spread(windows)} |",
+                    flush=True,
                 )
-                for seed in range(args.runs)
-            ]
-            ratios = [s / baseline for s, _ in runs if s is not None]
-            windows = [float(w) for s, w in runs if s is not None]
-            print(
-                f"| {trainers} | {name} | {len(ratios)}/{len(runs)} | {_spread(ratios)} | {_spread(windows)} |",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":
