@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 __all__ = ["CONTROL_SHARDS", "EVIDENCE_EXAMPLES", "EvidenceDraw", "lease_evidence_z"]
 
-EVIDENCE_EXAMPLES = 4000  # the most lease examples compared, and as many control examples
+EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and as many control examples (decision 0029)
 CONTROL_SHARDS = 16  # the shards a window's control examples come from
 
 

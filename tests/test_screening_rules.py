@@ -581,10 +581,11 @@ def test_a_windows_evidence_draw_follows_its_salt_and_compares_each_lease_with_s
     assert not ((rows >= 1000) & (rows < 2000)).any()  # none of its own shard's rows
     assert len(draw.control_rows("lease-1", lease, sizes, 20_000)) == 15_000  # all it has outside the lease
     assert not np.array_equal(rows, draw.control_rows("lease-2", lease, sizes, 4000))  # each lease its own draw
-    picked = draw.lease_rows("lease-1", 16_000)
-    assert len(picked) == EVIDENCE_EXAMPLES and list(picked) == sorted(set(picked)) and picked.max() < 16_000
+    picked = draw.lease_rows("lease-1", 40_000)
+    assert len(picked) == EVIDENCE_EXAMPLES and list(picked) == sorted(set(picked)) and picked.max() < 40_000
     assert len(draw.lease_rows("lease-1", 1000)) == 1000  # a lease smaller than the draw: all of it
-    assert not np.array_equal(picked, EvidenceDraw.of(b"other", _SHARDS).lease_rows("lease-1", 16_000))
+    assert len(draw.lease_rows("lease-1", 16_000)) == 16_000  # the largest sized lease read whole (decision 0029)
+    assert not np.array_equal(picked, EvidenceDraw.of(b"other", _SHARDS).lease_rows("lease-1", 40_000))
     with pytest.raises(ValueError, match="no training shards"):
         EvidenceDraw.of(b"salt", [])
 
