@@ -5,6 +5,7 @@ Their networks come from ``lab.stack`` with one experiment, ``BENCH_EXPERIMENT``
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -12,6 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab.stack import Fleet
+from native_peer.edge_client import EdgeClient
 from native_peer.models import builtin_model
 from native_peer.storage import StorageConfig
 from protocol.ids import DatasetId, ExperimentKey
@@ -69,3 +72,25 @@ def published(storage: Path) -> bool:
     """Whether the trainer storing under ``storage`` has published a window (its outcomes file)."""
     path = StorageConfig(storage).outcomes_path
     return path.exists() and path.stat().st_size > 0
+
+
+def heads_per_minute(edge: EdgeClient, fleet: Fleet, label: str, seconds: float) -> float:
+    """Heads a minute of the bench experiment over ``seconds`` from now, the fleet checked alive and the
+    elapsed time shown on one line as it goes (the liveness benchmarks' measured span)."""
+    heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
+    while time.monotonic() - started < seconds:
+        fleet.check_alive()
+        time.sleep(0.5)
+        print(f"\r  {label}: {time.monotonic() - started:4.0f} s", end="", flush=True)
+    return (len(edge.heads(BENCH_EXPERIMENT)) - heads0) * 60 / (time.monotonic() - started)
+
+
+def liveness_parser(doc: str | None, seconds: float) -> argparse.ArgumentParser:
+    """The liveness benchmarks' arguments: ``--runs`` of each configuration, ``--seconds`` measured,
+    honest ``--trainers``, and ``--out`` (a docs/results file the table is written to as well)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--trainers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the table here as well (docs/results)")
+    return parser

@@ -45,7 +45,7 @@ from protocol.manifests import ExperimentSpec
 from protocol.outer import OuterOptimizer
 
 from . import bench_network
-from .network_efficiency import BATCH, LEARNING_RATE, centralized_samples
+from .network_efficiency import BATCH, LEARNING_RATE, centralized_baseline
 
 
 def parse_outer(name: str) -> OuterOptimizer:
@@ -126,15 +126,14 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="dtn-floor-"))
     probe = prepare_network(root / "probe", datasets=root / "datasets", network=lambda key: bench_network(key, 4))
     spec = replace(probe.network.experiments[0], learning_rate=LEARNING_RATE)
-    baseline = centralized_samples(root / "datasets", args.target, spec)
+    baseline = centralized_baseline(root / "datasets", args.target, spec)
     if baseline is None:
         raise SystemExit("the centralized loop did not reach the target")
     x, y = load_train(root / "datasets" / "mnist")
     test = load_split(root / "datasets" / "mnist", "test")
-    print(f"centralized optax loop (batch {BATCH}, Adam {LEARNING_RATE}): {baseline} samples to {args.target}")
     for scale in args.centralized_lr_scales:  # how far the baseline's own learning rate is from its best
         lr = LEARNING_RATE * scale
-        other = centralized_samples(root / "datasets", args.target, replace(spec, learning_rate=lr))
+        other = centralized_baseline(root / "datasets", args.target, replace(spec, learning_rate=lr))
         print(f"  the same loop at Adam {lr:.4g}: " + (f"{other / baseline:.2f} ×" if other else "not reached"))
     print(f"\n{args.steps} steps a trainer a window, {args.runs} seeds each")
     print("| trainers | inner lr | outer step | reached | samples × centralized | windows |")

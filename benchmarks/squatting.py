@@ -19,7 +19,6 @@ medians is the slowdown.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ from lab.hostile import SOURCES, Squatter
 from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 
-from . import BENCH_EXPERIMENT, bench_network, published, spread, write_result
+from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
 
 
 @dataclass(frozen=True)
@@ -57,28 +56,19 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
             if config == "squatted":
                 squatter = Squatter(url, BENCH_EXPERIMENT, identities)
                 squatter.start()
-            heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
-            while time.monotonic() - started < seconds:
-                fleet.check_alive()
-                time.sleep(0.5)
-                print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
-            heads1, wall = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic() - started
+            rate = heads_per_minute(edge, fleet, config, seconds)
             if squatter is not None:
                 squatter.close()
     finally:
         edge.close()
     print()
     per_window = squatter.granted / max(squatter.windows, 1) if squatter is not None else 0.0
-    return Run(config, heads_per_min=(heads1 - heads0) * 60 / wall, squatted_per_window=per_window)
+    return Run(config, heads_per_min=rate, squatted_per_window=per_window)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--trainers", type=int, default=2)
+    parser = liveness_parser(__doc__, 20.0)
     parser.add_argument("--identities", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=None, help="write the table here as well (docs/results)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dtn-squatting-"))
     datasets = base / "datasets"

@@ -24,7 +24,6 @@ are not trainers of the run. The ratio flooded / clean of the medians is the slo
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import threading
@@ -43,7 +42,7 @@ from native_peer.identity import NodeIdentity
 from native_peer.storage import StorageConfig
 from protocol.manifests import NetworkManifest
 
-from . import BENCH_EXPERIMENT, bench_network, published, spread, write_result
+from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
 
 HONEST = ("validator-1", "validator-2")  # the rogue holds the key under root/validator
 WINDOW_TIMEOUT_S = 10.0
@@ -127,12 +126,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
                 rogue = Rogue(url, key, local.network.experiment(BENCH_EXPERIMENT), proposals=proposals)
                 flooder = Flooder(url, rogue)
                 flooder.start()
-            heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
-            while time.monotonic() - started < seconds:
-                fleet.check_alive()
-                time.sleep(0.5)
-                print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
-            heads1, wall = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic() - started
+            rate = heads_per_minute(edge, fleet, config, seconds)
             if flooder is not None:
                 flooder.close()
             board = edge._request("GET", f"/v1/experiments/{BENCH_EXPERIMENT}/credit", params={"limit": 100}).json()
@@ -144,7 +138,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
     statuses = flooder.statuses if flooder is not None else Counter()
     return Run(
         config,
-        heads_per_min=(heads1 - heads0) * 60 / wall,
+        heads_per_min=rate,
         taken_per_window=statuses[202] / windows,
         refused_per_window=statuses[429] / windows,
         strangers=sum(1 for s in board if s["peer_id"] not in trainer_ids),
@@ -152,12 +146,8 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, train
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--trainers", type=int, default=2)
+    parser = liveness_parser(__doc__, 30.0)
     parser.add_argument("--proposals", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=None, help="write the table here as well (docs/results)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dtn-validator-flood-"))
     datasets = base / "datasets"
