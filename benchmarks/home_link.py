@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lab.efficiency import utilization
 from lab.links import DIRECT, HOME, HomeLink, LinkProfile, link_unsupported
@@ -56,11 +54,6 @@ class Run:
     up_per_sample: float | None
 
 
-def _outcomes(storage: Path) -> list[dict[str, Any]]:
-    path = StorageConfig(storage).outcomes_path
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 @contextlib.contextmanager
 def placed(profile: LinkProfile | None, seed: int) -> Iterator[HomeLink | None]:
     if profile is None:
@@ -71,7 +64,7 @@ def placed(profile: LinkProfile | None, seed: int) -> Iterator[HomeLink | None]:
 
 
 def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, seed: int) -> Run:
-    port = free_port()
+    port, storage = free_port(), StorageConfig(root / "trainer")
     with placed(CONFIGS[config], seed) as link, Fleet(root) as fleet:
         host = link.host if link else "127.0.0.1"
         url = f"http://{host}:{port}"
@@ -84,16 +77,16 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, seed:
         fleet.start("trainer", link.argv(trainer) if link else trainer)
         edge = EdgeClient(url)
         try:
-            while not _outcomes(root / "trainer"):  # compiled and through its first window
+            while not storage.outcomes():  # compiled and through its first window
                 fleet.check_alive()
                 time.sleep(0.2)
-            first, bytes0 = _outcomes(root / "trainer")[-1], link.counters() if link else (0, 0)
+            first, bytes0 = storage.outcomes()[-1], link.counters() if link else (0, 0)
             heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
             while time.monotonic() - started < seconds:
                 fleet.check_alive()
                 time.sleep(0.5)
                 print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
-            outcomes, bytes1 = _outcomes(root / "trainer"), link.counters() if link else (0, 0)
+            outcomes, bytes1 = storage.outcomes(), link.counters() if link else (0, 0)
             heads1, wall = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic() - started
         finally:
             edge.close()

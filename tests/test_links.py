@@ -5,7 +5,6 @@ real edge and validator, native trainers as processes. Root only (skipped otherw
 
 from __future__ import annotations
 
-import json
 import socket
 import sqlite3
 import subprocess
@@ -40,11 +39,6 @@ def _until(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float 
             return value
         time.sleep(poll_s)
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
-
-
-def _outcomes(storage: Path) -> list[dict[str, Any]]:
-    path = StorageConfig(storage).outcomes_path
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_the_home_link_delays_loses_and_limits_what_crosses_it(tmp_path: Path) -> None:
@@ -101,7 +95,7 @@ def test_a_trainer_behind_a_shaped_link_uploads_no_faster_than_its_rate(tmp_path
         trainer = [*local.trainer_argv(edge.url, tmp_path / "trainer"), "--experiment", str(BENCH_EXPERIMENT),
                    "--windows", "1", "--idle-between-windows"]  # fmt: skip
         fleet.start("trainer", link.argv(trainer))
-        outcome = _until("the trainer's first window", lambda: _outcomes(tmp_path / "trainer"), 120)[0]
+        outcome = _until("the trainer's first window", StorageConfig(tmp_path / "trainer").outcomes, 120)[0]
         received_ms = _until("its candidate at the edge", lambda: _received_ms(local, outcome), 60)
     upload_s = (received_ms - outcome["at_ms"]) / 1000  # from after it was packaged to stored by the edge
     assert SHAPED_ONLY.up_mbit is not None
@@ -136,7 +130,7 @@ def test_a_window_ends_and_the_next_head_comes_when_a_home_peer_vanishes_mid_upl
         argv = [*local.trainer_argv(edge.url, home), "--experiment", str(BENCH_EXPERIMENT)]
         fleet.start("steady", [*local.trainer_argv(edge.url, tmp_path / "steady"), *argv[-2:]])
         fleet.start("home", link.argv(argv))
-        packaged = _until("the home trainer's first window", lambda: _outcomes(home), 120, poll_s=0.005)[0]
+        packaged = _until("the home trainer's first window", StorageConfig(home).outcomes, 120, poll_s=0.005)[0]
         fleet.processes["home"].kill()
         fleet.stop("home")
         assert _received_ms(local, packaged) is None  # killed mid-upload: its candidate never arrived
@@ -152,7 +146,7 @@ def test_a_window_ends_and_the_next_head_comes_when_a_home_peer_vanishes_mid_upl
             head = client.current_head(BENCH_EXPERIMENT)
             leases = client.window_leases(BENCH_EXPERIMENT, head) if head else []
             mine = any(lease.peer_id == packaged["peer_id"] for lease in leases)
-            fresh = len(_outcomes(home)) == 1
+            fresh = len(StorageConfig(home).outcomes()) == 1
             return head.window if head and mine and fresh else None
 
         window = _until("a lease of the restarted home trainer", holding, 120, poll_s=0.05)
