@@ -37,7 +37,7 @@ from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, write_result
+from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, write_result
 
 CONFIGS: dict[str, LinkProfile | None] = {"loopback": None, "direct": DIRECT, "home": HOME}
 TRAINER_CORE, SERVICE_CORE = "1", "0"
@@ -81,13 +81,8 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, seed:
                 fleet.check_alive()
                 time.sleep(0.2)
             first, bytes0 = storage.outcomes()[-1], link.counters() if link else (0, 0)
-            heads0, started = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic()
-            while time.monotonic() - started < seconds:
-                fleet.check_alive()
-                time.sleep(0.5)
-                print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
+            windows_per_min = heads_per_minute(edge, fleet, config, seconds)
             outcomes, bytes1 = storage.outcomes(), link.counters() if link else (0, 0)
-            heads1, wall = len(edge.heads(BENCH_EXPERIMENT)), time.monotonic() - started
         finally:
             edge.close()
     print()
@@ -98,7 +93,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, seed:
         config,
         samples_per_s=samples / max(last["wall_s"] - first["wall_s"], 1e-9),
         utilization=utilization(mine) or 0.0,  # under 3 windows: none measured
-        windows_per_min=(heads1 - heads0) * 60 / wall,
+        windows_per_min=windows_per_min,
         shards_per_window=(last["shard_downloads"] - first["shard_downloads"]) / max(len(mine) - 1, 1),
         down_per_sample=(bytes1[0] - bytes0[0]) / max(samples, 1) if link else None,
         up_per_sample=(bytes1[1] - bytes0[1]) / max(samples, 1) if link else None,

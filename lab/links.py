@@ -209,13 +209,28 @@ class HomeLink:
 
     def close(self) -> None:
         """Stop the forwarder (reading its counts into ``stats``), end what runs in the namespace, delete it."""
-        if self._forwarder is not None:
-            forwarder, self._forwarder = self._forwarder, None
+        try:
+            self._stop_forwarder()
+        finally:
+            self._delete_namespace()
+
+    def _stop_forwarder(self) -> None:
+        if self._forwarder is None:
+            return
+        forwarder, self._forwarder = self._forwarder, None
+        try:
             out, _ = forwarder.communicate(timeout=SETUP_TIMEOUT_S)  # closing its stdin ends it
-            lines = out.strip().splitlines()
-            self.stats = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+        except subprocess.TimeoutExpired:
+            forwarder.kill()
+            out, _ = forwarder.communicate()
+        lines = out.strip().splitlines()
+        self.stats = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+
+    def _delete_namespace(self) -> None:
         if self.index >= 0 and _exists(self.namespace):
-            pids = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True).stdout
+            pids = subprocess.run(
+                ["ip", "netns", "pids", self.namespace], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S
+            ).stdout
             for pid in pids.split():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
