@@ -10,8 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +22,14 @@ from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 from server.serve import BackgroundEdge
 
+from .support import until
+
 pytestmark = [
     pytest.mark.slow,  # namespaces, a forwarder process, trainers for tens of seconds
     pytest.mark.skipif(link_unsupported() is not None, reason=link_unsupported() or ""),
 ]
 
 SHAPED_ONLY = LinkProfile(down_mbit=HOME.down_mbit, up_mbit=HOME.up_mbit, rtt_ms=0.0, loss=0.0)
-
-
-def _until(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
 def test_the_home_link_delays_loses_and_limits_what_crosses_it(tmp_path: Path) -> None:
@@ -95,8 +86,8 @@ def test_a_trainer_behind_a_shaped_link_uploads_no_faster_than_its_rate(tmp_path
         trainer = [*local.trainer_argv(edge.url, tmp_path / "trainer"), "--experiment", str(BENCH_EXPERIMENT),
                    "--windows", "1", "--idle-between-windows"]  # fmt: skip
         fleet.start("trainer", link.argv(trainer))
-        outcome = _until("the trainer's first window", StorageConfig(tmp_path / "trainer").outcomes, 120)[0]
-        received_ms = _until("its candidate at the edge", lambda: _received_ms(local, outcome), 60)
+        outcome = until("the trainer's first window", StorageConfig(tmp_path / "trainer").outcomes, 120)[0]
+        received_ms = until("its candidate at the edge", lambda: _received_ms(local, outcome), 60)
     upload_s = (received_ms - outcome["at_ms"]) / 1000  # from after it was packaged to stored by the edge
     assert SHAPED_ONLY.up_mbit is not None
     burst = SHAPED_ONLY.up_mbit * 1e6 / 8 / 100  # lab.links' bucket: 10 ms of the rate
@@ -130,11 +121,11 @@ def test_a_window_ends_and_the_next_head_comes_when_a_home_peer_vanishes_mid_upl
         argv = [*local.trainer_argv(edge.url, home), "--experiment", str(BENCH_EXPERIMENT)]
         fleet.start("steady", [*local.trainer_argv(edge.url, tmp_path / "steady"), *argv[-2:]])
         fleet.start("home", link.argv(argv))
-        packaged = _until("the home trainer's first window", StorageConfig(home).outcomes, 120, poll_s=0.005)[0]
+        packaged = until("the home trainer's first window", StorageConfig(home).outcomes, 120, poll_s=0.005)[0]
         fleet.processes["home"].kill()
         fleet.stop("home")
         assert _received_ms(local, packaged) is None  # killed mid-upload: its candidate never arrived
-        _until(
+        until(
             f"a head after window {packaged['window']}",
             lambda: any(h.window > packaged["window"] for h in client.heads(BENCH_EXPERIMENT)),
             90,
@@ -149,10 +140,10 @@ def test_a_window_ends_and_the_next_head_comes_when_a_home_peer_vanishes_mid_upl
             fresh = len(StorageConfig(home).outcomes()) == 1
             return head.window if head and mine and fresh else None
 
-        window = _until("a lease of the restarted home trainer", holding, 120, poll_s=0.05)
+        window = until("a lease of the restarted home trainer", holding, 120, poll_s=0.05)
         fleet.processes["home"].kill()
         fleet.stop("home")
-        _until(
+        until(
             f"a head after window {window}",
             lambda: any(h.window > window for h in client.heads(BENCH_EXPERIMENT)),
             90,
