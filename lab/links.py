@@ -51,6 +51,7 @@ MAX_QUEUED = 4096  # packets held per direction (delayed); beyond: lost, like a 
 MTU = 1500
 TUNSETIFF, IFF_TUN, IFF_NO_PI = 0x400454CA, 0x0001, 0x1000
 SETUP_TIMEOUT_S = 10.0
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -75,10 +76,19 @@ HOME = LinkProfile(down_mbit=20.0, up_mbit=5.0, rtt_ms=60.0, loss=0.01)  # issue
 DIRECT = LinkProfile(down_mbit=None, up_mbit=None, rtt_ms=0.0, loss=0.0)  # the same path, nothing emulated
 
 
+def _capable(capability: int) -> bool:
+    """Whether this process holds ``capability`` (its effective set, ``/proc/self/status``)."""
+    status = Path("/proc/self/status").read_text()
+    effective = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+    return bool(int(effective, 16) >> capability & 1)
+
+
 def link_unsupported() -> str | None:
     """Why no link can be made here (``None``: it can)."""
     if os.geteuid() != 0:
         return "emulated links need root (network namespaces, TUN devices, tc)"
+    if not _capable(CAP_SYS_ADMIN) or not _capable(CAP_NET_ADMIN):
+        return "emulated links need CAP_SYS_ADMIN and CAP_NET_ADMIN (network namespaces, tc)"
     if not os.path.exists("/dev/net/tun"):
         return "emulated links need /dev/net/tun"
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
@@ -87,10 +97,14 @@ def link_unsupported() -> str | None:
     return None
 
 
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
     if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+
+
+def _ip(*args: str) -> None:
+    _run("ip", *args)
 
 
 def _tbf(device: str, mbit: float, namespace: str | None = None) -> list[str]:
@@ -101,12 +115,6 @@ def _tbf(device: str, mbit: float, namespace: str | None = None) -> list[str]:
     where = ["-n", namespace] if namespace else []
     return [*where, "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{rate}bit", "burst", str(burst),
             "latency", "100ms"]  # fmt: skip
-
-
-def _tc(args: Sequence[str]) -> None:
-    done = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"tc {' '.join(args)}: {done.stderr.strip()}")
 
 
 def _exists(namespace: str) -> bool:
@@ -174,9 +182,9 @@ class HomeLink:
             _ip("-n", self.namespace, "link", "set", self.peer_device, "up")
             _ip("-n", self.namespace, "link", "set", "lo", "up")
             if self.profile.down_mbit is not None:
-                _tc(_tbf(self.host_device, self.profile.down_mbit))
+                _run("tc", *_tbf(self.host_device, self.profile.down_mbit))
             if self.profile.up_mbit is not None:
-                _tc(_tbf(self.peer_device, self.profile.up_mbit, self.namespace))
+                _run("tc", *_tbf(self.peer_device, self.profile.up_mbit, self.namespace))
         except BaseException:
             self.close()
             raise
