@@ -132,11 +132,6 @@ def centralized_baseline(datasets: Path, target: float, spec: Any, seeds: int = 
     return baseline
 
 
-def _outcomes(storage: Path) -> list[dict[str, Any]]:
-    path = StorageConfig(storage).outcomes_path
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def run_network(root: Path, datasets: Path, config: Config, trainers: int, target: float, max_s: float) -> dict:
     def network(key: bytes) -> NetworkManifest:
         manifest = bench_network(key, 4, config.max_shards)
@@ -184,7 +179,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
     finally:
         edge.close()
     reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
-    outcomes = [_outcomes(root / name) for name in names]
+    outcomes = [StorageConfig(root / name).outcomes() for name in names]
     sizes = [o["candidate_bytes"] for records in outcomes for o in records]
     until = reached or (heads[-1] if heads else None)
     window = until.window if until else 0

@@ -24,7 +24,6 @@ Configurations: ``idle`` (the trainer waits for each window to be judged: the ba
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -33,7 +32,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
@@ -96,16 +94,12 @@ def _standalone(datasets: Path, seconds: float) -> None:
     print(max(rates))
 
 
-def _outcomes(storage: Path) -> list[dict[str, Any]]:
-    path = StorageConfig(storage).outcomes_path
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate: float) -> Run:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     pin = ["taskset", "-c", SERVICE_CORE]
     trainer_argv = [*local.trainer_argv(url, root / "trainer"), "--experiment", str(BENCH_EXPERIMENT)]
+    storage = StorageConfig(root / "trainer")
     edge = EdgeClient(url)
     try:
         with Fleet(root) as fleet:
@@ -115,16 +109,16 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate:
             idle = ["--idle-between-windows"] if config == "idle" else []  # adaptive: the network's bound
             fleet.start("trainer", ["taskset", "-c", TRAINER_CORE, *trainer_argv, *idle])
             pid = fleet.processes["trainer"].pid
-            while not _outcomes(root / "trainer"):  # compiled and through its first window
+            while not storage.outcomes():  # compiled and through its first window
                 fleet.check_alive()
                 time.sleep(0.2)
-            first, cpu0, heads0, started = _outcomes(root / "trainer")[-1], cpu_seconds(pid), None, time.monotonic()
+            first, cpu0, heads0, started = storage.outcomes()[-1], cpu_seconds(pid), None, time.monotonic()
             heads0 = len(edge.heads(BENCH_EXPERIMENT))
             while time.monotonic() - started < seconds:
                 fleet.check_alive()
                 time.sleep(0.5)
                 print(f"\r  {config}: {time.monotonic() - started:4.0f} s", end="", flush=True)
-            last, cpu1, wall = _outcomes(root / "trainer")[-1], cpu_seconds(pid), time.monotonic() - started
+            last, cpu1, wall = storage.outcomes()[-1], cpu_seconds(pid), time.monotonic() - started
             heads1 = len(edge.heads(BENCH_EXPERIMENT))
     finally:
         edge.close()

@@ -11,6 +11,8 @@
     rogue    a rogue validator key: floods proposals, mints and erases credit (one key of a quorum)
     charts   a dependency-free SVG accuracy chart
     browser_host  the browser peer's host under CPython (httpx, websockets): its code as a tab runs it
+    links    emulated home links: a peer in a network namespace behind a rate each way, a round trip
+             and loss (``HomeLink``; ``python -m lab.links forward`` is its packet forwarder)
     cli      ``python -m lab demo | attack-suite | stack``
 
 ``lab`` sits on top: it imports ``tools``, ``native_peer``, ``browser_peer``, ``server``, ``datasets``

@@ -57,11 +57,6 @@ def browser_problem() -> str | None:
     return None
 
 
-def _outcomes(storage: Path) -> list[dict[str, Any]]:
-    path = StorageConfig(storage).outcomes_path
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def run_demo(out: Path, *, max_minutes: float, browser: bool, target_accuracy: float) -> dict[str, Any]:
     """Run the fleet until every scenario has happened (or ``max_minutes``) and write the summary.
 
@@ -208,9 +203,9 @@ def _supervise(
             heads = {e["key"]: e["head"] for e in snapshot["experiments"]}
             baseline = heads.get(BASELINE) or {"window": 0, "metrics": {}}
             window = baseline["window"]
-            if not restart and len(_outcomes(out / "trainer-2")) >= RESTART_AFTER_WINDOWS:
+            if not restart and len(StorageConfig(out / "trainer-2").outcomes()) >= RESTART_AFTER_WINDOWS:
                 fleet.stop("trainer-2")
-                before = _outcomes(out / "trainer-2")
+                before = StorageConfig(out / "trainer-2").outcomes()
                 restart = {
                     "peer_id_before": before[-1]["peer_id"],
                     "outcomes_before": len(before),
@@ -225,8 +220,8 @@ def _supervise(
                 baseline["metrics"].get("test_accuracy", 0.0) >= target_accuracy
                 and late_started
                 and restart
-                and len(_outcomes(out / "late-joiner")) >= 2
-                and len(_outcomes(out / "trainer-2")) > restart["outcomes_before"] + 1
+                and len(StorageConfig(out / "late-joiner").outcomes()) >= 2
+                and len(StorageConfig(out / "trainer-2").outcomes()) > restart["outcomes_before"] + 1
                 and (not browser or browser_accepted(edge, BASELINE) > 0)
             )
             if done:
@@ -321,9 +316,9 @@ def _summarize(
     accepted_peers = {v.peer_id for vs in verdicts.values() for v in vs if v.accepted}
     peers = edge.peers()["known"]
     kinds = {p["peer_id"]: p["kind"] for p in peers}
-    late = _outcomes(out / "late-joiner")
-    trainer2 = _outcomes(out / "trainer-2")
-    native = {name: _outcomes(out / name) for name in NATIVE_TRAINERS}
+    late = StorageConfig(out / "late-joiner").outcomes()
+    trainer2 = StorageConfig(out / "trainer-2").outcomes()
+    native = {name: StorageConfig(out / name).outcomes() for name in NATIVE_TRAINERS}
     baseline = network.experiment(BASELINE)
     sizes = [o["candidate_bytes"] for records in native.values() for o in records if o["experiment"] == BASELINE]
     after_restart = trainer2[restart.get("outcomes_before", len(trainer2)) :]

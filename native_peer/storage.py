@@ -64,3 +64,10 @@ class StorageConfig:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.outcomes_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    def outcomes(self) -> list[dict[str, Any]]:
+        """The outcome records appended so far, oldest first (a line still being written is left out)."""
+        if not self.outcomes_path.exists():
+            return []
+        text = self.outcomes_path.read_text()
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]

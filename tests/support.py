@@ -7,7 +7,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from lab.stack import LocalNetwork
+from lab.stack import Fleet, LocalNetwork
 from native_peer import Project, StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
@@ -261,3 +261,17 @@ def mnist_network_env(root: Path, datasets: Path) -> Iterator[tuple[BackgroundEd
             yield edge, validator, root
         finally:
             validator.close()
+
+
+def until(
+    what: str, check: Callable[[], Any], timeout_s: float, *, poll_s: float = 0.2, fleet: Fleet | None = None
+) -> Any:
+    """``check()``'s first truthy value, asked every ``poll_s``; fails naming ``what`` after ``timeout_s``
+    (or as soon as a process of ``fleet`` has exited)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if fleet is not None:
+            fleet.check_alive()
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(poll_s)
+    return value

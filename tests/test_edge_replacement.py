@@ -9,7 +9,6 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,19 +24,12 @@ from server.serve import BackgroundEdge
 from server.store import Store
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings, mnist_trainer
+from .support import edge_settings, mnist_trainer, until
 
 
 def _heads(url: str) -> list[HeadDescriptor]:
     response = httpx.get(f"{url}/v1/experiments/{BASELINE}/heads", timeout=10)
     return [HeadDescriptor.from_wire(h) for h in response.json()] if response.status_code == 200 else []
-
-
-def _until(condition: Callable[[], bool], timeout_s: float) -> None:
-    """Wait until ``condition`` holds, ``timeout_s`` at most (the asserts after it say what did not)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 @pytest.mark.slow  # a minute of real windows across two edges
@@ -60,7 +52,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
     try:
         for run in runs:
             run.start()
-        _until(lambda: len(_heads(first.url)) >= 4, 120)
+        until("4 heads on the first edge", lambda: len(_heads(first.url)) >= 4, 120)
         first.stop()
         store = Store(tmp_path / "edge" / "edge.sqlite3")
         before = store.heads(BASELINE)  # every head the first edge certified, the last one included
@@ -68,7 +60,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
         assert len(before) >= 4
         shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
         second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
-        _until(lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+        until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
     finally:
         stop.set()
         for run in runs:

@@ -17,8 +17,6 @@ import re
 import shutil
 import ssl
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from native_peer.trainer import WindowOutcome
 from protocol.messages import READ_PROOF_HEADER, PeerProof
 from tools.networks import BASELINE
 
-from .support import missing, mnist_trainer, now_ms, private_postgres, private_redis
+from .support import missing, mnist_trainer, now_ms, private_postgres, private_redis, until
 from .test_scale_out import start_edge
 
 __all__ = ["private_postgres", "private_redis"]  # fixtures, used by name
@@ -109,14 +107,6 @@ def _browsers(http: httpx.Client) -> float:
     return _metric(http, 'dtn_ws_connections{kind="browser"}')
 
 
-def _until(condition: Callable[[], bool], timeout_s: float, what: str, fleet: Fleet) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        fleet.check_alive()
-        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
-        time.sleep(0.2)
-
-
 def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_browsers_edge_dies(
     tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,7 +138,7 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
                 f"{public_url}/?contribute=1&experiment={BASELINE}",
             ],
         )
-        _until(lambda: any(_browsers(http) for http in edges.values()), 120, "the browser joined the relay", fleet)
+        until("the browser joined the relay", lambda: any(_browsers(http) for http in edges.values()), 120, fleet=fleet)
         home = next(name for name, http in edges.items() if _browsers(http))
         other = next(name for name in edges if name != home)
         survivor = edges[other]
@@ -189,7 +179,9 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
                     served = _metric(edges[home], "dtn_leases_total") + _metric(edges[home], "dtn_candidates_total")
                     return len(lineage()) >= 3 and served > 0 and bool(browser_accepted())
 
-                _until(trained_together, 150, "the browser and the native trainer merged through both edges", fleet)
+                until(
+                    "the browser and the native trainer merged through both edges", trained_together, 150, fleet=fleet
+                )
                 before_heads, before_candidates = lineage(), candidates()
                 killed = fleet.processes[home]
                 killed.kill()  # SIGKILL: no graceful shutdown, its connections just vanish
@@ -200,7 +192,9 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
                     later = {h["head_id"] for h in lineage()[len(before_heads) :]}
                     return len(later) >= 2 and _browsers(survivor) >= 1 and bool(browser_accepted(later))
 
-                _until(browser_merged_after_the_kill, 150, "the browser back on the other edge, merged again", fleet)
+                until(
+                    "the browser back on the other edge, merged again", browser_merged_after_the_kill, 150, fleet=fleet
+                )
             finally:
                 stop.set()
                 thread.join(60)
@@ -212,7 +206,7 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
                     v["candidate_id"] for v in survivor.get(f"{BASE}/verdicts", params={"peer_id": trainer_id}).json()
                 }
 
-            _until(lambda: published <= judged(), 30, "a verdict on every published candidate", fleet)
+            until("a verdict on every published candidate", lambda: published <= judged(), 30, fleet=fleet)
             trainer.close()
         after_heads, after_candidates = lineage(), candidates()
         all_verdicts = verdicts()
