@@ -26,28 +26,38 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from datasets.layout import HELD_OUT_SPLITS, PreparedDataset, check_dataset
 from datasets.sharding import DEFAULT_FRACTIONS, ShardingError, shard
 from datasets.sources import read_images, read_npz, read_text
+from protocol.codec import decode_tensors
 from protocol.errors import ProtocolError
-from protocol.ids import DatasetId, ExperimentKey
-from protocol.manifests import NetworkManifest, SupportedWorkload
+from protocol.ids import ContentId, DatasetId, ExperimentKey
+from protocol.lineage import read_archive
+from protocol.manifests import ExperimentSpec, NetworkManifest, SupportedWorkload
+from protocol.messages import HeadDescriptor
+from protocol.model import Model
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
 from .edge_client import EdgeClient
+from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
+from .learner import JaxLearner
 from .mnist import RELEASE
 from .storage import StorageConfig
 from .trainer import Project
 from .validator import Validator
-from .workloads import WorkloadError, model_learner, network_learners
+from .workload_check import check_learner
+from .workloads import WorkloadError, describe, load, model_learner, network_learners
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
 
@@ -66,11 +76,11 @@ def _network(path: Path) -> NetworkManifest:
 def pinned_network(
     network: NetworkManifest, pins: list[str], source: str, signatures: list[NetworkSignature] | None = None
 ) -> NetworkManifest:
-    """``network`` if a peer pinning ``pins`` may train for it as served with ``signatures``
-    (``protocol.network_pins.pin_problem``); ``SystemExit`` saying why not otherwise."""
+    """``network`` if a peer pinning ``pins`` may train for it (or export its heads) as served with
+    ``signatures`` (``protocol.network_pins.pin_problem``); ``SystemExit`` saying why not otherwise."""
     problem = pin_problem(network, pins, signed_by(network, signatures or []))
     if problem is not None:
-        raise SystemExit(f"{source} serves {problem}; refusing to train (check the keys with the network's operator)")
+        raise SystemExit(f"{source} serves {problem}; refusing it (check the keys with the network's operator)")
     return network
 
 
@@ -80,13 +90,14 @@ def _default_storage(edge: str) -> Path:
     return data_home / "dtn" / re.sub(r"[^A-Za-z0-9.-]", "_", urlsplit(edge).netloc or "edge")
 
 
-def _train_network(args: argparse.Namespace) -> NetworkManifest:
+def _served_network(args: argparse.Namespace, command: str) -> NetworkManifest:
+    """The network ``--network`` holds, or the edge serves, checked against the pinned ``--validator-key``s."""
     if args.network is not None:
         network = _network(args.network)
         return pinned_network(network, args.validator_key, str(args.network)) if args.validator_key else network
     if not args.validator_key:
         raise SystemExit(
-            "dtn train needs --validator-key <key or fingerprint> (from the network's operator) or --network"
+            f"dtn {command} needs --validator-key <key or fingerprint> (from the network's operator) or --network"
         )
     client = EdgeClient(args.edge, token=args.token)
     try:
@@ -105,7 +116,7 @@ def _train_network(args: argparse.Namespace) -> NetworkManifest:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    network = _train_network(args)
+    network = _served_network(args, "train")
     args.storage = args.storage or _default_storage(args.edge)
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     workloads = {(spec.model, spec.dataset_id) for spec in map(network.experiment, keys)}
@@ -170,6 +181,122 @@ def cmd_keys(args: argparse.Namespace) -> None:
     print(f"network {network.network_id}: {network.quorum} of {len(network.validator_keys)} validators make a head")
     for key in network.validator_keys:
         print(f"validator {b64encode(key)}  fingerprint {fingerprint(key)}")
+
+
+def _checked_learner(args: argparse.Namespace) -> tuple[ExperimentSpec, JaxLearner]:
+    """The experiment and learner ``dtn workload check`` checks: a config's experiment, or a workload's
+    import path as a default experiment of ``--batch-size`` at ``--learning-rate``."""
+    if args.config is not None:
+        from tools.networks import NetworkConfigError, read_experiments  # the config reader: only for a config
+
+        try:
+            experiments = read_experiments(args.config)
+        except NetworkConfigError as exc:
+            raise WorkloadError(str(exc)) from None
+        keys = [str(spec.key) for spec in experiments]
+        if args.experiment is None and len(keys) > 1:
+            raise WorkloadError(f"{args.config} has experiments {keys}: pass --experiment")
+        chosen = [spec for spec in experiments if args.experiment in (None, str(spec.key))]
+        if not chosen:
+            raise WorkloadError(f"{args.config} has no experiment {args.experiment}; experiments: {keys}")
+        return chosen[0], model_learner(chosen[0].model)
+    if args.target is None:
+        raise WorkloadError("name a workload by import path (module:attribute) or pass --config")
+    model = describe(args.target, args.name)
+    spec = ExperimentSpec(
+        key=ExperimentKey.parse("check/workload/rev-1"),
+        dataset_id=DatasetId("check"),
+        model=model,
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+        local_epochs=1,
+        shards_per_lease=1,
+    )
+    return spec, load(model)
+
+
+def cmd_workload_check(args: argparse.Namespace) -> None:
+    try:
+        spec, learner = _checked_learner(args)
+    except (WorkloadError, ProtocolError) as exc:
+        print(f"dtn workload check: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    outcomes = check_learner(learner, spec, steps=args.steps, seed=args.seed)
+    for outcome in outcomes:
+        status, said = ("ok", outcome.detail) if outcome.problem is None else ("FAIL", outcome.problem)
+        print(f"{status:<4}  {outcome.check}: {said}")
+    failed = [outcome.check for outcome in outcomes if outcome.problem is not None]
+    if failed:
+        print(f"{spec.model.name}: {len(failed)} of {len(outcomes)} checks failed: {', '.join(failed)}")
+        raise SystemExit(1)
+    print(f"{spec.model.name}: every check passed ({len(outcomes)})")
+
+
+def _export_source(
+    args: argparse.Namespace, key: ExperimentKey
+) -> tuple[NetworkManifest, list[HeadDescriptor], Callable[[HeadDescriptor], bytes]]:
+    """The network, the heads of ``key`` and how to read a head's artifact (checked against its
+    content id): from a lineage archive (``--lineage``, with ``--network``), else from the edge."""
+    if args.lineage is not None:
+        if args.network is None:
+            raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
+        network = _served_network(args, "export")
+        model = _experiment_model(network, key)
+        try:
+            lineage = read_archive(args.lineage.read_bytes(), max_blob_bytes=model.max_artifact_bytes)
+        except (OSError, ProtocolError) as exc:
+            raise SystemExit(f"dtn export: {args.lineage}: {exc}") from None
+        if lineage.network_id != network.network_id or lineage.experiment != key:
+            raise SystemExit(
+                f"dtn export: {args.lineage} holds {lineage.experiment} of network {lineage.network_id}, "
+                f"not {key} of {network.network_id}"
+            )
+        return network, list(lineage.heads), lambda head: lineage.blobs[ContentId(head.head_id)]
+    network = _served_network(args, "export")
+    _experiment_model(network, key)
+    client = EdgeClient(args.edge, token=args.token)
+    downloads = Path(tempfile.mkdtemp(prefix="dtn-export-"))
+
+    def artifact(head: HeadDescriptor) -> bytes:
+        try:
+            return client.artifact(ContentId(head.head_id), downloads / "head")
+        finally:
+            client.close()
+            shutil.rmtree(downloads, ignore_errors=True)
+
+    return network, client.heads(key), artifact
+
+
+def _experiment_model(network: NetworkManifest, key: ExperimentKey) -> Model:
+    try:
+        return network.experiment(key).model
+    except KeyError:
+        raise SystemExit(
+            f"dtn export: network {network.network_id} has no experiment {key}; "
+            f"experiments: {[str(spec.key) for spec in network.experiments]}"
+        ) from None
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    if (args.edge is None) == (args.lineage is None):
+        raise SystemExit("dtn export reads heads from an edge (--edge URL) or a lineage archive (--lineage FILE)")
+    key = ExperimentKey.parse(args.experiment)
+    network, heads, artifact = _export_source(args, key)
+    model = network.experiment(key).model
+    try:
+        head, refused = best_head(heads, network, key)
+        for line in refused:
+            print(f"dtn export: refused {line}", file=sys.stderr)
+        tensors, _ = decode_tensors(artifact(head))
+        checkpoint, config = write_checkpoint(args.out, network, model, head, tensors)
+    except (ExportError, ProtocolError) as exc:
+        raise SystemExit(f"dtn export: {exc}") from None
+    loss = head.metrics.get("val_loss")
+    print(
+        f"wrote {checkpoint} and {config}: {key} head {head.head_id[:19]} of window {head.window}"
+        f"{f' (val_loss {loss:.4f})' if loss is not None else ''}, vouched for by "
+        f"{len(head.signers(network.validator_key_set))} of the network's validators (quorum {network.quorum})"
+    )
 
 
 def _summary(prepared: PreparedDataset) -> str:
@@ -285,6 +412,41 @@ def main(argv: list[str] | None = None) -> None:
     check = dataset.add_parser("check", help="verify a prepared dataset against its fetch-manifest")
     check.add_argument("root", type=Path, help="the dataset's folder (<datasets dir>/<dataset id>)")
     check.set_defaults(run=cmd_dataset_check)
+
+    workload = sub.add_parser("workload", help="your own model before a network trains it").add_subparsers(
+        dest="action", required=True
+    )
+    check_model = workload.add_parser(
+        "check",
+        help="check determinism, the wire mapping, evaluation and (spec models) browser parity "
+        "(native_peer.workload_check)",
+    )
+    check_model.add_argument("target", nargs="?", default=None, help="a workload's import path, module:attribute")
+    check_model.add_argument("--config", type=Path, default=None, help="a network config (TOML): check its experiment")
+    check_model.add_argument("--experiment", default=None, help="--config: the experiment, when it has several")
+    check_model.add_argument("--name", default="workload", help="import path: the model's name")
+    check_model.add_argument("--batch-size", type=int, default=16, help="import path: examples per batch")
+    check_model.add_argument("--learning-rate", type=float, default=1e-3, help="import path: the experiment's rate")
+    check_model.add_argument("--steps", type=int, default=4, help="batches trained from the head")
+    check_model.add_argument("--seed", type=int, default=0, help="draws the head and the examples")
+    check_model.set_defaults(run=cmd_workload_check)
+
+    export = sub.add_parser(
+        "export", help="write an experiment's best verified head as safetensors plus its model config (JSON)"
+    )
+    export.add_argument("--experiment", required=True, help="study/experiment/revision")
+    export.add_argument("--out", type=Path, required=True, help="folder for model.safetensors and config.json")
+    export.add_argument("--edge", default=None, help="edge URL to read the heads from")
+    export.add_argument("--lineage", type=Path, default=None, help="a lineage archive (dtn lineage export) instead")
+    export.add_argument("--network", type=Path, default=None, help="network manifest JSON, instead of the edge's")
+    export.add_argument(
+        "--validator-key",
+        action="append",
+        default=[],
+        help="a validator's public key or fingerprint the network must hold, as for dtn train (repeatable)",
+    )
+    export.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
+    export.set_defaults(run=cmd_export)
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
