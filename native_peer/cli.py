@@ -26,12 +26,12 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,11 +44,10 @@ from protocol.ids import ContentId, DatasetId, ExperimentKey
 from protocol.lineage import read_archive
 from protocol.manifests import ExperimentSpec, NetworkManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor
-from protocol.model import Model
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
-from .edge_client import EdgeClient
+from .edge_client import EdgeClient, EdgeRequestError
 from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
 from .learner import JaxLearner
@@ -232,65 +231,54 @@ def cmd_workload_check(args: argparse.Namespace) -> None:
     print(f"{spec.model.name}: every check passed ({len(outcomes)})")
 
 
-def _export_source(
-    args: argparse.Namespace, key: ExperimentKey
-) -> tuple[NetworkManifest, list[HeadDescriptor], Callable[[HeadDescriptor], bytes]]:
-    """The network, the heads of ``key`` and how to read a head's artifact (checked against its
-    content id): from a lineage archive (``--lineage``, with ``--network``), else from the edge."""
+@contextmanager
+def _head_source(
+    args: argparse.Namespace, network: NetworkManifest, key: ExperimentKey
+) -> Iterator[tuple[list[HeadDescriptor], Callable[[HeadDescriptor], bytes]]]:
+    """The heads of ``key`` and how to read a head's artifact, checked against its content id: from a
+    lineage archive (``--lineage``), else downloaded from the edge."""
     if args.lineage is not None:
-        if args.network is None:
-            raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
-        network = _served_network(args, "export")
-        model = _experiment_model(network, key)
-        try:
-            lineage = read_archive(args.lineage.read_bytes(), max_blob_bytes=model.max_artifact_bytes)
-        except (OSError, ProtocolError) as exc:
-            raise SystemExit(f"dtn export: {args.lineage}: {exc}") from None
+        model = network.experiment(key).model
+        lineage = read_archive(args.lineage.read_bytes(), max_blob_bytes=model.max_artifact_bytes)
         if lineage.network_id != network.network_id or lineage.experiment != key:
-            raise SystemExit(
-                f"dtn export: {args.lineage} holds {lineage.experiment} of network {lineage.network_id}, "
-                f"not {key} of {network.network_id}"
+            raise ExportError(
+                f"{args.lineage} holds {lineage.experiment} of network {lineage.network_id}, not {key} of "
+                f"{network.network_id}"
             )
-        return network, list(lineage.heads), lambda head: lineage.blobs[ContentId(head.head_id)]
-    network = _served_network(args, "export")
-    _experiment_model(network, key)
+        yield list(lineage.heads), lambda head: lineage.blobs[ContentId(head.head_id)]
+        return
     client = EdgeClient(args.edge, token=args.token)
-    downloads = Path(tempfile.mkdtemp(prefix="dtn-export-"))
-
-    def artifact(head: HeadDescriptor) -> bytes:
-        try:
-            return client.artifact(ContentId(head.head_id), downloads / "head")
-        finally:
-            client.close()
-            shutil.rmtree(downloads, ignore_errors=True)
-
-    return network, client.heads(key), artifact
-
-
-def _experiment_model(network: NetworkManifest, key: ExperimentKey) -> Model:
     try:
-        return network.experiment(key).model
-    except KeyError:
-        raise SystemExit(
-            f"dtn export: network {network.network_id} has no experiment {key}; "
-            f"experiments: {[str(spec.key) for spec in network.experiments]}"
-        ) from None
+        with tempfile.TemporaryDirectory(prefix="dtn-export-") as downloads:
+            yield client.heads(key), lambda head: client.artifact(ContentId(head.head_id), Path(downloads) / "head")
+    finally:
+        client.close()
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     if (args.edge is None) == (args.lineage is None):
         raise SystemExit("dtn export reads heads from an edge (--edge URL) or a lineage archive (--lineage FILE)")
-    key = ExperimentKey.parse(args.experiment)
-    network, heads, artifact = _export_source(args, key)
-    model = network.experiment(key).model
+    if args.lineage is not None and args.network is None:
+        raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
+    network = _served_network(args, "export")
     try:
-        head, refused = best_head(heads, network, key)
-        for line in refused:
-            print(f"dtn export: refused {line}", file=sys.stderr)
-        tensors, _ = decode_tensors(artifact(head))
+        key = ExperimentKey.parse(args.experiment)
+        model = network.experiment(key).model
+    except (ProtocolError, KeyError):
+        raise SystemExit(
+            f"dtn export: network {network.network_id} has no experiment {args.experiment}; "
+            f"experiments: {[str(spec.key) for spec in network.experiments]}"
+        ) from None
+    try:
+        with _head_source(args, network, key) as (heads, artifact):
+            head, refused = best_head(heads, network, key)
+            for line in refused:
+                print(f"dtn export: refused {line}", file=sys.stderr)
+            tensors, _ = decode_tensors(artifact(head))
         checkpoint, config = write_checkpoint(args.out, network, model, head, tensors)
-    except (ExportError, ProtocolError) as exc:
-        raise SystemExit(f"dtn export: {exc}") from None
+    except (ExportError, ProtocolError, EdgeRequestError, OSError) as exc:
+        where = args.lineage if args.lineage is not None else args.edge
+        raise SystemExit(f"dtn export: {where}: {exc}") from None
     loss = head.metrics.get("val_loss")
     print(
         f"wrote {checkpoint} and {config}: {key} head {head.head_id[:19]} of window {head.window}"
