@@ -17,6 +17,11 @@ per class, or text files) into a prepared dataset an edge serves and validators 
 
     dtn dataset shard --from images ./photos --out var/datasets --dataset-id photos
     dtn dataset check var/datasets/photos
+
+``dtn export`` writes an experiment's best head that the network's quorum vouches for, checked as a
+trainer checks heads, as safetensors plus its model config (``native_peer.export``):
+
+    dtn export --experiment study/exp/rev-1 --edge https://host --validator-key <fingerprint> --out ckpt
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from protocol.codec import decode_tensors
 from protocol.errors import ProtocolError
 from protocol.ids import ContentId, DatasetId, ExperimentKey
 from protocol.lineage import read_archive
-from protocol.manifests import ExperimentSpec, NetworkManifest, SupportedWorkload
+from protocol.manifests import NetworkManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
@@ -50,13 +55,11 @@ from protocol.signing import b64encode, use_verifier
 from .edge_client import EdgeClient, EdgeRequestError
 from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
-from .learner import JaxLearner
 from .mnist import RELEASE
 from .storage import StorageConfig
 from .trainer import Project
 from .validator import Validator
-from .workload_check import check_learner
-from .workloads import WorkloadError, describe, load, model_learner, network_learners
+from .workloads import WorkloadError, model_learner, network_learners
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
 
@@ -180,55 +183,6 @@ def cmd_keys(args: argparse.Namespace) -> None:
     print(f"network {network.network_id}: {network.quorum} of {len(network.validator_keys)} validators make a head")
     for key in network.validator_keys:
         print(f"validator {b64encode(key)}  fingerprint {fingerprint(key)}")
-
-
-def _checked_learner(args: argparse.Namespace) -> tuple[ExperimentSpec, JaxLearner]:
-    """The experiment and learner ``dtn workload check`` checks: a config's experiment, or a workload's
-    import path as a default experiment of ``--batch-size`` at ``--learning-rate``."""
-    if args.config is not None:
-        from tools.networks import NetworkConfigError, read_experiments  # the config reader: only for a config
-
-        try:
-            experiments = read_experiments(args.config)
-        except NetworkConfigError as exc:
-            raise WorkloadError(str(exc)) from None
-        keys = [str(spec.key) for spec in experiments]
-        if args.experiment is None and len(keys) > 1:
-            raise WorkloadError(f"{args.config} has experiments {keys}: pass --experiment")
-        chosen = [spec for spec in experiments if args.experiment in (None, str(spec.key))]
-        if not chosen:
-            raise WorkloadError(f"{args.config} has no experiment {args.experiment}; experiments: {keys}")
-        return chosen[0], model_learner(chosen[0].model)
-    if args.target is None:
-        raise WorkloadError("name a workload by import path (module:attribute) or pass --config")
-    model = describe(args.target, args.name)
-    spec = ExperimentSpec(
-        key=ExperimentKey.parse("check/workload/rev-1"),
-        dataset_id=DatasetId("check"),
-        model=model,
-        learning_rate=args.learning_rate,
-        batch_size=args.batch_size,
-        local_epochs=1,
-        shards_per_lease=1,
-    )
-    return spec, load(model)
-
-
-def cmd_workload_check(args: argparse.Namespace) -> None:
-    try:
-        spec, learner = _checked_learner(args)
-    except (WorkloadError, ProtocolError) as exc:
-        print(f"dtn workload check: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    outcomes = check_learner(learner, spec, steps=args.steps, seed=args.seed)
-    for outcome in outcomes:
-        status, said = ("ok", outcome.detail) if outcome.problem is None else ("FAIL", outcome.problem)
-        print(f"{status:<4}  {outcome.check}: {said}")
-    failed = [outcome.check for outcome in outcomes if outcome.problem is not None]
-    if failed:
-        print(f"{spec.model.name}: {len(failed)} of {len(outcomes)} checks failed: {', '.join(failed)}")
-        raise SystemExit(1)
-    print(f"{spec.model.name}: every check passed ({len(outcomes)})")
 
 
 @contextmanager
@@ -400,24 +354,6 @@ def main(argv: list[str] | None = None) -> None:
     check = dataset.add_parser("check", help="verify a prepared dataset against its fetch-manifest")
     check.add_argument("root", type=Path, help="the dataset's folder (<datasets dir>/<dataset id>)")
     check.set_defaults(run=cmd_dataset_check)
-
-    workload = sub.add_parser("workload", help="your own model before a network trains it").add_subparsers(
-        dest="action", required=True
-    )
-    check_model = workload.add_parser(
-        "check",
-        help="check determinism, the wire mapping, evaluation and (spec models) browser parity "
-        "(native_peer.workload_check)",
-    )
-    check_model.add_argument("target", nargs="?", default=None, help="a workload's import path, module:attribute")
-    check_model.add_argument("--config", type=Path, default=None, help="a network config (TOML): check its experiment")
-    check_model.add_argument("--experiment", default=None, help="--config: the experiment, when it has several")
-    check_model.add_argument("--name", default="workload", help="import path: the model's name")
-    check_model.add_argument("--batch-size", type=int, default=16, help="import path: examples per batch")
-    check_model.add_argument("--learning-rate", type=float, default=1e-3, help="import path: the experiment's rate")
-    check_model.add_argument("--steps", type=int, default=4, help="batches trained from the head")
-    check_model.add_argument("--seed", type=int, default=0, help="draws the head and the examples")
-    check_model.set_defaults(run=cmd_workload_check)
 
     export = sub.add_parser(
         "export", help="write an experiment's best verified head as safetensors plus its model config (JSON)"

@@ -195,6 +195,16 @@ def test_a_flax_nnx_workload_trained_through_a_real_edge_exports_and_loads_back(
     learner = load(model)  # the user's NNX module, its pin checked, parameters by their key paths
     params = learner.from_tensors(tensors)
     assert set(params) == {"hidden", "out"} and set(params["hidden"]) == {"kernel", "bias"}  # nnx.to_pure_dict's tree
-    measured = Evaluator(learner)(params, *load_split(dataset_root / "mnist", "test"))
+    x, y = load_split(dataset_root / "mnist", "test")
+    measured = Evaluator(learner)(params, x, y)
     assert abs(measured["loss"] - best.metrics["test_loss"]) < 1e-5, (measured, best.metrics)
     assert measured["accuracy"] == best.metrics["test_accuracy"] > 0.5
+    from flax import nnx  # into a module of the user's, as docs/workloads-of-your-own.md says
+
+    from tests.jax_workloads.nnx_mlp import MLP
+
+    module = MLP(nnx.Rngs(7))
+    state = nnx.state(module, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(module, state)
+    assert np.array_equal(np.asarray(module(x[:64])), np.asarray(learner.apply(params, x[:64])))

@@ -3,7 +3,7 @@
 Per layer, on random float32 inputs and parameters: the NumPy forward matches the JAX apply, and
 the NumPy backward matches ``jax.vjp`` for the input and every parameter, to 1e-5 absolute plus
 1e-4 relative. Per model (MLP, CNN, char-LM, one declared in a config), from the same parameters and
-batch: logits, loss and every gradient to the tolerances of ``native_peer.parity`` (what ``dtn
+batch: logits, loss and every gradient to the tolerances of ``tools.parity`` (what ``dtn
 workload check`` holds any spec to), and evaluation metrics to 1e-5. Model specs survive their JSON
 wire form; hostile forms are rejected.
 """
@@ -23,7 +23,6 @@ from browser_peer.numpy_trainer import fastest_matmul, gradients
 from native_peer.jax_layers import apply_layer
 from native_peer.learner import Evaluator, spec_learner
 from native_peer.models import builtin_model, builtin_models, read_models
-from native_peer.parity import GRADIENTS, LOGITS, LOSS, spec_differences
 from protocol.errors import InvalidMessage
 from protocol.layers import (
     GELU,
@@ -40,6 +39,7 @@ from protocol.layers import (
     Residual,
 )
 from protocol.model import ModelSpec, evaluate, forward, init_params, mlp
+from tools.parity import GRADIENTS, LOGITS, LOSS, spec_differences
 
 BATCH = 3
 LAYERS: list[tuple[Layer, tuple[int, ...]]] = [

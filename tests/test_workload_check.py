@@ -1,4 +1,4 @@
-"""``dtn workload check`` (``native_peer.workload_check``; issue #23 item 3): a workload or a config's
+"""``dtn workload check`` (``tools.workload_check``; issue #23 item 3): a workload or a config's
 spec model passes every check; each fault fails its own check in one line and the command exits
 nonzero; bad input is one line, no traceback. Tiny models: every check compiles a few steps."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from native_peer.cli import main as dtn_main
 from native_peer.learner import spec_learner
-from native_peer.workload_check import check_learner
 from protocol.manifests import ExperimentSpec
 from protocol.model import ModelSpec
+from tools.dtn import main as dtn_main
 from tools.networks import read_experiments
+from tools.workload_check import check_learner
 
 FAULTY = "tests.jax_workloads.faulty"
 CONFIG = """

@@ -1,5 +1,8 @@
 """``dtn workload check``: what a network relies on of a model, checked on one machine before it trains.
 
+    dtn workload check mypkg.models:learner              # a workload, by import path
+    dtn workload check --config network.toml [--experiment KEY]   # a config's experiment: spec or workload
+
 ``check_learner`` runs each check on a learner (a workload's, ``native_peer.workloads``, or a spec
 model's, ``spec_learner``) with examples drawn here as a lease's are stored (uint8 pixels or token ids):
 
@@ -9,31 +12,37 @@ model's, ``spec_learner``) with examples drawn here as a lease's are stored (uin
   (two engines, each compiled anew: what a trainer and a validator each compute);
 - ``evaluation``: a validator's evaluation (``Evaluator``) of the head and of the update is finite;
 - ``browser parity`` (spec models only): the browser's NumPy twin agrees with JAX within the tolerances
-  of ``native_peer.parity``, with every matrix product the browser may use.
+  of ``tools.parity``, with every matrix product the browser may use.
 
 A check that fails says so in ``Outcome.problem``, one line naming what differed; an exception the
-model's code raises fails its check the same way.
+model's code raises fails its check the same way. ``main`` prints a line per check and exits 1 when
+one failed, 2 (one line on stderr) on a model it cannot build.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import numpy as np
 
 from browser_peer.numpy_trainer import fastest_matmul
-from protocol.errors import InvalidMessage
+from native_peer.learner import BatchLoader, Evaluator, JaxLearner, TrainEngine
+from native_peer.workloads import WorkloadError, describe, load, model_learner, one_line
+from protocol.errors import InvalidMessage, ProtocolError
+from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec
 from protocol.model import ModelSpec
 from protocol.shards import PIXEL_SCALE
 
-from .learner import BatchLoader, Evaluator, JaxLearner, TrainEngine
+from .networks import NetworkConfigError, read_experiments
 from .parity import spec_differences
-from .workloads import one_line
 
-__all__ = ["Outcome", "check_learner", "lease_examples"]
+__all__ = ["Outcome", "check_learner", "lease_examples", "main"]
 
 Tensors = dict[str, np.ndarray]
 
@@ -166,3 +175,68 @@ def _parity(
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
             return "", f"with {backend} products: {found[0]}{more}"
     return f"logits, loss and gradients agree with {' and '.join(matmuls)} products", None
+
+
+def _checked_learner(args: argparse.Namespace) -> tuple[ExperimentSpec, JaxLearner]:
+    """The experiment and learner ``dtn workload check`` checks: a config's experiment, or a workload's
+    import path as a default experiment of ``--batch-size`` at ``--learning-rate``."""
+    if args.config is not None:
+        try:
+            experiments = read_experiments(args.config)
+        except NetworkConfigError as exc:
+            raise WorkloadError(str(exc)) from None
+        keys = [str(spec.key) for spec in experiments]
+        if args.experiment is None and len(keys) > 1:
+            raise WorkloadError(f"{args.config} has experiments {keys}: pass --experiment")
+        chosen = [spec for spec in experiments if args.experiment in (None, str(spec.key))]
+        if not chosen:
+            raise WorkloadError(f"{args.config} has no experiment {args.experiment}; experiments: {keys}")
+        return chosen[0], model_learner(chosen[0].model)
+    if args.target is None:
+        raise WorkloadError("name a workload by import path (module:attribute) or pass --config")
+    model = describe(args.target, args.name)
+    spec = ExperimentSpec(
+        key=ExperimentKey.parse("check/workload/rev-1"),
+        dataset_id=DatasetId("check"),
+        model=model,
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+        local_epochs=1,
+        shards_per_lease=1,
+    )
+    return spec, load(model)
+
+
+def _run(args: argparse.Namespace) -> None:
+    try:
+        spec, learner = _checked_learner(args)
+    except (WorkloadError, ProtocolError) as exc:
+        print(f"dtn workload check: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    outcomes = check_learner(learner, spec, steps=args.steps, seed=args.seed)
+    for outcome in outcomes:
+        status, said = ("ok", outcome.detail) if outcome.problem is None else ("FAIL", outcome.problem)
+        print(f"{status:<4}  {outcome.check}: {said}")
+    failed = [outcome.check for outcome in outcomes if outcome.problem is not None]
+    if failed:
+        print(f"{spec.model.name}: {len(failed)} of {len(outcomes)} checks failed: {', '.join(failed)}")
+        raise SystemExit(1)
+    print(f"{spec.model.name}: every check passed ({len(outcomes)})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="dtn workload", description=__doc__)
+    workload = parser.add_subparsers(dest="action", required=True)
+    check_model = workload.add_parser(
+        "check",
+        help="check the wire mapping, determinism, evaluation and (spec models) browser parity",
+    )
+    check_model.add_argument("target", nargs="?", default=None, help="a workload's import path, module:attribute")
+    check_model.add_argument("--config", type=Path, default=None, help="a network config (TOML): check its experiment")
+    check_model.add_argument("--experiment", default=None, help="--config: the experiment, when it has several")
+    check_model.add_argument("--name", default="workload", help="import path: the model's name")
+    check_model.add_argument("--batch-size", type=int, default=16, help="import path: examples per batch")
+    check_model.add_argument("--learning-rate", type=float, default=1e-3, help="import path: the experiment's rate")
+    check_model.add_argument("--steps", type=int, default=4, help="batches trained from the head")
+    check_model.add_argument("--seed", type=int, default=0, help="draws the head and the examples")
+    _run(parser.parse_args(argv))

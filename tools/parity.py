@@ -18,9 +18,8 @@ import jax
 import numpy as np
 
 from browser_peer.numpy_trainer import Matmul, gradients
+from native_peer.learner import JaxLearner
 from protocol.model import ModelSpec, forward
-
-from .learner import JaxLearner
 
 __all__ = ["GRADIENTS", "LOGITS", "LOSS", "Tolerance", "spec_differences"]
 
