@@ -15,7 +15,8 @@ edge_client  HTTP client for the edge
 shard_cache  lease-scoped shard downloads, verified and cached (memory and disk, capped)
 identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
-cli          ``python -m native_peer train | validate``
+export       the best head a quorum vouches for, written as safetensors plus its model config
+cli          ``python -m native_peer train | validate | keys | dataset | export``
 """
 
 from protocol.ids import ExperimentId, RevisionId, StudyId

@@ -17,6 +17,11 @@ per class, or text files) into a prepared dataset an edge serves and validators 
 
     dtn dataset shard --from images ./photos --out var/datasets --dataset-id photos
     dtn dataset check var/datasets/photos
+
+``dtn export`` writes an experiment's best head that the network's quorum vouches for, checked as a
+trainer checks heads, as safetensors plus its model config (``native_peer.export``):
+
+    dtn export --experiment study/exp/rev-1 --edge https://host --validator-key <fingerprint> --out ckpt
 """
 
 from __future__ import annotations
@@ -28,20 +33,27 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from datasets.layout import HELD_OUT_SPLITS, PreparedDataset, check_dataset
 from datasets.sharding import DEFAULT_FRACTIONS, ShardingError, shard
 from datasets.sources import read_images, read_npz, read_text
+from protocol.codec import decode_tensors
 from protocol.errors import ProtocolError
-from protocol.ids import DatasetId, ExperimentKey
+from protocol.ids import ContentId, DatasetId, ExperimentKey
+from protocol.lineage import read_archive
 from protocol.manifests import NetworkManifest, SupportedWorkload
+from protocol.messages import HeadDescriptor
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
-from .edge_client import EdgeClient
+from .edge_client import EdgeClient, EdgeRequestError
+from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
 from .mnist import RELEASE
 from .storage import StorageConfig
@@ -66,11 +78,11 @@ def _network(path: Path) -> NetworkManifest:
 def pinned_network(
     network: NetworkManifest, pins: list[str], source: str, signatures: list[NetworkSignature] | None = None
 ) -> NetworkManifest:
-    """``network`` if a peer pinning ``pins`` may train for it as served with ``signatures``
-    (``protocol.network_pins.pin_problem``); ``SystemExit`` saying why not otherwise."""
+    """``network`` if a peer pinning ``pins`` may train for it (or export its heads) as served with
+    ``signatures`` (``protocol.network_pins.pin_problem``); ``SystemExit`` saying why not otherwise."""
     problem = pin_problem(network, pins, signed_by(network, signatures or []))
     if problem is not None:
-        raise SystemExit(f"{source} serves {problem}; refusing to train (check the keys with the network's operator)")
+        raise SystemExit(f"{source} serves {problem}; refusing it (check the keys with the network's operator)")
     return network
 
 
@@ -80,13 +92,14 @@ def _default_storage(edge: str) -> Path:
     return data_home / "dtn" / re.sub(r"[^A-Za-z0-9.-]", "_", urlsplit(edge).netloc or "edge")
 
 
-def _train_network(args: argparse.Namespace) -> NetworkManifest:
+def _served_network(args: argparse.Namespace, command: str) -> NetworkManifest:
+    """The network ``--network`` holds, or the edge serves, checked against the pinned ``--validator-key``s."""
     if args.network is not None:
         network = _network(args.network)
         return pinned_network(network, args.validator_key, str(args.network)) if args.validator_key else network
     if not args.validator_key:
         raise SystemExit(
-            "dtn train needs --validator-key <key or fingerprint> (from the network's operator) or --network"
+            f"dtn {command} needs --validator-key <key or fingerprint> (from the network's operator) or --network"
         )
     client = EdgeClient(args.edge, token=args.token)
     try:
@@ -105,7 +118,7 @@ def _train_network(args: argparse.Namespace) -> NetworkManifest:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    network = _train_network(args)
+    network = _served_network(args, "train")
     args.storage = args.storage or _default_storage(args.edge)
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     workloads = {(spec.model, spec.dataset_id) for spec in map(network.experiment, keys)}
@@ -170,6 +183,62 @@ def cmd_keys(args: argparse.Namespace) -> None:
     print(f"network {network.network_id}: {network.quorum} of {len(network.validator_keys)} validators make a head")
     for key in network.validator_keys:
         print(f"validator {b64encode(key)}  fingerprint {fingerprint(key)}")
+
+
+@contextmanager
+def _head_source(
+    args: argparse.Namespace, network: NetworkManifest, key: ExperimentKey
+) -> Iterator[tuple[list[HeadDescriptor], Callable[[HeadDescriptor], bytes]]]:
+    """The heads of ``key`` and how to read a head's artifact, checked against its content id: from a
+    lineage archive (``--lineage``), else downloaded from the edge."""
+    if args.lineage is not None:
+        model = network.experiment(key).model
+        lineage = read_archive(args.lineage.read_bytes(), max_blob_bytes=model.max_artifact_bytes)
+        if lineage.network_id != network.network_id or lineage.experiment != key:
+            raise ExportError(
+                f"{args.lineage} holds {lineage.experiment} of network {lineage.network_id}, not {key} of "
+                f"{network.network_id}"
+            )
+        yield list(lineage.heads), lambda head: lineage.blobs[ContentId(head.head_id)]
+        return
+    client = EdgeClient(args.edge, token=args.token)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dtn-export-") as downloads:
+            yield client.heads(key), lambda head: client.artifact(ContentId(head.head_id), Path(downloads) / "head")
+    finally:
+        client.close()
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    if (args.edge is None) == (args.lineage is None):
+        raise SystemExit("dtn export reads heads from an edge (--edge URL) or a lineage archive (--lineage FILE)")
+    if args.lineage is not None and args.network is None:
+        raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
+    network = _served_network(args, "export")
+    try:
+        key = ExperimentKey.parse(args.experiment)
+        model = network.experiment(key).model
+    except (ProtocolError, KeyError):
+        raise SystemExit(
+            f"dtn export: network {network.network_id} has no experiment {args.experiment}; "
+            f"experiments: {[str(spec.key) for spec in network.experiments]}"
+        ) from None
+    try:
+        with _head_source(args, network, key) as (heads, artifact):
+            head, refused = best_head(heads, network, key)
+            for line in refused:
+                print(f"dtn export: refused {line}", file=sys.stderr)
+            tensors, _ = decode_tensors(artifact(head))
+        checkpoint, config = write_checkpoint(args.out, network, model, head, tensors)
+    except (ExportError, ProtocolError, EdgeRequestError, OSError) as exc:
+        where = args.lineage if args.lineage is not None else args.edge
+        raise SystemExit(f"dtn export: {where}: {exc}") from None
+    loss = head.metrics.get("val_loss")
+    print(
+        f"wrote {checkpoint} and {config}: {key} head {head.head_id[:19]} of window {head.window}"
+        f"{f' (val_loss {loss:.4f})' if loss is not None else ''}, vouched for by "
+        f"{len(head.signers(network.validator_key_set))} of the network's validators (quorum {network.quorum})"
+    )
 
 
 def _summary(prepared: PreparedDataset) -> str:
@@ -285,6 +354,23 @@ def main(argv: list[str] | None = None) -> None:
     check = dataset.add_parser("check", help="verify a prepared dataset against its fetch-manifest")
     check.add_argument("root", type=Path, help="the dataset's folder (<datasets dir>/<dataset id>)")
     check.set_defaults(run=cmd_dataset_check)
+
+    export = sub.add_parser(
+        "export", help="write an experiment's best verified head as safetensors plus its model config (JSON)"
+    )
+    export.add_argument("--experiment", required=True, help="study/experiment/revision")
+    export.add_argument("--out", type=Path, required=True, help="folder for model.safetensors and config.json")
+    export.add_argument("--edge", default=None, help="edge URL to read the heads from")
+    export.add_argument("--lineage", type=Path, default=None, help="a lineage archive (dtn lineage export) instead")
+    export.add_argument("--network", type=Path, default=None, help="network manifest JSON, instead of the edge's")
+    export.add_argument(
+        "--validator-key",
+        action="append",
+        default=[],
+        help="a validator's public key or fingerprint the network must hold, as for dtn train (repeatable)",
+    )
+    export.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
+    export.set_defaults(run=cmd_export)
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

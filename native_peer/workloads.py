@@ -47,6 +47,7 @@ __all__ = [
     "load",
     "model_learner",
     "network_learners",
+    "one_line",
     "package_sources",
     "wire_names",
     "workload",
@@ -175,10 +176,25 @@ def _imported(path: str) -> Workload:
         found = getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError) as exc:
         raise WorkloadError(f"workload {path}: {exc}") from None
-    made = found if isinstance(found, Workload) else found() if callable(found) else None
+    except Exception as exc:  # the module's own code failed as it was imported
+        raise WorkloadError(f"workload {path}: importing {module} raised {one_line(exc)}") from None
+    try:
+        made = found if isinstance(found, Workload) else found() if callable(found) else None
+    except Exception as exc:  # the user's factory
+        raise WorkloadError(f"workload {path}: {attribute}() raised {one_line(exc)}") from None
     if not isinstance(made, Workload):
-        raise WorkloadError(f"workload {path} is not a Workload nor a callable returning one (native_peer.workloads)")
+        what = f"{attribute}() returned" if callable(found) else "is"
+        raise WorkloadError(
+            f"workload {path}: {what} {type(made if callable(found) else found).__name__}, not a Workload "
+            "(native_peer.workloads: an attribute that is one or a callable returning one)"
+        )
     return made
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as ``Type: first line of its message``."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _described(path: str, name: str, made: Workload, sources: Mapping[str, str]) -> WorkloadModel:
@@ -186,9 +202,9 @@ def _described(path: str, name: str, made: Workload, sources: Mapping[str, str])
     missing = [package for package, version in versions.items() if version is None]
     if missing:
         raise WorkloadError(f"workload {path}: packages {missing} are not installed here")
-    template = jax.eval_shape(made.init, jax.random.PRNGKey(0))
     example = jax.ShapeDtypeStruct((1, *made.input_shape), jnp.int32 if made.tokens else jnp.float32)
     try:
+        template = jax.eval_shape(made.init, jax.random.PRNGKey(0))
         output = jax.eval_shape(made.apply, template, example).shape[1:]
         return WorkloadModel(
             name=name,
@@ -209,6 +225,8 @@ def _described(path: str, name: str, made: Workload, sources: Mapping[str, str])
         )
     except (InvalidMessage, TypeError, ValueError) as exc:
         raise WorkloadError(f"workload {path}: {exc}") from None
+    except Exception as exc:  # the workload's own init or apply, traced
+        raise WorkloadError(f"workload {path}: tracing its init and apply raised {one_line(exc)}") from None
 
 
 def describe(path: str, name: str) -> WorkloadModel:

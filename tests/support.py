@@ -70,6 +70,7 @@ def head_envelope(
     window: int = 0,
     signer: PureSigner = VALIDATOR,
     experiment: ExperimentKey = EXPERIMENT,
+    metrics: dict[str, float] | None = None,
 ) -> tuple[HeadDescriptor, bytes]:
     artifact = encode_tensors(params if params is not None else init_params(SPEC, window))
     head = HeadDescriptor(
@@ -81,6 +82,7 @@ def head_envelope(
         merged=(),
         validator_key=signer.public_key,
         created_at_ms=now_ms(),
+        metrics=metrics or {},
     ).signed(signer)
     return head, pack_envelope(head.to_wire(), artifact)
 
@@ -213,6 +215,22 @@ def tools_output(argv: list[str]) -> str:
     with contextlib.redirect_stdout(out):
         tools_main(argv)
     return out.getvalue()
+
+
+def workload_config(key: ExperimentKey, model: str, workload: str) -> str:
+    """A network config of one MNIST experiment ``key`` training the workload at import path ``workload``
+    as model ``model``."""
+    return f"""
+[[experiments]]
+key = "{key}"
+dataset_id = "mnist"
+model = "{model}"
+workload = "{workload}"
+learning_rate = 1e-3
+batch_size = 64
+local_epochs = 1
+shards_per_lease = 2
+"""
 
 
 def init_network_argv(root: Path, config: str, datasets: Path) -> list[str]:

@@ -35,21 +35,11 @@ from server.serve import BackgroundEdge
 from tools.networks import NetworkConfigError, read_experiments
 
 from .conftest import REPO
-from .support import edge_settings, experiment_spec, missing, network_from_config, proof
+from .support import edge_settings, experiment_spec, missing, network_from_config, proof, workload_config
 
 PYTREE = "tests.jax_workloads.pytree_mlp:learner"
 KEY = ExperimentKey.parse("study/own-mlp/rev-1")
-CONFIG = f"""
-[[experiments]]
-key = "{KEY}"
-dataset_id = "mnist"
-model = "own-mlp"
-workload = "{PYTREE}"
-learning_rate = 1e-3
-batch_size = 64
-local_epochs = 1
-shards_per_lease = 2
-"""
+CONFIG = workload_config(KEY, "own-mlp", PYTREE)
 
 
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

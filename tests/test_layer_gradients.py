@@ -2,10 +2,10 @@
 
 Per layer, on random float32 inputs and parameters: the NumPy forward matches the JAX apply, and
 the NumPy backward matches ``jax.vjp`` for the input and every parameter, to 1e-5 absolute plus
-1e-4 relative. Per model (MLP, CNN, char-LM), from the same parameters and batch: logits to 1e-5
-absolute plus 1e-4 relative, loss to 1e-5, every gradient to 1e-6 absolute plus 1e-3 relative
-(float32 sums in a different order). Model specs survive their JSON wire form; hostile forms are
-rejected.
+1e-4 relative. Per model (MLP, CNN, char-LM, one declared in a config), from the same parameters and
+batch: logits, loss and every gradient to the tolerances of ``tools.parity`` (what ``dtn
+workload check`` holds any spec to), and evaluation metrics to 1e-5. Model specs survive their JSON
+wire form; hostile forms are rejected.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from protocol.layers import (
     Residual,
 )
 from protocol.model import ModelSpec, evaluate, forward, init_params, mlp
+from tools.parity import GRADIENTS, LOGITS, LOSS, spec_differences
 
 BATCH = 3
 LAYERS: list[tuple[Layer, tuple[int, ...]]] = [
@@ -159,12 +160,13 @@ def test_model_loss_and_gradients_match_jax(model: str, matmul: str) -> None:
     jax_loss, jax_grads = jax.value_and_grad(lambda p: learner.loss(learner.apply(p, x), y))(
         learner.from_tensors(params)
     )
-    assert abs(float(jax_loss) - loss) < 1e-5
+    assert LOSS.difference("loss", loss, jax_loss) is None
     assert set(grads) == set(spec.shapes)
     for name, value in learner.to_tensors(jax_grads).items():
         assert grads[name].shape == spec.shapes[name] and grads[name].dtype == np.float32, name
-        _close(grads[name], value, 1e-6, 1e-3)
+        _close(grads[name], value, GRADIENTS.atol, GRADIENTS.rtol)
         assert np.abs(value).max() > 0, f"{name} must take part in the loss"
+    assert spec_differences(learner, params, x, y, MATMULS[matmul]) == []  # what `dtn workload check` runs
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -173,7 +175,7 @@ def test_model_forward_and_evaluation_match_jax(model: str) -> None:
     learner = spec_learner(spec)
     params = init_params(spec, 5)
     x, y = _batch(spec, 40, 6)
-    _close(forward(spec, params, x), learner.apply(learner.from_tensors(params), x), 1e-5, 1e-4)
+    _close(forward(spec, params, x), learner.apply(learner.from_tensors(params), x), LOGITS.atol, LOGITS.rtol)
     reference = evaluate(spec, params, x, y, batch_size=16)
     measured = Evaluator(learner, chunk=1000)(learner.from_tensors(params), x, y)
     assert reference.keys() == measured.keys()
