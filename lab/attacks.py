@@ -4,6 +4,7 @@ Each scenario runs ``windows`` windows of one *setting* under one screening pres
 
     iid           ``peers`` trainers (10), each leasing 4 shards of 1,000 examples (as the MNIST network)
     label_skew    ``peers`` benign trainers, each holding only 2 or 3 classes (non-IID)
+    label_skew_1  ``peers`` benign trainers, each holding only 1 or 2 classes
     cohort_2/3    windows of only 2 or 3 candidates, one of them an attacker
 
 Honest peers train real updates (JAX, Adam, kept optimizer state); attackers train too (backdoor
@@ -22,9 +23,11 @@ acceptance rate, benign false rejection rate, final head test accuracy and its d
 clean run of the same setting, the trigger's attack success rate (triggered non-target test images
 classified as the target) and its difference to the clean run, honest peers quarantined, and
 quarantine precision/recall. Seeds come from fixed values and sha256 of names, never from ``hash()``,
-so the scorecard is the same from run to run.
+so the scorecard is the same from run to run; ``seed`` (0 by default) draws another genesis, warm-up and
+every batch order, poisoning and attacker draw, for a spread over runs.
 
     python -m lab attack-suite --out var/attack-suite [--windows 4] [--presets balanced ...]
+        [--attacks backdoor ...] [--fractions 0.33 0.5 0.6] [--settings iid ...] [--seed 0]
 """
 
 from __future__ import annotations
@@ -251,12 +254,13 @@ BACKDOORS = frozenset({"backdoor", "backdoor_boosted"})
 class Setting:
     name: str
     peers: int | None  # None: the suite's peer count
-    skew: bool = False
+    skew: int = 0  # label skew: each peer holds this many classes or one more (``skew_classes``); 0: iid leases
 
 
 SETTINGS = {
     "iid": Setting("iid", None),
-    "label_skew": Setting("label_skew", None, skew=True),
+    "label_skew": Setting("label_skew", None, skew=2),
+    "label_skew_1": Setting("label_skew_1", None, skew=1),
     "cohort_2": Setting("cohort_2", 2),
     "cohort_3": Setting("cohort_3", 3),
 }
@@ -266,15 +270,16 @@ _SYBIL_MAJORITY = {"sybil_scaled": SYBIL_FRACTIONS, "alie": (*FRACTIONS, 0.6), "
 PLAN: dict[str, tuple[tuple[str, tuple[float, ...]], ...]] = {
     "iid": tuple((a, _SYBIL_MAJORITY.get(a, FRACTIONS)) for a in ATTACKS),
     "label_skew": (("backdoor", (0.2,)),),
+    "label_skew_1": (),
     "cohort_2": tuple((a, (0.5,)) for a in _SMALL),
     "cohort_3": tuple((a, (0.33,)) for a in _SMALL),
 }
 
 
-def skew_classes(peer: int) -> tuple[int, ...]:
-    """The classes a label-skewed peer holds: 2 for even peers, 3 for odd ones, spread so that
-    every class is held by 2 or 3 of 10 peers."""
-    return tuple((3 * peer + k) % 10 for k in range(2 + peer % 2))
+def skew_classes(peer: int, fewest: int = 2) -> tuple[int, ...]:
+    """The classes a label-skewed peer holds: ``fewest`` for even peers, one more for odd ones, spread
+    so that every class is held by some of 10 peers (2 or 3 of them with ``fewest`` 2, 1 or 2 with 1)."""
+    return tuple((3 * peer + k) % 10 for k in range(fewest + peer % 2))
 
 
 def poison(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -339,15 +344,18 @@ def load_data(datasets_dir: Path) -> Data:
     )
 
 
-def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256("|".join(map(repr, parts)).encode()).digest()[:8], "big")
+def _seed(*parts: object, run: int = 0) -> int:
+    """The seed of the draw named by ``parts`` in run ``run`` (run 0 names none, so its draws stay as they were)."""
+    named = parts if run == 0 else ("seed", run, *parts)
+    return int.from_bytes(hashlib.sha256("|".join(map(repr, named)).encode()).digest()[:8], "big")
 
 
 class Suite:
-    def __init__(self, data: Data, peers: int, windows: int, warmup_windows: int = 2) -> None:
+    def __init__(self, data: Data, peers: int, windows: int, warmup_windows: int = 2, seed: int = 0) -> None:
         self.data = data
         self.peers = peers
         self.windows = windows
+        self.seed = seed
         self.learner = mlp_learner()
         self.engine = TrainEngine(self.learner, optax.adam(LEARNING_RATE))
         self.evaluator = Evaluator(self.learner)
@@ -355,7 +363,7 @@ class Suite:
             self.learner, self.evaluator, [str(n) for n in range(len(data.shards))], lambda s: data.shards[int(s)]
         )
         self.signers = [PureSigner(i.to_bytes(2, "big") * 16) for i in range(1, max(peers, 3) + 1)]
-        self.genesis = self.learner.to_tensors(self.learner.init(jax.random.PRNGKey(0)))
+        self.genesis = self.learner.to_tensors(self.learner.init(jax.random.PRNGKey(seed)))
         self.warm, self.warm_updates, self.warm_states, self.warm_parent = self._warm_up(warmup_windows)
         train_y = np.concatenate([y for _, y in data.shards])
         self._by_class = {c: np.flatnonzero(train_y == c) for c in range(10)}
@@ -385,7 +393,9 @@ class Suite:
             updates = []
             for i in range(len(self.signers)):
                 x, y = self.data.shards[(window * len(self.signers) + i) % len(self.data.shards)]
-                params, states[i] = self._fit(base, x, y, states[i], window)
+                params, states[i] = self._fit(
+                    base, x, y, states[i], window if self.seed == 0 else _seed("warm", window, run=self.seed)
+                )
                 updates.append(params)
             parent, base = base, {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in base}
         return base, updates, states, parent
@@ -395,12 +405,16 @@ class Suite:
         parts = [self.data.shards[int(s)] for s in shard_ids]
         return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
-    def _skewed(self, peer: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    def _skewed(self, peer: int, window: int, fewest: int) -> tuple[np.ndarray, np.ndarray]:
         """``SHARD_EXAMPLES`` training examples of the peer's classes, different each window: a quarter
         of an iid peer's lease (with 4,000, 62 steps on 2 or 3 classes, half of their updates were
         refused as ``merge_blocked``: decision 0020)."""
-        pool = np.concatenate([self._by_class[c] for c in skew_classes(peer)])
-        pick = np.sort(np.random.default_rng(_seed("skew", peer, window)).choice(pool, SHARD_EXAMPLES, replace=False))
+        pool = np.concatenate([self._by_class[c] for c in skew_classes(peer, fewest)])
+        pick = np.sort(
+            np.random.default_rng(_seed("skew", peer, window, run=self.seed)).choice(
+                pool, SHARD_EXAMPLES, replace=False
+            )
+        )
         return self._train_x[pick], self._train_y[pick]
 
     def run(
@@ -433,7 +447,7 @@ class Suite:
             0, DatasetId("mnist"), (), 0, 1,
         )  # fmt: skip
         previous = [(_candidate(signers[0], old_lease, old_lease.base_head, content_id(a)), a) for a in old_artifacts]
-        rng = np.random.default_rng(scenario_seed(attack, fraction, preset, setting))
+        rng = np.random.default_rng(scenario_seed(attack, fraction, preset, setting, self.seed))
         head_id = HeadId(content_id(encode_tensors(base)))
         previous_head = head_id
         peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
@@ -449,11 +463,11 @@ class Suite:
             trained: list[Params] = []
             leased: list[tuple[np.ndarray, np.ndarray]] = []  # each peer's leased examples, as the lease names them
             for i, peer in enumerate(peer_ids):
-                x, y = self._skewed(i, window) if where.skew else self._examples(assignment[peer])
+                x, y = self._skewed(i, window, where.skew) if where.skew else self._examples(assignment[peer])
                 leased.append((x, y))
                 if i in malicious and attack in BACKDOORS:
-                    x, y = poison(x, y, _seed("poison", i, window))
-                params, states[i] = self._fit(base, x, y, states[i], _seed("batches", i, window))
+                    x, y = poison(x, y, _seed("poison", i, window, run=self.seed))
+                params, states[i] = self._fit(base, x, y, states[i], _seed("batches", i, window, run=self.seed))
                 trained.append(params)
             honest = [trained[i] for i in range(peers) if i not in malicious]
             lineage_step = step.get("update_norm") or float(
@@ -583,9 +597,9 @@ class Suite:
         return out
 
 
-def scenario_seed(attack: str, fraction: float, preset: str, setting: str = "iid") -> int:
-    """The scenario's random seed, the same in every process (Python's ``hash()`` of str is salted)."""
-    return _seed(attack, fraction, preset, setting)
+def scenario_seed(attack: str, fraction: float, preset: str, setting: str = "iid", run: int = 0) -> int:
+    """The scenario's random seed in run ``run``, the same in every process (Python's ``hash()`` of str is salted)."""
+    return _seed(attack, fraction, preset, setting, run=run)
 
 
 def _candidate(signer: PureSigner, lease: Lease, base_head: HeadId, candidate_id: str) -> Candidate:
@@ -612,20 +626,22 @@ def run_suite(
     datasets_dir: Path,
     presets: tuple[str, ...] = ("minimal", "balanced", "strict"),
     attacks: tuple[str, ...] = tuple(ATTACKS),
-    fractions: tuple[float, ...] = FRACTIONS,
+    fractions: tuple[float, ...] | None = None,
     windows: int = 4,
     peers: int = 10,
     settings: tuple[str, ...] = tuple(SETTINGS),
     progress: Callable[[str], None] = print,
     use_reference: bool = True,
     suite: Suite | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Every planned (setting, attack, fraction) with an attack in ``attacks`` (and, in the iid
-    setting, a fraction in ``fractions`` or a Sybil majority, ≥ 0.5), for each preset, plus each
-    setting's clean run. ``suite``: an already warmed-up suite of ``peers`` and ``windows`` to reuse."""
-    suite = suite or Suite(load_data(datasets_dir), peers, windows)
-    if (suite.peers, suite.windows) != (peers, windows):
-        raise ValueError("the suite given was built for other peers or windows")
+    """Every planned (setting, attack, fraction) with an attack in ``attacks``, for each preset, plus
+    each setting's clean run; in the iid setting, with ``fractions`` given, each attack at exactly
+    those fractions instead of its planned ones. ``suite``: an already warmed-up suite of ``peers``,
+    ``windows`` and ``seed`` to reuse."""
+    suite = suite or Suite(load_data(datasets_dir), peers, windows, seed=seed)
+    if (suite.peers, suite.windows, suite.seed) != (peers, windows, seed):
+        raise ValueError("the suite given was built for other peers, windows or seed")
     rows = []
     clean: dict[str, dict[str, dict[str, float]]] = {}
     for preset in presets:
@@ -639,8 +655,7 @@ def run_suite(
                 (attack, fraction)
                 for attack, allowed in PLAN[setting]
                 if attack in attacks
-                for fraction in allowed
-                if setting != "iid" or fraction in fractions or fraction >= 0.5
+                for fraction in (fractions if fractions is not None and setting == "iid" else allowed)
             ]
             for attack, fraction in planned:
                 row = (
@@ -663,6 +678,7 @@ def run_suite(
     return {
         "windows": windows,
         "peers": peers,
+        "seed": seed,
         "reference": use_reference,
         "warm_accuracy": suite.evaluate(suite.warm, suite.data.test)["accuracy"],
         "warm_attack_success": suite.attack_success(suite.warm),
@@ -675,7 +691,7 @@ def run_suite(
 def scorecard_table(scorecard: dict[str, Any]) -> str:
     lines = [
         f"Attack suite: {scorecard['peers']} peers (cohort settings: 2 or 3), {scorecard['windows']} windows per"
-        f" scenario, real MNIST updates, judged {'with' if scorecard.get('reference', True) else 'without'} the"
+        f" scenario (seed {scorecard.get('seed', 0)}), real MNIST updates, judged {'with' if scorecard.get('reference', True) else 'without'} the"
         f" validator's reference update. Start: test accuracy"
         f" {scorecard['warm_accuracy']:.4f}, trigger attack success {scorecard['warm_attack_success']:.3f}.",
         "",

@@ -47,14 +47,17 @@ def cmd_workloads(args: argparse.Namespace) -> None:
 
 
 def cmd_attack_suite(args: argparse.Namespace) -> None:
-    from .attacks import ATTACKS, run_suite, scorecard_table, write_scorecard
+    from .attacks import ATTACKS, SETTINGS, run_suite, scorecard_table, write_scorecard
 
     scorecard = run_suite(
         args.datasets,
         presets=tuple(args.presets),
         attacks=tuple(args.attacks or ATTACKS),
+        fractions=tuple(args.fractions) if args.fractions else None,
         windows=args.windows,
         peers=args.peers,
+        settings=tuple(args.settings or SETTINGS),
+        seed=args.seed,
     )
     write_scorecard(args.out, scorecard)
     print(scorecard_table(scorecard))
@@ -97,6 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     suite.add_argument("--attacks", nargs="*", default=None, help="default: all")
     suite.add_argument("--windows", type=int, default=4)
     suite.add_argument("--peers", type=int, default=10)
+    suite.add_argument(
+        "--fractions",
+        nargs="*",
+        type=float,
+        default=None,
+        help="attacker fractions in the iid setting (default: planned)",
+    )
+    suite.add_argument(
+        "--settings", nargs="*", default=None, help="default: all (iid, label_skew, label_skew_1, cohorts)"
+    )
+    suite.add_argument("--seed", type=int, default=0, help="another genesis, warm-up and draws (0: the CI scorecard's)")
     suite.set_defaults(run=cmd_attack_suite)
 
     stack = sub.add_parser("stack", help="an edge and a validator on one port until terminated (browser tests)")

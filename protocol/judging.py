@@ -10,7 +10,8 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
     leave_one_out    a candidate the linear merge is worse with than without is a regression
     outer_step       the merge rule over the rest (weight caps per peer kind, ``staleness_weight``),
                      then the outer optimizer's step from the base
-    blocked_screens  the promotion rule, and the blame when it blocks the merge
+    promote          of that step's shares (``policy.step_shares``), the one of lowest holdout loss
+    blocked_screens  the promotion rule on it, and the blame when it blocks the merge
     next_trust       the trust book after the window
 
 and of the accepted, those whose lease evidence earns credit (``screening.lease_evidence_credits``).
@@ -75,6 +76,7 @@ __all__ = [
     "next_trust",
     "outer_step",
     "precheck",
+    "promote",
     "reference_batches",
     "reference_steps",
     "screen_updates",
@@ -236,8 +238,8 @@ def judge_window(
     momentum: Vector | None = None,
 ) -> WindowDecision:
     """Screens for every submission, the merged parameters when the window promotes, the next trust book:
-    ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``outer_step`` →
-    ``blocked_screens`` → ``next_trust``, over the submissions in content-id order.
+    ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``promote`` (``outer_step``)
+    → ``blocked_screens`` → ``next_trust``, over the submissions in content-id order.
 
     ``base_metrics`` holds the base head's ``loss`` on the validator's holdout, and its ``loss_se`` and
     the lineage's step (``update_norm``, ``WindowDecision.update_norm`` of the window that made the base
@@ -268,8 +270,7 @@ def judge_window(
     merged_metrics: dict[str, float] | None = None
     state = momentum  # a window that merges nothing leaves the outer state as it was
     if rows:
-        merged, state = outer_step(merge, rows, outer, momentum)
-        merged_metrics = evaluate(merged)
+        merged, merged_metrics, state = promote(merge, rows, outer, momentum, evaluate, base_metrics, policy)
         blocked = blocked_screens(base_metrics, merged_metrics, [trusted[i] for i in rows], marginal, policy)
         if blocked:
             screens.update(blocked)
@@ -404,13 +405,41 @@ def leave_one_out(
 
 
 def outer_step(
-    merge: Merge, rows: Sequence[int], outer: OuterOptimizer, momentum: Vector | None
+    merge: Merge, rows: Sequence[int], outer: OuterOptimizer, momentum: Vector | None, share: float = 1.0
 ) -> tuple[Params, Vector | None]:
-    """The merged parameters, ``outer``'s step from the base with the merge rule's update over
-    ``rows``, and the next outer state (``protocol.outer``: FedAvg has none, DiLoCo's Nesterov step
-    carries ``momentum``)."""
-    stepped, state = outer.step(merge.base, merge.update(rows), momentum)
+    """The merged parameters, ``outer``'s step from the base with ``share`` × the merge rule's update
+    over ``rows``, and the next outer state (``protocol.outer``: FedAvg has none, DiLoCo's Nesterov
+    step carries ``momentum``)."""
+    stepped, state = outer.step(merge.base, share * merge.update(rows), momentum)
     return unflatten(merge.spec, stepped), state
+
+
+def promote(
+    merge: Merge,
+    rows: Sequence[int],
+    outer: OuterOptimizer,
+    momentum: Vector | None,
+    evaluate: Evaluate,
+    base_metrics: Mapping[str, float],
+    policy: ScreeningPolicy,
+) -> tuple[Params, dict[str, float], Vector | None]:
+    """The step the window proposes, its holdout metrics and the next outer state: of ``outer_step``
+    at each share of ``policy.step_shares`` of the merge's update, the one with the lowest holdout
+    loss (the first of equals); ``blocked_screens`` then applies the promotion rule to it.
+
+    Peers that each hold a few classes each fit their own; the mean of their updates overshoots
+    where a shorter step along it lowers the loss, and the whole step, blocked, leaves the head where
+    it was for the next window to overshoot the same way (decision 0028). A share only shortens the
+    merge's step along the direction the merge rule chose."""
+    best: tuple[Params, dict[str, float], Vector | None] | None = None
+    for share in policy.step_shares:
+        merged, state = outer_step(merge, rows, outer, momentum, share)
+        metrics = evaluate(merged)
+        if best is None or metrics["loss"] < best[1]["loss"]:
+            best = merged, metrics, state
+    if best is None:
+        raise ValueError("the policy names no share of the merge's step")
+    return best
 
 
 def blocked_screens(

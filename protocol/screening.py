@@ -89,6 +89,8 @@ class ScreeningPolicy:
     min_cohort: int = 3
     candidate_margin: float = 0.03  # reject a candidate when the merge with it loses this much val loss vs. without
     promotion_margin: float = 0.05  # block a head whose val loss rises by more than this
+    # the shares of the merge's step measured on the holdout; the head takes the best (decision 0028)
+    step_shares: tuple[float, ...] = (1.0, 0.5, 0.25)
     max_examples_by_kind: tuple[tuple[str, float], ...] = (("browser", 8000.0), ("native", 32000.0))
     anchored: bool = True  # screen against the validator's reference update when one is given
     anchored_aggregator: str | None = None  # the merge rule when a reference is given (None: ``aggregator``)
@@ -133,6 +135,7 @@ PRESETS: dict[str, ScreeningPolicy] = {
         1e-9,
         candidate_margin=np.inf,
         anchored=False,
+        step_shares=(1.0,),
     ).without_lease_evidence(),  # the undefended control
     # the default. With the validator's reference update: FLTrust trust (ReLU cos) and norm bounds
     # against the reference, each update clipped to its norm, then a trust-weighted coordinate-wise

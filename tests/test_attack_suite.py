@@ -114,6 +114,20 @@ def test_label_skewed_benign_peers_are_rarely_rejected(scorecard: dict[str, Any]
     assert row["honest_quarantined"] == 0 and row["windows_promoted"] == WINDOWS
 
 
+@pytest.mark.parametrize("setting", ["label_skew_1", "label_skew"])
+def test_peers_holding_one_to_three_classes_are_rarely_refused_over_24_windows(
+    dataset_root: Path, setting: str
+) -> None:
+    """Honest peers holding 1–2 (2–3) classes each, 24 windows: each window takes the share of its
+    merged step of lowest holdout loss (decision 0028), so a whole step that overshoots does not block
+    the window and the next one with it. With the whole step only, 38–50 % of their candidates were
+    refused (docs/results/2026-12-attack-suite.md)."""
+    row = Suite(load_data(dataset_root), 10, 24).run("clean", 0.0, "balanced", setting)
+    assert row["benign_submissions"] == 10 * 24
+    assert row["benign_false_rejection"] <= 0.1, row
+    assert row["honest_quarantined"] == 0 and row["windows_promoted"] >= 22, row
+
+
 def test_benign_false_rejection_in_the_ten_peer_setting_is_zero(scorecard: dict[str, Any]) -> None:
     rows = [r for r in scorecard["rows"] if r["setting"] == "iid"]
     benign = sum(r["benign_submissions"] for r in rows)

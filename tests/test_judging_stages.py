@@ -140,7 +140,8 @@ def _window(name: str) -> WindowDecision:
         "empty": (WINDOW[:2], balanced, TRUST, {"reference": REFERENCE, "momentum": MOMENTUM}),
     }
     submissions, policy, trust, options = windows[name]
-    return judge_window(SPEC, BASE, BASE_METRICS, submissions, policy, _holdout, trust, **options)
+    whole = replace(policy, step_shares=(1.0,))  # the windows were recorded taking the whole step (decision 0028)
+    return judge_window(SPEC, BASE, BASE_METRICS, submissions, whole, _holdout, trust, **options)
 
 
 _A = "stale_base quarantined accepted replay undecodable non_finite wrong_shape accepted accepted accepted"
@@ -412,6 +413,35 @@ def test_blocked_screens(
     # half the candidate margin (0.03) is the line between blame and no blame
     screens = blocked_screens(base_metrics, merged_metrics, accepted, marginal, PRESETS["balanced"])
     assert {k: s.reason.value for k, s in screens.items()} == blocked
+
+
+@pytest.mark.parametrize(
+    ("shares", "reasons", "step"),
+    [
+        ((1.0, 0.5, 0.25), ["accepted", "accepted"], OPTIMUM),  # a quarter of 4 × OPTIMUM: the optimum
+        ((1.0,), ["merge_blocked", "merge_blocked"], None),  # the whole step alone overshoots and is blocked
+        ((1.0, 0.5), ["accepted", "accepted"], 2 * OPTIMUM),  # half of it: the loss of the base, within the margin
+    ],
+)
+def test_the_window_takes_the_share_of_its_step_of_lowest_holdout_loss(
+    shares: tuple[float, ...], reasons: list[str], step: np.ndarray | None
+) -> None:
+    """Updates that each overshoot the holdout's optimum four times (as peers holding few classes each
+    fit their own): the whole merged step raises the loss past the promotion margin, a quarter of it
+    lands on the optimum (decision 0028)."""
+    policy = replace(
+        PRESETS["balanced"], anchored=False, aggregator="weighted_mean", promotion_margin=0.001, noise_z=0.0,
+        step_shares=shares,
+    )  # fmt: skip
+    window = [_sub(30, 4 * OPTIMUM), _sub(31, 4 * OPTIMUM + _noise(1e-4))]
+    decision = judge_window(SPEC, BASE, BASE_METRICS, window, policy, _holdout)
+    assert [decision.screens[s.candidate_id].reason.value for s in window] == reasons
+    if step is None:
+        assert decision.merged is None
+    else:
+        assert decision.merged is not None and decision.merged_metrics is not None
+        np.testing.assert_allclose(flatten(SPEC, decision.merged) - flatten(SPEC, BASE), step, atol=1e-4)
+        assert decision.merged_metrics == _holdout(decision.merged)
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,8 @@ def _judge(
     base_metrics: Mapping[str, float] | None = None,
 ) -> WindowDecision:
     ref = None if reference is None else _params(reference)
-    return judge_window(TINY, BASE, base_metrics or {"loss": 1.0}, subs, policy, evaluate, trust, reference=ref)
+    whole = replace(policy, step_shares=(1.0,))  # the merge rules' own step (shares: test_judging_stages.py)
+    return judge_window(TINY, BASE, base_metrics or {"loss": 1.0}, subs, whole, evaluate, trust, reference=ref)
 
 
 def _merged_delta(decision: WindowDecision) -> np.ndarray:
