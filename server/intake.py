@@ -230,7 +230,13 @@ async def accept_head(
     except Exception as exc:
         state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
         raise
-    if state.store.add_proposal(replace(head, certificate=()), state.clock.now_ms()) and state.network.quorum > 1:
+    added = state.store.add_proposal(
+        replace(head, certificate=()), state.clock.now_ms(), state.settings.validator_proposals_per_window
+    )
+    if added is None:  # another request of its proposer took the last of the budget meanwhile
+        state.metrics.rejected_uploads.labels(RateLimited.__name__).inc()
+        raise _over_proposals(state, head)
+    if added and state.network.quorum > 1:
         rivals = [p.head_id for p in state.store.proposals(head.experiment, head.parent) if p.head_id != head.head_id]
         state.hub.publish(head.experiment, "quorum", _quorum_event("proposed", head, rivals))
         if rivals:  # validators computed different heads from the same window: visible to viewers
@@ -268,11 +274,17 @@ def _within_proposals(state: EdgeState, head: HeadDescriptor) -> None:
     with proposals that the other validators would judge, nor the edge's storage."""
     if state.store.proposal(head.experiment, head.head_id) is not None:
         return  # stored already: publishing it again costs nothing
+    if state.store.proposed_by(head.experiment, head.parent, head.validator_key) >= (
+        state.settings.validator_proposals_per_window
+    ):  # before any bytes are read; ``EdgeStore.add_proposal`` checks it again as it stores the head
+        raise _over_proposals(state, head)
+
+
+def _over_proposals(state: EdgeState, head: HeadDescriptor) -> RateLimited:
     budget = state.settings.validator_proposals_per_window
-    if state.store.proposed_by(head.experiment, head.parent, head.validator_key) >= budget:
-        raise RateLimited(
-            f"validator {b64encode(head.validator_key)} proposed its {budget} heads for the window on {head.parent}"
-        )
+    return RateLimited(
+        f"validator {b64encode(head.validator_key)} proposed its {budget} heads for the window on {head.parent}"
+    )
 
 
 def _charge(state: EdgeState, head: HeadDescriptor, cid: ContentId, size: int) -> None:

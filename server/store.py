@@ -353,15 +353,32 @@ class EdgeStore:
         with self._db.transaction() as run:
             return run(f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING", *row).rowcount == 1
 
-    def add_proposal(self, head: HeadDescriptor, now_ms: int) -> bool:
-        """Keep a validator-signed head until enough validators vouch for it; False if already kept."""
-        descriptor = json.dumps(head.to_wire())
+    def add_proposal(self, head: HeadDescriptor, now_ms: int, budget: int | None = None) -> bool | None:
+        """Keep a validator-signed head until enough validators vouch for it: True when new, False if
+        already kept, ``None`` when its proposer holds ``budget`` proposals on its parent already (counted
+        and inserted in one write transaction, so requests in flight at once cannot pass it together)."""
         key = b64encode(head.validator_key)
-        return self._insert_new(
-            "proposals",
-            "experiment, head_id, parent, validator_key, descriptor, received_at_ms",
-            *(head.experiment, head.head_id, head.parent, key, descriptor, now_ms),
-        )
+        with self._db.transaction() as run:
+            if run(
+                "SELECT 1 FROM proposals WHERE experiment = ? AND head_id = ?", head.experiment, head.head_id
+            ).fetchone():
+                return False
+            if budget is not None:
+                held = run(
+                    "SELECT COUNT(*) FROM proposals WHERE experiment = ? AND parent IS NOT DISTINCT FROM ?"
+                    " AND validator_key = ?",
+                    head.experiment,
+                    head.parent,
+                    key,
+                ).fetchone()[0]
+                if int(held) >= budget:
+                    return None
+            run(
+                "INSERT INTO proposals (experiment, head_id, parent, validator_key, descriptor, received_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                *(head.experiment, head.head_id, head.parent, key, json.dumps(head.to_wire()), now_ms),
+            )
+            return True
 
     def proposed_by(self, experiment: ExperimentKey, parent: HeadId | None, validator_key: bytes) -> int:
         """How many heads ``validator_key`` proposed on top of ``parent`` (``None``: genesis)."""

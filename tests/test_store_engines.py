@@ -26,10 +26,12 @@ from server.store import SCHEMA_VERSION, EdgeStore, PostgresStore, Store
 
 from .support import (
     EXPERIMENT,
+    SPEC,
     VALIDATOR,
     candidate_envelope,
     edge_settings,
     head_envelope,
+    init_params,
     private_postgres,
     tools_output,
     write_network,
@@ -232,6 +234,31 @@ def test_proposals_keep_their_attestations_as_certificates(store: EdgeStore) -> 
     assert proposal is not None and proposal.certificate == (attestation,)
     assert store.attestations(EXPERIMENT, child.head_id) == [attestation]
     assert store.proposal(EXPERIMENT, HeadId("sha256:" + "2" * 64)) is None
+
+
+def test_a_proposers_budget_holds_for_requests_in_flight_at_once(opener: Opener) -> None:
+    """Six threads, each with its own store on one database, add six different heads of one proposer on
+    one parent at once with a budget of two: two are kept, the other four are refused (``None``), and
+    a head kept already is not counted again."""
+    stores = [opener() for _ in range(6)]
+    genesis, _ = head_envelope()
+    heads = [head_envelope(init_params(SPEC, 10 + i), parent=genesis.head_id, window=1)[0] for i in range(6)]
+    start = threading.Barrier(len(stores))
+    added: list[bool | None] = []
+
+    def propose(store: EdgeStore, head: HeadDescriptor) -> None:
+        start.wait()
+        added.append(store.add_proposal(head, 1, budget=2))
+
+    threads = [threading.Thread(target=propose, args=pair) for pair in zip(stores, heads, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(added, key=str) == sorted([True, True, None, None, None, None], key=str)
+    assert len(stores[0].proposals(EXPERIMENT, genesis.head_id)) == 2
+    kept = stores[0].proposals(EXPERIMENT, genesis.head_id)[0]
+    assert stores[0].add_proposal(kept, 2, budget=2) is False  # kept already: neither new nor over budget
 
 
 def test_verdicts_newest_first_by_peer_and_counted(store: EdgeStore) -> None:
