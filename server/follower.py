@@ -53,6 +53,7 @@ ACTIVITY_WAIT_S = 10.0  # one long poll on the upstream's activity
 HEADS_PER_IMPORT = 16  # heads (and their blobs, in memory) taken as one lineage
 MAX_CANDIDATE_PAGES = 64  # pages of candidates (each at most the edge's CANDIDATE_PAGE) one round reads
 MAX_LIST_BYTES = 64 * 1024 * 1024  # a page of candidates or the verdicts listed
+MAX_SEEN_VERDICTS = 100_000  # verdicts remembered as taken (then forgotten: taking one again changes nothing)
 
 
 class UpstreamError(Exception):
@@ -217,6 +218,8 @@ async def _mirror_verdicts(state: EdgeState, upstream: Upstream, key: Experiment
             continue  # its candidate is not here yet (its window is open, or listed later)
         except (ProtocolError, Conflict) as exc:
             log.warning("%s: a verdict from %s refused: %s", key, upstream.url, exc)
+        if len(cursors.verdicts) >= MAX_SEEN_VERDICTS:
+            cursors.verdicts.clear()
         cursors.verdicts.add(seen)
 
 
