@@ -59,7 +59,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
         store = Store(tmp_path / "edge" / "edge.sqlite3")
         before = store.heads(BASELINE)  # every head the first edge certified, the last one included
         store.close()
-        assert len(mirrored) >= 4 and before[: len(mirrored)] == mirrored  # followed, certificates included
+        assert len(before) >= 4
         shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
         second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
         until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
@@ -164,14 +164,14 @@ def test_a_second_edge_following_the_first_carries_the_network_when_the_first_an
     try:
         for run in runs:
             run.start()
-        _until(lambda: len(_heads(second.url)) >= 4, 120)  # the peers talk to the first edge only
+        until("4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120)  # the peers talk to the first edge only
         mirrored = _heads(second.url)
         first.stop()
         store = Store(tmp_path / "edge" / "edge.sqlite3")
         before = store.heads(BASELINE)  # every head the first edge certified, the last one included
         store.close()
         shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
-        _until(lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+        until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
     finally:
         stop.set()
         for run in runs:
