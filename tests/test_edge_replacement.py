@@ -164,7 +164,9 @@ def test_a_second_edge_following_the_first_carries_the_network_when_the_first_an
     try:
         for run in runs:
             run.start()
-        until("4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120)  # the peers talk to the first edge only
+        until(
+            "4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120
+        )  # the peers talk to the first edge only
         mirrored = _heads(second.url)
         first.stop()
         store = Store(tmp_path / "edge" / "edge.sqlite3")
