@@ -39,6 +39,7 @@ import numpy as np
 from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors
+from protocol.edge_urls import edge_urls
 from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
@@ -221,6 +222,7 @@ class BrowserPeer:
                 self.running = False
                 return
             self._max_frame_bytes = int(welcome["max_frame_bytes"])
+            self._report(mirrors=edge_urls(welcome.get("mirrors") or []))  # the other edges, for the page
             if self.key not in {s.key for s in self._network.experiments}:
                 self.running = False
                 self._report(phase=f"error: this network runs no experiment {self.key}")

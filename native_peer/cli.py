@@ -5,6 +5,10 @@ fingerprint, as ``dtn keys`` prints it) from the network's operator:
 
     dtn train --edge https://host --validator-key <key or fingerprint>
 
+``--edge`` may be given more than once (or as a comma-separated list): edges of one network, one
+following another (``server.follower``); the trainer or validator moves to the next when one is
+unreachable (``EdgeClient``).
+
 The trainer fetches the network manifest from the edge (``/v1/network``) and trains only if the
 pinned validators are in it and every quorum of its validators includes one of them (so a head can
 never be canonical without a pinned validator's signature): an edge cannot swap in validators of
@@ -44,6 +48,7 @@ from datasets.layout import HELD_OUT_SPLITS, PreparedDataset, check_dataset
 from datasets.sharding import DEFAULT_FRACTIONS, ShardingError, shard
 from datasets.sources import read_images, read_npz, read_text
 from protocol.codec import decode_tensors
+from protocol.edge_urls import edge_urls
 from protocol.errors import ProtocolError
 from protocol.ids import ContentId, DatasetId, ExperimentKey
 from protocol.lineage import read_archive
@@ -62,6 +67,9 @@ from .validator import Validator
 from .workloads import WorkloadError, model_learner, network_learners
 
 __all__ = ["configure_logging", "fingerprint", "main", "pinned_network"]
+
+
+_EDGES = "edge URL (https://host); again, or a comma-separated list, for edges tried in order when one is unreachable"
 
 
 def _stop_on_signals() -> threading.Event:
@@ -106,11 +114,11 @@ def _served_network(args: argparse.Namespace, command: str) -> NetworkManifest:
         served, signatures = client.network(), client.network_signatures()
     finally:
         client.close()
-    network = pinned_network(served, args.validator_key, args.edge, signatures)
+    network = pinned_network(served, args.validator_key, client.url, signatures)
     logging.getLogger(__name__).info(
         "network %s from %s: validators [%s] (signed by [%s]) include the pinned keys",
         network.network_id,
-        args.edge,
+        client.url,
         ", ".join(fingerprint(key) for key in network.validator_keys),
         ", ".join(fingerprint(key) for key in signed_by(network, signatures)),
     )
@@ -119,7 +127,7 @@ def _served_network(args: argparse.Namespace, command: str) -> NetworkManifest:
 
 def cmd_train(args: argparse.Namespace) -> None:
     network = _served_network(args, "train")
-    args.storage = args.storage or _default_storage(args.edge)
+    args.storage = args.storage or _default_storage(edge_urls(args.edge)[0])
     keys = [ExperimentKey.parse(k) for k in args.experiment] or [s.key for s in network.experiments]
     workloads = {(spec.model, spec.dataset_id) for spec in map(network.experiment, keys)}
     if len(workloads) != 1:
@@ -286,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="run a native JAX trainer")
-    train.add_argument("--edge", required=True, help="bootstrap edge URL (https://host)")
+    train.add_argument("--edge", required=True, action="append", help=_EDGES)
     train.add_argument(
         "--validator-key",
         action="append",
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     keys.set_defaults(run=cmd_keys)
 
     validate = sub.add_parser("validate", help="run a validator / authority node")
-    validate.add_argument("--edge", required=True)
+    validate.add_argument("--edge", required=True, action="append", help=_EDGES)
     validate.add_argument("--network", type=Path, required=True)
     validate.add_argument("--storage", type=Path, required=True)
     validate.add_argument("--datasets", type=Path, required=True, help="prepared datasets (validation split)")

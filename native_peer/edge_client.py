@@ -8,18 +8,27 @@ candidates, heads and outer states whose artifact is larger than ``chunk_bytes``
 first and published by an envelope without the artifact, every request naming the stage so that a
 balancer keeps them on one edge (``StagedUpload``). This module only sends them, with httpx. It is the
 only door to the edge's HTTP API: peers, validators and the lab use its public methods, nothing else.
+
+A client may be given several edges of one network (a list, or one comma-separated string: edges
+that follow one another, ``server.follower``). It talks to one at a time, the first to begin with;
+when that one is unreachable (a request that kept failing to travel) or fails (5xx), the request is
+sent to the next one, each edge once per request, and the client stays there. ``failovers`` counts
+the moves: whoever keeps per-edge state (a cursor into an edge's candidates) checks it, and reads
+the network again as after a replaced edge (``rekeyed``: every edge signs with its own key).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from protocol.clock import SYSTEM_CLOCK, Clock
+from protocol.edge_urls import edge_urls
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.errors import IntegrityError, InvalidMessage, ProtocolError
 from protocol.hashing import content_id
@@ -56,6 +65,8 @@ from protocol.window import lease_window
 
 __all__ = ["EdgeClient", "EdgeRequestError"]
 
+T = TypeVar("T")
+
 
 class EdgeRequestError(Exception):
     """A refusal by the edge; ``retry_after_s`` is its ``Retry-After`` (seconds) when it sent one."""
@@ -82,7 +93,7 @@ def _refusal(answer: Response) -> EdgeRequestError:
 class EdgeClient:
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         token: str | None = None,
         reader: Signer | None = None,
@@ -92,11 +103,19 @@ class EdgeClient:
         chunk_bytes: int = UPLOAD_CHUNK_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        """``transport``: how requests travel (default: httpx's own; e.g. one bound to a source
+        """``base_url``: the edge, or the edges in the order they are tried (``protocol.edge_urls``).
+        ``transport``: how requests travel (default: httpx's own; e.g. one bound to a source
         address, as ``lab.simulated`` spreads its simulated trainers over loopback addresses)."""
-        self.base_url = base_url.rstrip("/")
+        self.urls = edge_urls(base_url)
+        if not self.urls:
+            raise ValueError("an edge client needs an edge URL")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self._clients = [
+            httpx.Client(base_url=url, timeout=timeout_s, headers=headers, transport=transport) for url in self.urls
+        ]
+        self._at = 0  # the edge in use
+        self._moving = threading.Lock()
+        self.failovers = 0
         self._policy = RetryPolicy.retrying(retries)
         self._clock = clock
         self._manifests: dict[str, FetchManifest] = {}
@@ -110,18 +129,51 @@ class EdgeClient:
             return {}
         return {READ_PROOF_HEADER: PeerProof.for_read(self._reader, "validator", path, self._clock.now_ms())}
 
+    @property
+    def url(self) -> str:
+        """The edge in use."""
+        return self.urls[self._at]
+
+    @property
+    def _http(self) -> httpx.Client:
+        return self._clients[self._at]
+
     def close(self) -> None:
-        self._http.close()
+        for client in self._clients:
+            client.close()
+
+    def _on_any_edge(self, call: Callable[[], T]) -> T:
+        """``call()`` on the edge in use; when that edge is unreachable (``httpx.TransportError``, or an
+        ``EdgeRequestError`` of status 0) or fails (5xx), on the next one, each edge once at most; the
+        last edge's failure is raised."""
+        for tried in range(len(self._clients)):
+            at = self._at
+            try:
+                return call()
+            except (httpx.TransportError, EdgeRequestError) as exc:
+                status = exc.status if isinstance(exc, EdgeRequestError) else 0
+                if 0 < status < 500 or tried == len(self._clients) - 1:
+                    raise
+                with self._moving:
+                    if self._at == at:  # not moved on meanwhile by another thread's failure
+                        self._at = (at + 1) % len(self._clients)
+                        self.failovers += 1
+        raise AssertionError("unreachable")
 
     def _request(self, method: str, path: str, *, read_proof: bool = False, **options: Any) -> httpx.Response:
         """``method`` ``path`` with httpx's ``options``, sent again while it fails to travel
-        (``protocol.transfers.Exchange``); a refusal is raised as ``EdgeRequestError``. ``read_proof``:
-        each attempt with a fresh read proof (``_read_proof``; the edge takes one once)."""
+        (``protocol.transfers.Exchange``), then to the next edge (``_on_any_edge``); a refusal is raised
+        as ``EdgeRequestError``. ``read_proof``: each attempt with a fresh read proof (``_read_proof``;
+        the edge takes one once)."""
         fresh = (lambda: self._read_proof(path)) if read_proof else None
-        response = self._drive(Exchange(Request(method, path), self._policy), fresh=fresh, **options)
-        if response.status_code >= 400:
-            raise _refusal(_answer(response))
-        return response
+
+        def send() -> httpx.Response:
+            response = self._drive(Exchange(Request(method, path), self._policy), fresh=fresh, **options)
+            if response.status_code >= 400:
+                raise _refusal(_answer(response))
+            return response
+
+        return self._on_any_edge(send)
 
     def _drive(
         self, plan: Exchange | StagedUpload, *, fresh: Callable[[], dict[str, str]] | None = None, **options: Any
@@ -285,11 +337,15 @@ class EdgeClient:
     def artifact(self, cid: ContentId, destination: Path) -> bytes:
         """The artifact ``cid``, kept at ``destination``: read from there when it already holds exactly
         those bytes, else downloaded (``protocol.transfers.RangedDownload``: streamed into a partial
-        file, resumed from it after a broken transfer, also by a later call) and verified by content id."""
+        file, resumed from it after a broken transfer, also by a later call, or from the next edge:
+        the bytes are the same) and verified by content id."""
         if destination.exists():
             data = destination.read_bytes()
             if content_id(data) == cid:
                 return data
+        return self._on_any_edge(lambda: self._download(cid, destination))
+
+    def _download(self, cid: ContentId, destination: Path) -> bytes:
         partial = destination.with_name(destination.name + ".part")
         destination.parent.mkdir(parents=True, exist_ok=True)
         have = partial.read_bytes() if partial.exists() else b""
@@ -387,7 +443,11 @@ class EdgeClient:
             self._request("POST", path, content=envelope)
             return
         bare = pack_envelope(descriptor, b"")
-        self._drive(StagedUpload(key, artifact, path, bare, chunk_bytes=self._chunk_bytes, policy=self._policy))
+        self._on_any_edge(
+            lambda: self._drive(
+                StagedUpload(key, artifact, path, bare, chunk_bytes=self._chunk_bytes, policy=self._policy)
+            )
+        )
 
     def publish_attestation(self, attestation: Attestation) -> None:
         path = f"{self._experiment_path(attestation.experiment)}/attestations"

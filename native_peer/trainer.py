@@ -21,7 +21,8 @@ unreachable. A lease signed by another edge key than the trainer knows (the edge
 store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
 the trainer read the network manifest again and go on with the new key if the edge still serves the
 same network terms (validators, quorum, experiments), the trust root (``EdgeClient.rekeyed``); it
-refuses the lease otherwise. A window whose candidate was not published is not counted
+refuses the lease otherwise. Given several edges, the client moves to the next when one is
+unreachable; the new edge's key is taken the same way, at its first lease. A window whose candidate was not published is not counted
 (``_deliver``): its head is trained again.
 Timestamps come from an injectable ``protocol.clock.Clock``.
 
@@ -196,7 +197,7 @@ class TrainerBuilder:
     workload: SupportedWorkload
     network: NetworkManifest | None = None
     storage: StorageConfig | None = None
-    bootstrap_url: str | None = None
+    bootstrap_url: str | Sequence[str] | None = None
     admission_token: str | None = None
     train_ahead: bool = False
     local_datasets: Path | None = None
@@ -207,7 +208,8 @@ class TrainerBuilder:
     def with_storage(self, storage: StorageConfig) -> TrainerBuilder:
         return replace(self, storage=storage)
 
-    def with_bootstrap_peer(self, url: str) -> TrainerBuilder:
+    def with_bootstrap_peer(self, url: str | Sequence[str]) -> TrainerBuilder:
+        """The edge, or the edges tried in order (``EdgeClient``: the next one when one is unreachable)."""
         return replace(self, bootstrap_url=url)
 
     def with_admission_token(self, token: str) -> TrainerBuilder:
@@ -251,7 +253,7 @@ class Trainer:
         workload: SupportedWorkload,
         network: NetworkManifest,
         storage: StorageConfig,
-        bootstrap_url: str,
+        bootstrap_url: str | Sequence[str],
         admission_token: str | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,

@@ -58,6 +58,9 @@ quorum), every head the edge's current head lacks, in window order; then its ope
 genesis is made while the journal holds one. At each new window, and on a lease signed by another key
 than the edge's known one (a new store makes a new key), the validator reads the network manifest
 again and takes the new key if the edge serves the same network terms (``EdgeClient.rekeyed``).
+Given several edges (``EdgeClient``: the next one when one is unreachable), a move to another edge
+is followed the same way: the network read again, the candidates read from the new edge's first,
+and the heads it lacks published again.
 
 State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of final
 verdicts not yet published, decisions on open windows) is one typed, bounded object, written to disk
@@ -318,7 +321,7 @@ class Validator:
         learners: JaxLearner | Mapping[str, JaxLearner],
         network: NetworkManifest,
         storage: StorageConfig,
-        edge_url: str,
+        edge_url: str | Sequence[str],
         datasets_dir: Path,
         config: ValidatorConfig = ValidatorConfig(),
         *,
@@ -356,6 +359,7 @@ class Validator:
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
         self._journals: dict[str, LineageJournal] = {}  # experiment -> the canonical lineage held here
+        self._failovers = 0  # the edge client's moves to another edge, as last followed (``_edge_head``)
 
     @property
     def trust(self) -> TrustBook:
@@ -465,6 +469,9 @@ class Validator:
         """The edge's current head of ``spec`` (unverified), once the edge holds every head of the
         lineage held here (``_restore``)."""
         head = self.edge.current_head(spec.key)
+        if self.edge.failovers != self._failovers:  # another edge of the list answers now
+            self._failovers = self.edge.failovers
+            self._follow_edge_key()
         lost = self._journal(spec.key).after(None if head is None else head.head_id)
         if lost:
             self._restore(spec, lost)

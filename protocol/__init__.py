@@ -42,6 +42,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
                  package_candidate
     lineage      lineage archives: an experiment's signed heads, candidates and verdicts in one
                  content-addressed tar, verified whole (signatures, quorum, parent chain, verdicts)
+    edge_urls    lists of edge URLs (a peer's edges, an edge's upstreams, a page's mirrors), read strictly
 """
 
 from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge

@@ -163,14 +163,17 @@ def verdict_contradiction(verdict: Verdict, candidate: Candidate, deciding: Sequ
     return None
 
 
-def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: int) -> None:
+def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: int, *, held: int = 0) -> None:
     """Raise a ``ProtocolError`` (one line: what and where) unless ``lineage`` is a canonical lineage of
-    the network whose validators are ``validator_keys`` with ``quorum`` (the checks listed above)."""
+    the network whose validators are ``validator_keys`` with ``quorum`` (the checks listed above).
+    ``held``: its first heads are the checker's own, verified when it took them (a store's lineage that
+    the rest continues): they are part of the parent chain, their signatures and blobs are not checked
+    again, and the lineage need not carry those blobs."""
     if not lineage.heads:
         raise InvalidMessage("the lineage holds no head")
     by_id: dict[HeadId, HeadDescriptor] = {}
     previous: HeadDescriptor | None = None
-    for head in lineage.heads:
+    for at, head in enumerate(lineage.heads):
         where = f"head {head.head_id} (window {head.window})"
         if head.experiment != lineage.experiment:
             raise InvalidMessage(f"{where} is of experiment {head.experiment}, not {lineage.experiment}")
@@ -180,6 +183,9 @@ def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: i
                 f"{where} breaks the parent chain: its parent is {head.parent} at window {head.window}, "
                 f"expected {expected[0]} at window {expected[1]}"
             )
+        by_id[head.head_id] = previous = head
+        if at < held:
+            continue
         try:
             head.verify_trusted(validator_keys, quorum)
         except SignatureError as exc:
@@ -187,7 +193,8 @@ def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: i
         for cid in (head.head_id, head.outer_state):
             if cid is not None and cid not in lineage.blobs:
                 raise InvalidMessage(f"{where} names {cid}, which the archive does not hold")
-        by_id[head.head_id] = previous = head
+            if cid is not None:
+                verify_content(lineage.blobs[cid], cid)
     candidates = {}
     for candidate in lineage.candidates:
         if candidate.experiment != lineage.experiment or candidate.base_head not in by_id:

@@ -12,6 +12,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     store_postgres    the engine for several edges sharing one state
     blobs             content-addressed artifact files on disk (atomic, fsynced)
     lineage           an experiment's lineage out of a store as an archive, and into one once verified whole
+    follower          an edge following another: its heads, artifacts, candidates and verdicts, verified, mirrored
     backup            online backups of the SQLite store and artifacts, and restoring one into a new edge
     blobs_s3          artifacts in an S3-compatible bucket, for edges that share no file system
     uploads           artifacts staged in chunks until an envelope publishes them

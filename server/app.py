@@ -15,6 +15,7 @@ from . import (
     artifact_routes,
     dataset_routes,
     experiment_routes,
+    follower,
     operations,
     peer_runtime,
     portal,
@@ -38,14 +39,16 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.edge = state
         app.state.issuer = LeaseIssuer(state)
         operations.register_collector(state)
-        sweeper = asyncio.create_task(relay.close_revoked(state)) if state.admission.required else None
+        tasks = [asyncio.create_task(relay.close_revoked(state))] if state.admission.required else []
+        if settings.followed:
+            tasks.append(asyncio.create_task(follower.follow(state, settings.followed)))
         try:
             yield
         finally:
-            if sweeper is not None:
-                sweeper.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await sweeper
+                    await task
             await state.close()
 
     app = FastAPI(

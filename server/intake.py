@@ -82,7 +82,9 @@ __all__ = [
     "accept_head",
     "accept_outer_state",
     "accept_verdict",
+    "accept_verdicts",
     "check_peer_rate",
+    "head_taken",
 ]
 
 
@@ -324,12 +326,19 @@ def _promote_if_certified(state: EdgeState, experiment: ExperimentKey, head_id: 
     )
     head = replace(head, certificate=certificate)
     if state.store.promote_head(head, state.clock.now_ms()):
-        state.metrics.heads.inc()
-        state.hub.publish(head.experiment, "heads", head.to_wire())
-        state.hub.head_changed(head.experiment)
-        _retire_candidates(state, head.experiment)
-        _settle_votes(state, head)
+        head_taken(state, head)
     return head, True
+
+
+def head_taken(state: EdgeState, head: HeadDescriptor) -> None:
+    """What follows ``head`` becoming this edge's current head (certified here, or mirrored from the
+    edge it follows: ``server.follower``): it is announced, long polls on the head wake, old
+    candidates' artifacts go and the pending verdicts it decides are settled."""
+    state.metrics.heads.inc()
+    state.hub.publish(head.experiment, "heads", head.to_wire())
+    state.hub.head_changed(head.experiment)
+    _retire_candidates(state, head.experiment)
+    _settle_votes(state, head)
 
 
 def _quorum_event(

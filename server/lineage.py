@@ -7,6 +7,9 @@ against the lineage: ``protocol.lineage.verify_lineage``), that it is of this ne
 that every head and outer state is exactly a float32 artifact of the experiment's model, and that the
 store's own lineage of the experiment is a prefix of it; only then are blobs, candidates, heads (in
 window order, each on its parent) and verdicts written. Nothing is served before all of it is checked.
+A lineage may also continue the store's: its first head at window w > 0 on the store's head of window
+w - 1 (what an edge that follows another takes, ``server.follower``); the store's heads before it are
+then its start, verified when the store took them.
 
 A candidate taken from an archive has no artifact here (an archive carries heads, not the candidates'
 bytes); its descriptor is what its verdicts are checked against.
@@ -15,7 +18,7 @@ bytes); its descriptor is what its verdicts are checked against.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from protocol.credit import credited_examples
@@ -84,12 +87,19 @@ def import_lineage(
         spec = network.experiment(lineage.experiment)
     except KeyError:
         raise InvalidMessage(f"network {network.network_id!r} runs no experiment {lineage.experiment}") from None
-    verify_lineage(lineage, network.validator_key_set, network.quorum)
-    for head in lineage.heads:
+    stored = store.heads(lineage.experiment)
+    first = lineage.heads[0].window if lineage.heads else 0
+    if first > len(stored):
+        raise Conflict(
+            f"the lineage begins at window {first}; the store holds {lineage.experiment} up to window {len(stored) - 1}"
+        )
+    lineage = replace(lineage, heads=(*stored[:first], *lineage.heads))
+    verify_lineage(lineage, network.validator_key_set, network.quorum, held=first)
+    for head in lineage.heads[first:]:
         for cid in (head.head_id, head.outer_state):
             if cid is not None:
                 read_artifact(spec.model, lineage.blobs[cid], "fp32")
-    held = [head.head_id for head in store.heads(lineage.experiment)]
+    held = [head.head_id for head in stored]
     ours = [head.head_id for head in lineage.heads[: len(held)]]
     if held != ours:
         at = next((i for i, (a, b) in enumerate(zip(held, ours, strict=False)) if a != b), len(ours))

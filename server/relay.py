@@ -11,7 +11,8 @@ until it is closed (``ConnectionState.CLOSED``).
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
-    edge → {"type": "welcome", "peer_id", "network", "network_signatures", "max_frame_bytes"}
+    edge → {"type": "welcome", "peer_id", "network", "network_signatures", "max_frame_bytes", "mirrors"}
+           ("mirrors": the other edges of this network, the ``mirrors`` setting, for a page to move to)
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
             "after"?: <current head id: the next window's lease>,
@@ -221,6 +222,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         "network_signatures": [s.to_wire() for s in state.network_signatures()],  # what a page's pins check
         # the largest candidate frame it takes: a frame, and an envelope with its artifact inline
         "max_frame_bytes": min(state.settings.max_frame_bytes, state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES),
+        "mirrors": state.settings.mirror_urls,
     }
     connection.offer(orjson.dumps(welcome).decode())
     state.hub.publish(NETWORK_SCOPE, "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})

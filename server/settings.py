@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from protocol.edge_urls import edge_urls
+from protocol.errors import InvalidMessage
 from protocol.uploads import UPLOAD_CHUNK_BYTES
 
 __all__ = ["Settings"]
@@ -78,6 +80,8 @@ _HELP = {
     "blobs_dir": "artifact files (several edges: one shared directory); empty: data_dir/blobs",
     "blobs_url": "s3://bucket/prefix of an S3-compatible store several edges share (endpoint and credentials: "
     "the AWS_* environment); blobs_dir then holds this edge's cached copies",
+    "follow": "URLs (comma-separated) of edges of this network that this edge follows: it mirrors their canonical heads, artifacts, candidates and verdicts, each verified against this network's validators (server.follower), from the first that answers; empty: it follows none",
+    "mirrors": "public URLs (comma-separated) of the other edges of this network, told to browser pages (the relay welcome) so that a page can be moved to one when this edge is gone",
     "accel_prefix": "serve shard bytes through the reverse proxy: after the lease check the edge answers X-Accel-Redirect: <prefix><dataset>/<split>/<locator> (an internal location of the proxy, e.g. /_shards/) instead of the bytes; empty: the edge sends the bytes itself",
 }
 
@@ -144,6 +148,8 @@ class Settings:
     redis_url: str = ""
     blobs_dir: str = ""
     blobs_url: str = ""
+    follow: str = ""
+    mirrors: str = ""
 
     def __post_init__(self) -> None:
         if self.public_url:
@@ -164,8 +170,23 @@ class Settings:
             raise ValueError(f"redis_url must be a redis://, rediss:// or unix:// URL, not {_scheme(self.redis_url)}")
         if self.blobs_url and urlsplit(self.blobs_url).scheme != "s3":
             raise ValueError(f"blobs_url must be an s3://bucket/prefix URL, not {_scheme(self.blobs_url)}")
+        for name in ("follow", "mirrors"):
+            try:
+                edge_urls(getattr(self, name))
+            except InvalidMessage as exc:
+                raise ValueError(f"{name}: {exc}") from None
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
+
+    @property
+    def followed(self) -> list[str]:
+        """The edges this edge follows, in order (``follow``)."""
+        return edge_urls(self.follow)
+
+    @property
+    def mirror_urls(self) -> list[str]:
+        """The other edges of this network browser pages are told about (``mirrors``)."""
+        return edge_urls(self.mirrors)
 
     @property
     def blobs_root(self) -> Path:

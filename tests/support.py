@@ -252,7 +252,9 @@ def network_from_config(root: Path, config: str, datasets: Path) -> LocalNetwork
     return LocalNetwork(root, datasets, NetworkManifest.from_wire(json.loads((root / "network.json").read_text())))
 
 
-def mnist_trainer(network: NetworkManifest, storage: Path, url: str, *, continuous: bool = False) -> Trainer:
+def mnist_trainer(
+    network: NetworkManifest, storage: Path, url: str | list[str], *, continuous: bool = False
+) -> Trainer:
     """A native MNIST MLP trainer spawned through the builder API, as users write it."""
     return (
         Project(mlp_learner())

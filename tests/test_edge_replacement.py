@@ -1,6 +1,8 @@
 """The network outlives its edge: an edge killed and replaced by one on an empty store (a new key, no
-heads) gets the lineage back from its validator, and the running validator and trainer go on with it.
-Real uvicorn edges on one port, a real validator and trainer in threads, real MNIST."""
+heads) gets the lineage back from its validator, and the running validator and trainer go on with it;
+or a second edge that follows the first (``server.follower``, its own store) carries the network on
+for a validator and a trainer given both edges. Real uvicorn edges, a real validator and trainer in
+threads, real MNIST."""
 
 from __future__ import annotations
 
@@ -138,3 +140,59 @@ def test_a_trainer_whose_delivered_candidate_died_with_the_edge_trains_that_wind
     assert report.head.parent == before[-1].head_id and report.head.window == 2
     assert report.head.merged and delivered.candidate_id not in report.head.merged  # trained again, leased anew
     assert trainer.progress(BASELINE).last_base_head == before[-1].head_id
+
+
+@pytest.mark.slow  # a minute of real windows across two edges
+def test_a_second_edge_following_the_first_carries_the_network_when_the_first_and_its_store_are_gone(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    storage = StorageConfig(tmp_path / "validator")
+    network = mnist_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    for root in (tmp_path, tmp_path / "second"):
+        root.mkdir(exist_ok=True)
+        (root / "network.json").write_text(json.dumps(network.to_wire()))
+    first = BackgroundEdge(edge_settings(tmp_path, dataset_root)).start()
+    second = BackgroundEdge(edge_settings(tmp_path / "second", dataset_root, follow=first.url)).start()
+    edges = [first.url, second.url]
+    validator = Validator(mlp_learner(), network, storage, edges, dataset_root)
+    trainer = mnist_trainer(network, tmp_path / "trainer", edges)
+    stop = threading.Event()
+    runs = [
+        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
+        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
+    ]
+    try:
+        for run in runs:
+            run.start()
+        until(
+            "4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120
+        )  # the peers talk to the first edge only
+        mirrored = _heads(second.url)
+        first.stop()
+        store = Store(tmp_path / "edge" / "edge.sqlite3")
+        before = store.heads(BASELINE)  # every head the first edge certified, the last one included
+        store.close()
+        shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
+        until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+    finally:
+        stop.set()
+        for run in runs:
+            run.join(timeout=60)
+        trainer.close()
+        validator.close()
+        first.stop()
+    try:
+        heads = _heads(second.url)
+        candidates = httpx.get(f"{second.url}/v1/experiments/{BASELINE}/candidates").json()
+    finally:
+        second.stop()
+    assert len(mirrored) >= 4 and before[: len(mirrored)] == mirrored  # followed, certificates included
+    assert [h.head_id for h in heads[: len(before)]] == [h.head_id for h in before]  # no head lost
+    assert len(heads) >= len(before) + 3, "the network did not go on through the second edge"
+    assert [h.window for h in heads] == list(range(len(heads)))  # one genesis, one head a window
+    for parent, head in itertools.pairwise(heads):
+        assert head.parent == parent.head_id
+        head.verify_trusted(network.validator_key_set, network.quorum)
+    ours = {c["candidate_id"] for c in candidates if Candidate.from_wire(c).peer_id == trainer.peer_id}
+    assert {cid for head in heads[len(before) :] for cid in head.merged} & ours, "no candidate merged after"
+    assert trainer.edge.url == validator.edge.url == second.url

@@ -1,0 +1,231 @@
+"""Edges that follow another edge (``server.follower``) and clients given several edges
+(``EdgeClient``, ``protocol.edge_urls``): real uvicorn edges on separate SQLite stores, a 2-of-3
+network's signed lineage (``tests.test_lineage``) taken into the upstream by ``dtn lineage import``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from native_peer.edge_client import EdgeClient
+from protocol.edge_urls import MAX_EDGE_URLS, edge_urls
+from protocol.errors import IntegrityError, InvalidMessage, SignatureError
+from protocol.ids import ContentId
+from protocol.lineage import Lineage, write_archive
+from protocol.messages import HeadDescriptor
+from protocol.signing import PureSigner
+from server.follower import Upstream, mirror_once
+from server.serve import BackgroundEdge
+from server.state import EdgeState
+from server.store import Store
+
+from .support import EXPERIMENT, edge_settings, proof
+from .test_lineage import NETWORK, _certified, _dtn, _edge_files, _lineage
+
+
+@pytest.fixture(scope="module")
+def lineage() -> Lineage:
+    return _lineage(3)
+
+
+def _upstream(root: Path, dataset_root: Path, lineage: Lineage) -> BackgroundEdge:
+    """A running edge on its own store under ``root`` that holds ``lineage``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lineage.tar").write_bytes(write_archive(lineage))
+    _dtn(["lineage", "import", str(root / "lineage.tar"), *_edge_files(root)])
+    return BackgroundEdge(edge_settings(root, dataset_root)).start()
+
+
+def _served(url: str) -> list[HeadDescriptor]:
+    answer = httpx.get(f"{url}/v1/experiments/{EXPERIMENT}/heads", timeout=10)
+    return [HeadDescriptor.from_wire(h) for h in answer.json()] if answer.status_code == 200 else []
+
+
+def test_a_following_edge_serves_the_upstreams_lineage_verified_and_continues_its_own(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    upstream = _upstream(tmp_path / "a", dataset_root, lineage)
+    follower_root = tmp_path / "b"
+    follower_root.mkdir()
+    (follower_root / "start.tar").write_bytes(
+        write_archive(replace(lineage, heads=lineage.heads[:2], candidates=(), verdicts=()))
+    )
+    _dtn(["lineage", "import", str(follower_root / "start.tar"), *_edge_files(follower_root)])  # a lineage it continues
+    follower = BackgroundEdge(
+        edge_settings(follower_root, dataset_root, follow=f"http://127.0.0.1:9,{upstream.url}")
+    ).start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(_served(follower.url)) < len(lineage.heads) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # verdicts are mirrored after the heads
+        with httpx.Client(base_url=follower.url, timeout=10) as http:
+            served = _served(follower.url)
+            artifacts = [http.get(f"/v1/artifacts/{h.head_id}").content for h in lineage.heads[2:]]
+            candidates = http.get(f"/v1/experiments/{EXPERIMENT}/candidates").json()
+            edge_keys = {httpx.get(f"{url}/v1/network").json()["edge_key"] for url in (upstream.url, follower.url)}
+    finally:
+        follower.stop()
+        upstream.stop()
+    assert served == list(lineage.heads)  # certificates included; none lost, one genesis
+    assert artifacts == [lineage.blobs[h.head_id] for h in lineage.heads[2:]]
+    assert {c["candidate_id"] for c in candidates} == {c.candidate_id for c in lineage.candidates}
+    store = Store(follower_root / "edge" / "edge.sqlite3")
+    try:  # one validator's verdict is all the upstream lists: held as its vote until a quorum (decision 0022)
+        held = [store.votes(EXPERIMENT, ContentId(v.candidate_id)) for v in lineage.verdicts]
+    finally:
+        store.close()
+    assert held == [[v] for v in lineage.verdicts]
+    assert len(edge_keys) == 2  # two stores, two edge keys: one network
+
+
+def _served_after(root: Path, dataset_root: Path) -> list[HeadDescriptor]:
+    """The heads the edge of ``root`` serves when started again on its store (what it wrote)."""
+    with BackgroundEdge(edge_settings(root, dataset_root)) as edge:
+        return _served(edge.url)
+
+
+def _mirrored(root: Path, dataset_root: Path, upstream_url: str) -> list[HeadDescriptor]:
+    """One ``mirror_once`` of a fresh edge state under ``root`` from ``upstream_url``; what it holds after
+    (the error of the mirror is raised)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "network.json").write_text(json.dumps(NETWORK.to_wire()))
+
+    async def run() -> list[HeadDescriptor]:
+        state = EdgeState.open(edge_settings(root, dataset_root))
+        await state.start()
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                try:
+                    await mirror_once(state, Upstream(http, upstream_url, 1 << 24))
+                finally:
+                    held = state.store.heads(EXPERIMENT)
+            return held
+        finally:
+            await state.close()
+
+    return asyncio.run(run())
+
+
+def test_a_follower_refuses_an_upstream_whose_heads_other_validators_signed(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    outsiders = [PureSigner(bytes([i]) * 32) for i in (0x41, 0x42, 0x43)]
+    foreign = replace(NETWORK, validator_keys=tuple(v.public_key for v in outsiders))
+    root = tmp_path / "foreign"
+    root.mkdir()
+    (root / "network.json").write_text(json.dumps(foreign.to_wire()))
+    (root / "lineage.tar").write_bytes(write_archive(_signed_by(lineage, outsiders)))
+    _dtn(
+        [
+            "lineage",
+            "import",
+            str(root / "lineage.tar"),
+            "--data-dir",
+            str(root / "edge"),
+            "--network",
+            str(root / "network.json"),
+        ]
+    )
+    with BackgroundEdge(edge_settings(root, dataset_root)) as upstream:
+        assert len(_served(upstream.url)) == len(lineage.heads)  # it serves them, signed by its own validators
+        with pytest.raises(SignatureError):
+            _mirrored(tmp_path / "b", dataset_root, upstream.url)
+    assert _served_after(tmp_path / "b", dataset_root) == []  # nothing of it was written
+
+
+def _signed_by(lineage: Lineage, signers: list[PureSigner]) -> Lineage:
+    """``lineage``'s heads proposed and certified by ``signers`` instead (no candidates, verdicts)."""
+    heads = tuple(
+        _certified(
+            replace(h, validator_key=signers[i % 3].public_key, certificate=()), signers[i % 3], signers[(i + 1) % 3]
+        )
+        for i, h in enumerate(lineage.heads)
+    )
+    return replace(lineage, heads=heads, candidates=(), verdicts=())
+
+
+def test_a_follower_refuses_an_upstream_serving_other_bytes_for_a_head(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    upstream = _upstream(tmp_path / "a", dataset_root, lineage)
+    try:
+        path = tmp_path / "a" / "edge" / "blobs" / "sha256"
+        target = path / lineage.heads[1].head_id.removeprefix("sha256:")[:2] / lineage.heads[1].head_id[9:]
+        data = bytearray(target.read_bytes())
+        data[-1] ^= 1
+        target.write_bytes(bytes(data))  # the upstream's disk is tampered with
+        with pytest.raises(IntegrityError):
+            _mirrored(tmp_path / "b", dataset_root, upstream.url)
+    finally:
+        upstream.stop()
+    assert _served_after(tmp_path / "b", dataset_root) == []
+
+
+def test_a_client_given_several_edges_moves_to_the_next_only_when_one_is_unreachable(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "network.json").write_text(json.dumps(NETWORK.to_wire()))
+    first = BackgroundEdge(edge_settings(tmp_path / "a", dataset_root)).start()
+    second = BackgroundEdge(edge_settings(tmp_path / "b", dataset_root)).start()
+    dead = "http://127.0.0.1:9"
+    client = EdgeClient([dead, f"{first.url},{second.url}"], retries=1)
+    try:
+        keys = {}
+        for edge in (first, second):
+            keys[edge.url] = httpx.get(f"{edge.url}/v1/network").json()["edge_key"]
+        assert client.network().edge_key is not None and client.url == first.url and client.failovers == 1
+        assert client.current_head(EXPERIMENT) is None  # a 404 is an answer: no move
+        assert client.url == first.url and client.failovers == 1
+        first.stop()
+        served = client.network()
+        assert client.url == second.url and client.failovers == 2
+        assert client.rekeyed(replace(served, edge_key=None)) is not None  # another edge, another key
+        second.stop()
+        with pytest.raises(httpx.TransportError):
+            client.network()  # every edge tried once: the last one's failure
+        assert client.failovers == 4 and client.url == first.url
+    finally:
+        client.close()
+        first.stop()
+        second.stop()
+    assert keys[first.url] != keys[second.url]
+
+
+def test_edge_url_lists_are_read_in_order_once_and_hostile_ones_are_refused() -> None:
+    assert edge_urls(["https://a.example/", "https://b.example,https://a.example", " "]) == [
+        "https://a.example",
+        "https://b.example",
+    ]
+    assert edge_urls("") == []
+    for hostile in ("javascript:alert(1)", "https://a.example?x=1", "ftp://a.example", "https://" + "a" * 300):
+        with pytest.raises(InvalidMessage):
+            edge_urls(hostile)
+    with pytest.raises(InvalidMessage):
+        edge_urls([f"https://e{i}.example" for i in range(MAX_EDGE_URLS + 1)])
+    with pytest.raises(InvalidMessage):
+        edge_urls([1, 2])  # type: ignore[list-item]
+
+
+def test_the_welcome_tells_a_page_about_the_other_edges(tmp_path: Path, dataset_root: Path) -> None:
+    (tmp_path / "network.json").write_text(json.dumps(NETWORK.to_wire()))
+    mirrors = "https://b.example,https://c.example:8443"
+    signer = PureSigner(b"\x31" * 32)
+    with (
+        BackgroundEdge(edge_settings(tmp_path, dataset_root, mirrors=mirrors)) as edge,
+        connect(edge.url.replace("http", "ws", 1) + "/v1/relay") as ws,
+    ):
+        challenge = json.loads(ws.recv(timeout=5))
+        ws.send(json.dumps({"type": "join", "proof": proof(signer, "join", challenge["nonce"], "browser")}))
+        welcome = json.loads(ws.recv(timeout=5))
+    assert welcome["mirrors"] == ["https://b.example", "https://c.example:8443"]
+    assert edge_urls(welcome["mirrors"]) == welcome["mirrors"]  # what the browser peer reads of it
