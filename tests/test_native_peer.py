@@ -650,7 +650,8 @@ def test_a_native_trainer_downloads_each_byte_once(network_env: tuple[Background
         for _ in range(5):
             leased += trainer.train_window_once(experiment).shard_ids
             report = validator.poll(spec)
-            assert report is not None and report.merged
+            assert report is not None
+            assert report.merged, [(str(v.reason), v.detail) for v in report.verdicts]
         leased += trainer.train_window_once(experiment).shard_ids  # on the last head
     finally:
         trainer.close()

@@ -301,7 +301,7 @@ def test_every_request_of_a_stage_names_it_and_a_publish_that_finds_no_stage_sta
         late = _LatePublish(idle_s=1.0)
         client = EdgeClient(edge.url, chunk_bytes=CHUNK)
         client._http.close()
-        client._http = httpx.Client(base_url=edge.url, transport=late)  # below the client
+        client._clients[0] = httpx.Client(base_url=edge.url, transport=late)  # below the client
         client.publish_candidate(EXPERIMENT, pack_envelope(candidate.to_wire(), artifact))
         client.close()
         path = f"/v1/artifacts/{candidate.candidate_id}"
@@ -327,7 +327,7 @@ def test_native_trainers_and_validators_stage_candidates_heads_and_outer_states(
         flaky, steady = _Network(flaky=True), _Network(flaky=False)
         for client, network in ((trainer.edge, flaky), (validator.edge, steady)):
             client._http.close()
-            client._http = httpx.Client(base_url=edge.url, transport=network)  # below the client
+            client._clients[0] = httpx.Client(base_url=edge.url, transport=network)  # below the client
             client._chunk_bytes = CHUNK  # every artifact of this model is over it: all are staged
         genesis = validator.ensure_genesis(nesterov)
         outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
@@ -429,7 +429,7 @@ def test_a_native_download_resumes_after_a_broken_body_and_drops_a_partial_file_
         cut = _CutsTheFirstDownload()
         client = EdgeClient(edge.url)
         client._http.close()
-        client._http = httpx.Client(base_url=edge.url, transport=cut)  # below the client
+        client._clients[0] = httpx.Client(base_url=edge.url, transport=cut)  # below the client
         destination = tmp_path / "heads" / "genesis"
         data = client.artifact(head.head_id, destination)
         assert content_id(data) == head.head_id and destination.read_bytes() == data
