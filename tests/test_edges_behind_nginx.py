@@ -304,7 +304,7 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
             fleet, edges, verify=ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
         )
         trainer.edge._http.close()
-        trainer.edge._http = httpx.Client(base_url=public_url, transport=killer, timeout=30)
+        trainer.edge._clients[0] = httpx.Client(base_url=public_url, transport=killer, timeout=30)
         outcome = trainer.train_window_once(experiment)
         assert killer.killed is not None
         fleet.stop(killer.killed)
