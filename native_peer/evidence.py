@@ -3,17 +3,15 @@ each candidate, and the attack suite as they do."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from protocol.evidence import EvidenceDraw
-from protocol.ids import ContentId, PeerId
 
 from .learner import Evaluator, JaxLearner
 
-__all__ = ["LeaseEvidence", "Origins"]
+__all__ = ["LeaseEvidence"]
 
 Examples = tuple[np.ndarray, np.ndarray]
 
@@ -40,8 +38,7 @@ class LeaseEvidence:
         lease_shards: Sequence[str],
         leased: Examples | None = None,
     ) -> float:
-        """The evidence that ``trained`` (from ``head``, the parameters named ``head_id`` it trained
-        from: its base head or the candidate it trained ahead from) trained on
+        """The evidence that ``trained`` (from ``head``, the head ``head_id`` it trained on) trained on
         lease ``lease_id`` of ``lease_shards``, in a window of tie-break ``salt``. ``leased``: the
         lease's examples when they are not its shards' (the attack suite's label-skewed peers).
         ``ValueError`` (from ``protocol.evidence``) when it cannot be measured."""
@@ -64,30 +61,6 @@ class LeaseEvidence:
             self._window = (draw, _concatenate(parts), [len(y) for _, y in parts])
             self._head_losses = {}
         return self._window
-
-
-class Origins:
-    """The parameters judged candidates trained to (decoded on their own base head), with their peer,
-    by candidate id: where a later candidate that trained ahead from one (``Candidate.origin``) has
-    its lease evidence measured. Holds at most ``max_bytes`` of parameters, the oldest dropped first."""
-
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._held: OrderedDict[ContentId, tuple[PeerId, dict[str, np.ndarray]]] = OrderedDict()
-        self._bytes = 0
-
-    def add(self, candidate_id: ContentId, peer_id: PeerId, params: Mapping[str, np.ndarray]) -> None:
-        if candidate_id in self._held:
-            return
-        held = {k: np.asarray(v, np.float32) for k, v in params.items()}
-        self._held[candidate_id] = (peer_id, held)
-        self._bytes += sum(v.nbytes for v in held.values())
-        while self._bytes > self.max_bytes and len(self._held) > 1:
-            _, (_, dropped) = self._held.popitem(last=False)
-            self._bytes -= sum(v.nbytes for v in dropped.values())
-
-    def get(self, candidate_id: ContentId) -> tuple[PeerId, dict[str, np.ndarray]] | None:
-        return self._held.get(candidate_id)
 
 
 def _concatenate(parts: Sequence[Examples]) -> Examples:

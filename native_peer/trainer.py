@@ -33,8 +33,7 @@ and trains it from where its published window stopped, on that lease's fresh exa
 next head arrives it reconciles by carrying that progress over (training goes on from
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
-(Douillard et al. 2025) and async local SGD. That candidate names the one it trained ahead from
-(``Candidate.origin``), where validators measure its lease evidence (decision 0030). Once the next window's lease is trained it waits
+(Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
 for that head (never two windows ahead). Work on a head that moved on while training is carried
 over the same way instead of dropped. A candidate claims only the examples of its own lease. A
 continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
@@ -563,7 +562,6 @@ class Trainer:
             steps=all_steps,
             created_at_ms=self.clock.now_ms(),
             metrics=metrics,
-            origin=None if carried is None or carried.steps == 0 else carried.published,
         )
         if codec != "fp32":
             self._residuals[experiment.key] = residual

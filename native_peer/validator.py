@@ -101,7 +101,7 @@ from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError, SignatureError
 from protocol.fields import read_bool, read_float, read_list, read_object
 from protocol.hashing import content_id
-from protocol.ids import ContentId, ExperimentKey, HeadId, PeerId
+from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.judging import (
     REFERENCE_BATCH_FACTOR,
     Submission,
@@ -125,7 +125,7 @@ from protocol.updates import decode_update
 
 from .anchor import Anchor
 from .edge_client import EdgeClient, EdgeRequestError
-from .evidence import LeaseEvidence, Origins
+from .evidence import LeaseEvidence
 from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner, TrainEngine
 from .lineage_journal import LineageJournal
@@ -355,7 +355,6 @@ class Validator:
         # experiment -> (open window's head, seconds after it opened when only newcomers' leases were out)
         self._ready: dict[str, tuple[HeadId, float]] = {}
         self._evidence: dict[str, LeaseEvidence] = {}  # experiment -> its lease evidence
-        self._origins = Origins()  # judged candidates' trained parameters: where training ahead started
         self._delivered = DeliveryRecord()  # the peers whose leases a window waits for past the newcomers' grace
         # experiment -> (cursor into the edge's candidates, those read and not judged yet)
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
@@ -884,18 +883,11 @@ class Validator:
                         k: (base[k] + (trained[k].astype(np.float64) - then[k])).astype(np.float32) for k in base
                     }
                     measured = (then, trained)  # judged on the head it was trained on, not the moved one
-                self._origins.add(candidate.candidate_id, candidate.peer_id, measured[1])
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
             asks = PRESETS[spec.screening].asks_lease_evidence
             if asks and measured is not None and lease is not None and screen_schema(model, measured[1]).accepted:
-                origin = self._origin(spec, candidate, own_base)
-                at: str = own_base.head_id
-                if origin is not None and candidate.origin is not None:  # trained ahead: measured from there
-                    before, after = measured
-                    measured = (origin, {k: (origin[k] + (after[k] - before[k])).astype(np.float32) for k in origin})
-                    at = candidate.origin
-                evidence = self._lease_evidence(spec, salt, lease, at, measured)  # else: schema rejects
+                evidence = self._lease_evidence(spec, salt, lease, own_base.head_id, measured)  # else: schema rejects
         submission = Submission(
             candidate.candidate_id,
             candidate.peer_id,
@@ -929,39 +921,6 @@ class Validator:
             except SignatureError:
                 self._follow_edge_key()
 
-    def _origin(self, spec: ExperimentSpec, candidate: Candidate, base: HeadDescriptor) -> dict[str, np.ndarray] | None:
-        """The parameters ``candidate`` trained ahead from (``Candidate.origin``, decision 0030): a
-        candidate of the same peer that its base head merged, as this validator decoded it when it
-        judged it (else as the edge holds it). ``None`` when it names none that qualifies: its
-        evidence is then measured from its base head."""
-        if candidate.origin is None or candidate.origin not in base.merged:
-            return None
-        held = self._origins.get(candidate.origin) or self._fetch_origin(spec, candidate.origin)
-        if held is None or held[0] != candidate.peer_id:
-            return None
-        return held[1]
-
-    def _fetch_origin(self, spec: ExperimentSpec, origin: ContentId) -> tuple[PeerId, dict[str, np.ndarray]] | None:
-        """A merged candidate's peer and trained parameters read from the edge (this validator did not
-        judge it, or no longer holds it); ``None`` when the edge cannot give them."""
-        path = self._candidate_path(origin)
-        try:
-            encoded, meta = decode_tensors(self.edge.artifact(origin, path))
-            on = self._head(spec, HeadId(meta.get("base_head")))
-            if on is None:
-                return None
-            message = next((c for c in self.edge.candidates(spec.key, on.head_id) if c.candidate_id == origin), None)
-            if message is None:
-                return None
-            params = decode_update(self.learner(spec).model, self._head_params(on), encoded, spec.codec)
-        except (ProtocolError, EdgeRequestError, KeyError, ValueError) as exc:
-            log.warning("%s: origin %s not read: %s", spec.key, origin[:19], exc)
-            return None
-        finally:
-            path.unlink(missing_ok=True)
-        self._origins.add(origin, message.peer_id, params)
-        return message.peer_id, params
-
     def _lease_evidence(
         self,
         spec: ExperimentSpec,
@@ -970,10 +929,10 @@ class Validator:
         head_id: str,
         measured: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
     ) -> float | None:
-        """``LeaseEvidence.z`` of ``measured`` (the parameters the candidate trained from, named
-        ``head_id``: its base head, a delayed update's too, or its origin; and the trained ones) on
-        ``lease``, in a window of ``salt``, from this validator's copy of the prepared training split.
-        ``None`` (not measured: no credit) when a shard is not here."""
+        """``LeaseEvidence.z`` of ``measured`` (the parameters of head ``head_id`` the candidate trained
+        on, a delayed update's too, and the trained ones) on ``lease``, in a window of ``salt``, from
+        this validator's copy of the prepared training split. ``None`` (not measured: no credit) when a
+        shard is not here."""
         if spec.key not in self._evidence:
             manifest = self.edge.fetch_manifest(spec.dataset_id)
             root = self.datasets_dir / spec.dataset_id

@@ -204,10 +204,7 @@ class Candidate(_SelfSigned):
     """A trainer's proposed update: the artifact ``candidate_id`` trained from ``base_head``.
 
     ``examples`` is the sample weight used by the merge; ``metrics`` are the trainer's own numbers,
-    shown to people but never used for acceptance (validators measure). ``origin``: the candidate
-    of the same peer, merged into ``base_head``, whose parameters the training started from before
-    it was carried onto ``base_head`` (training ahead, ``native_peer.trainer``); ``None``: trained
-    from ``base_head``. Validators measure its lease evidence from there (decision 0030).
+    shown to people but never used for acceptance (validators measure).
     """
 
     DOMAIN: ClassVar[bytes] = b"dtn/candidate/v1\n"
@@ -222,11 +219,10 @@ class Candidate(_SelfSigned):
     steps: int
     created_at_ms: int
     metrics: dict[str, float] = field(default_factory=dict)
-    origin: ContentId | None = None
     signature: bytes = b""
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        return {
             "experiment": self.experiment,
             "candidate_id": self.candidate_id,
             "base_head": self.base_head,
@@ -239,9 +235,6 @@ class Candidate(_SelfSigned):
             "created_at_ms": self.created_at_ms,
             "metrics": self.metrics,
         }
-        if self.origin is not None:
-            body["origin"] = self.origin
-        return body
 
     @classmethod
     def for_lease(
@@ -256,7 +249,6 @@ class Candidate(_SelfSigned):
         steps: int,
         created_at_ms: int,
         metrics: dict[str, float] | None = None,
-        origin: ContentId | None = None,
     ) -> Candidate:
         """The signed candidate for ``artifact``, an update of ``base_head`` trained on ``lease``'s shards."""
         return cls(
@@ -270,7 +262,6 @@ class Candidate(_SelfSigned):
             steps=steps,
             created_at_ms=created_at_ms,
             metrics=metrics or {},
-            origin=origin,
         ).signed(signer)
 
     @classmethod
@@ -287,7 +278,6 @@ class Candidate(_SelfSigned):
             steps=read_int(d, "steps", high=10**9),
             created_at_ms=read_int(d, "created_at_ms"),
             metrics=_metrics(d),
-            origin=None if d.get("origin") is None else ContentId(d.get("origin")),
             signature=_signature(d),
         )._checked()
         if d.get("peer_id") != candidate.peer_id:

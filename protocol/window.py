@@ -25,7 +25,7 @@ from .batches import window_seed
 from .codec import encode_tensors
 from .envelope import pack_envelope
 from .errors import InvalidMessage
-from .ids import ContentId, HeadId, PeerId
+from .ids import HeadId, PeerId
 from .messages import Candidate, HeadDescriptor, Lease
 from .signing import Signer
 
@@ -118,13 +118,12 @@ def package_candidate(
     steps: int,
     created_at_ms: int,
     metrics: Mapping[str, float],
-    origin: ContentId | None = None,
 ) -> tuple[Candidate, bytes]:
     """The signed candidate for ``tensors`` (an update of ``head``, encoded with ``codec``:
     ``protocol.updates``) trained on ``lease``, a lease of ``head``'s window, and the envelope to upload.
 
     The artifact records ``model``, ``codec`` and the base head in its metadata; the candidate id is
-    its content id. ``origin``: ``Candidate.origin``."""
+    its content id."""
     if not lease_window(lease, head):
         raise InvalidMessage(f"lease {lease.lease_id} is not for the window on {head.head_id}")
     artifact = encode_tensors(tensors, {"model": model, "codec": codec, "base_head": head.head_id})
@@ -138,6 +137,5 @@ def package_candidate(
         steps=steps,
         created_at_ms=created_at_ms,
         metrics=dict(metrics),
-        origin=origin,
     )
     return candidate, pack_envelope(candidate.to_wire(), artifact)
