@@ -21,6 +21,8 @@ from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
 
 BENCH_EXPERIMENT = ExperimentKey.parse("bench/mnist/rev-1")
+# the pinned set-up: the trainer alone on one core, the edge and the validator on the other
+TRAINER_CORE, SERVICE_CORE = "1", "0"
 
 
 def bench_network(

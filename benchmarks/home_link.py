@@ -37,10 +37,9 @@ from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, write_result
+from . import BENCH_EXPERIMENT, SERVICE_CORE, TRAINER_CORE, bench_network, heads_per_minute, write_result
 
 CONFIGS: dict[str, LinkProfile | None] = {"loopback": None, "direct": DIRECT, "home": HOME}
-TRAINER_CORE, SERVICE_CORE = "1", "0"
 
 
 @dataclass(frozen=True)

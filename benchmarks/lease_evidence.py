@@ -11,6 +11,9 @@ outside it), for
     honest     the trainer's update
     parts      the same lease trained as a browser tab on 4 cores trains it (``browser_peer.parts``:
                4 parts from the same head and optimizer state, averaged)
+    ahead      the lease trained as a continuous trainer trains it (``native_peer.trainer``): from the
+               trainer's own last update (its honest candidate of the window before), with its own
+               optimizer state, carried onto the head (head + θ − θ last update)
     noise      a free rider: noise the size of the lineage's last step (``lab.attacks``)
     repeat     a free rider: the lineage's last step again
     copy       a free rider: another trainer's update of the window, jittered by 1 %
@@ -52,7 +55,7 @@ PEERS = 10
 LEASE_SHARDS = (1, 4)
 PARTS = 4
 FREE_RIDERS = {"noise": "noise_step", "repeat": "repeat_step", "copy": "copy_jitter"}
-KINDS = ("honest", "parts", *FREE_RIDERS)
+KINDS = ("honest", "parts", "ahead", *FREE_RIDERS)
 BOUNDS = (PRESETS["balanced"].min_lease_evidence_z, PRESETS["balanced"].credit_lease_evidence_z)
 
 Params = dict[str, np.ndarray]
@@ -106,6 +109,7 @@ class Run:
         states = {
             kind: [self.engine.init_optimizer(self.learner.from_tensors(base))] * PEERS for kind in ("honest", "parts")
         }
+        last: list[Params] = []  # each trainer's honest update of the window before: where "ahead" trains from
         rng = np.random.default_rng(self.seed)
         step, losses, measured = 0.0, [], defaultdict(lambda: defaultdict(list))
         for window in range(count):
@@ -116,16 +120,21 @@ class Run:
                 for i in range(PEERS)
             ]
             updates: dict[str, list[Params]] = {"honest": [], "parts": []}
+            if window == 1:  # a continuous trainer goes on with the optimizer state of its published window
+                states["ahead"] = list(states["honest"])
             for i, shard_ids in enumerate(leases):
                 x, y = self._examples(shard_ids)
                 seed = 1000 * self.seed + PEERS * window + i
                 for kind, fit in (("honest", self._fit), ("parts", self._in_parts)):
                     params, states[kind][i] = fit(base, x, y, states[kind][i], seed)
                     updates[kind].append(params)
+                if last:
+                    params, states["ahead"][i] = self._fit(last[i], x, y, states["ahead"][i], seed)
+                    updates.setdefault("ahead", []).append({k: base[k] + (params[k] - last[i][k]) for k in base})
             losses.append(self.evaluator(self.learner.from_tensors(base), *self.data.holdout)["loss"] / math.log(10))
             for i, shard_ids in enumerate(leases):
                 lease = f"lease-{window}-{i}"
-                for kind in ("honest", "parts"):
+                for kind in updates:
                     measured[window][kind].append(self.evidence(salt, window, base, updates[kind][i], lease, shard_ids))
                 for kind, attack in FREE_RIDERS.items():
                     if window == 0 and kind != "copy":
@@ -133,7 +142,7 @@ class Run:
                     ctx = Window(base, updates["honest"][i], updates["honest"], [], rng, i + 1, None, parent, step)
                     crafted = ATTACKS[attack](ctx)[0]  # type: ignore[misc]
                     measured[window][kind].append(self.evidence(salt, window, base, crafted, lease, shard_ids))
-            honest = updates["honest"]
+            honest = last = updates["honest"]
             step = float(
                 np.median(
                     [

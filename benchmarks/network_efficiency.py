@@ -117,8 +117,7 @@ def centralized_samples(datasets: Path, target: float, spec: Any, seed: int = 0)
 
 def centralized_baseline(datasets: Path, target: float, spec: Any, seeds: int = 3) -> int | None:
     """The median over ``seeds`` seeds of ``centralized_samples`` (``None`` if most did not reach
-    ``target``), printed with its spread: one seed's figure moved by a fifth between runs, and every
-    ratio of a benchmark divides by it."""
+    ``target``), printed with its spread; every ratio of a benchmark divides by it."""
     runs = [centralized_samples(datasets, target, spec, seed) for seed in range(seeds)]
     reached = sorted(r for r in runs if r is not None)
     if 2 * len(reached) <= seeds:

@@ -37,11 +37,10 @@ from lab.stack import REPO, Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, cpu_seconds, write_result
+from . import BENCH_EXPERIMENT, SERVICE_CORE, TRAINER_CORE, bench_network, cpu_seconds, write_result
 
 CONFIGS = ("idle", "continuous", "adaptive")
 ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edge keeps the least free for a newcomer)
-TRAINER_CORE, SERVICE_CORE = "1", "0"
 
 
 @dataclass(frozen=True)

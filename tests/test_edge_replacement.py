@@ -11,6 +11,8 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +22,8 @@ import pytest
 from native_peer import StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
+from native_peer.trainer import Trainer
+from protocol.manifests import NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor
 from protocol.network_pins import NetworkSignature, signed_by
 from server.serve import BackgroundEdge
@@ -34,6 +38,36 @@ def _heads(url: str) -> list[HeadDescriptor]:
     return [HeadDescriptor.from_wire(h) for h in response.json()] if response.status_code == 200 else []
 
 
+@contextmanager
+def _running(validator: Validator, trainer: Trainer, network: NetworkManifest) -> Iterator[None]:
+    """``validator`` and ``trainer`` run in threads while the block runs; then both stop and close."""
+    stop = threading.Event()
+    runs = [
+        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
+        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
+    ]
+    try:
+        for run in runs:
+            run.start()
+        yield
+    finally:
+        stop.set()
+        for run in runs:
+            run.join(timeout=60)
+        trainer.close()
+        validator.close()
+
+
+def _gone(edge: BackgroundEdge, root: Path) -> list[HeadDescriptor]:
+    """Kill ``edge`` and delete its store and artifacts (``root``/edge); every head it certified."""
+    edge.stop()
+    store = Store(root / "edge" / "edge.sqlite3")
+    held = store.heads(BASELINE)
+    store.close()
+    shutil.rmtree(root / "edge")
+    return held
+
+
 @pytest.mark.slow  # a minute of real windows across two edges
 def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_trainer_trains_on(
     tmp_path: Path, dataset_root: Path
@@ -45,30 +79,15 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
     validator = Validator(mlp_learner(), network, storage, first.url, dataset_root)
     trainer = mnist_trainer(network, tmp_path / "trainer", first.url)
     old_key = trainer.network.edge_key
-    stop = threading.Event()
-    runs = [
-        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
-        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
-    ]
     second = None
     try:
-        for run in runs:
-            run.start()
-        until("4 heads on the first edge", lambda: len(_heads(first.url)) >= 4, 120)
-        first.stop()
-        store = Store(tmp_path / "edge" / "edge.sqlite3")
-        before = store.heads(BASELINE)  # every head the first edge certified, the last one included
-        store.close()
-        assert len(before) >= 4
-        shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
-        second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
-        until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+        with _running(validator, trainer, network):
+            until("4 heads on the first edge", lambda: len(_heads(first.url)) >= 4, 120)
+            before = _gone(first, tmp_path)  # every head the first edge certified, the last one included
+            assert len(before) >= 4
+            second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
+            until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
     finally:
-        stop.set()
-        for run in runs:
-            run.join(timeout=60)
-        trainer.close()
-        validator.close()
         first.stop()
     try:
         heads = _heads(second.url)
@@ -96,11 +115,7 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
 
 def _replaced(edge: BackgroundEdge, root: Path, dataset_root: Path) -> tuple[BackgroundEdge, list[HeadDescriptor]]:
     """Kill ``edge``, delete its store and artifacts, start a fresh one on its port; the heads it held."""
-    edge.stop()
-    store = Store(root / "edge" / "edge.sqlite3")
-    held = store.heads(BASELINE)
-    store.close()
-    shutil.rmtree(root / "edge")
+    held = _gone(edge, root)
     return BackgroundEdge(edge_settings(root, dataset_root, port=edge.settings.port)).start(), held
 
 
@@ -156,30 +171,14 @@ def test_a_second_edge_following_the_first_carries_the_network_when_the_first_an
     edges = [first.url, second.url]
     validator = Validator(mlp_learner(), network, storage, edges, dataset_root)
     trainer = mnist_trainer(network, tmp_path / "trainer", edges)
-    stop = threading.Event()
-    runs = [
-        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
-        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
-    ]
     try:
-        for run in runs:
-            run.start()
-        until(
-            "4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120
-        )  # the peers talk to the first edge only
-        mirrored = _heads(second.url)
-        first.stop()
-        store = Store(tmp_path / "edge" / "edge.sqlite3")
-        before = store.heads(BASELINE)  # every head the first edge certified, the last one included
-        store.close()
-        shutil.rmtree(tmp_path / "edge")  # its store and artifacts are gone
-        until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
+        with _running(validator, trainer, network):
+            # the peers talk to the first edge only
+            until("4 heads mirrored by the second edge", lambda: len(_heads(second.url)) >= 4, 120)
+            mirrored = _heads(second.url)
+            before = _gone(first, tmp_path)  # every head the first edge certified, the last one included
+            until("3 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 3, 120)
     finally:
-        stop.set()
-        for run in runs:
-            run.join(timeout=60)
-        trainer.close()
-        validator.close()
         first.stop()
     try:
         heads = _heads(second.url)
