@@ -1,9 +1,14 @@
 """Backups of a serving edge (``server.backup``, ``python -m tools backup | restore``): an online copy of
-its SQLite store and artifacts, restored into a fresh edge that serves the same heads with the same key."""
+its SQLite store and artifacts, restored into a fresh edge that serves the same heads with the same key;
+and the runbook's PostgreSQL commands (``pg_dump`` of a serving edge's store, ``pg_restore`` into a new
+database, the blobs directory copied) the same way."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +18,9 @@ from protocol.messages import HeadDescriptor
 from protocol.model import init_params
 from server.serve import BackgroundEdge
 
-from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, tools_output, write_network
+from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, private_postgres, tools_output, write_network
+
+__all__ = ["private_postgres"]  # the fixture, used by name
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -45,6 +52,39 @@ def test_a_backup_taken_while_the_edge_serves_restores_into_a_fresh_edge(tmp_pat
     assert "2 artifacts checked" in restored
     restored_settings = edge_settings(tmp_path, dataset_root, data_dir=fresh / "edge")
     with BackgroundEdge(restored_settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
+        assert [h["head_id"] for h in http.get(f"{BASE}/heads").json()] == [genesis.head_id, first.head_id]
+        assert http.get("/v1/network").json()["edge_key"] == key  # peers go on without a new key
+        assert http.get(f"/v1/artifacts/{first.head_id}").content == encode_tensors(init_params(SPEC, 1))
+        _, body = head_envelope(init_params(SPEC, 2), parent=first.head_id, window=2)
+        assert http.post(f"{BASE}/heads", content=body).status_code == 201  # the lineage goes on from it
+        assert http.get(f"{BASE}/head").json()["head_id"] == later.head_id
+
+
+@pytest.mark.slow  # a PostgreSQL cluster
+def test_a_postgresql_store_dumped_while_the_edge_serves_restores_into_a_new_database(
+    private_postgres: Any, tmp_path: Path, dataset_root: Path
+) -> None:
+    from deploy.services import postgres_bin
+
+    write_network(tmp_path / "network.json")
+    url, dump = private_postgres.create_database("dumped"), tmp_path / "edge.dump"
+    settings = edge_settings(tmp_path, dataset_root, store_url=url)
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
+        genesis = _publish(http, None)
+        first = _publish(http, genesis)
+        subprocess.run([postgres_bin() / "pg_dump", "--format=custom", f"--file={dump}", url], check=True, timeout=60)
+        shutil.copytree(tmp_path / "edge" / "blobs", tmp_path / "fresh" / "edge" / "blobs")  # after the dump
+        later = _publish(http, first)  # certified after the backup: a validator gives it back
+        key = http.get("/v1/network").json()["edge_key"]
+
+    restored = private_postgres.create_database("restored")
+    subprocess.run(  # the runbook's command, into a new database
+        [postgres_bin() / "pg_restore", "--clean", "--if-exists", f"--dbname={restored}", str(dump)],
+        check=True,
+        timeout=60,
+    )
+    fresh = edge_settings(tmp_path, dataset_root, store_url=restored, data_dir=tmp_path / "fresh" / "edge")
+    with BackgroundEdge(fresh) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
         assert [h["head_id"] for h in http.get(f"{BASE}/heads").json()] == [genesis.head_id, first.head_id]
         assert http.get("/v1/network").json()["edge_key"] == key  # peers go on without a new key
         assert http.get(f"/v1/artifacts/{first.head_id}").content == encode_tensors(init_params(SPEC, 1))
