@@ -1,0 +1,101 @@
+"""Run control signed by the validators (issue #24 item 3): the message rules. An order takes effect
+only with a quorum of the network's validators; an edge cannot originate one, a replay is refused, and
+an order for another network does not act on this one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from protocol.errors import InvalidMessage, SignatureError
+from protocol.ids import ExperimentKey
+from protocol.manifests import NetworkManifest
+from protocol.run_control import RunControl, RunState, SignedRunControl
+from protocol.signing import PureSigner, peer_id_from_public_key
+
+from .support import experiment_spec
+
+A, B, C, EDGE = (PureSigner(bytes([n]) * 32) for n in (31, 32, 33, 34))
+NETWORK = NetworkManifest(
+    "control-net", (A.public_key, B.public_key, C.public_key), (experiment_spec(),), edge_key=EDGE.public_key, quorum=2
+)
+EXPERIMENT = ExperimentKey.parse(NETWORK.experiments[0].key)
+PAUSE = RunControl(NETWORK.network_id, EXPERIMENT, "pause", sequence=1, issued_at_ms=1_000)
+
+
+def _wire_round_trip(signed: SignedRunControl) -> SignedRunControl:
+    return SignedRunControl.from_wire(json.loads(json.dumps(signed.to_wire())))
+
+
+def test_a_quorum_of_validators_makes_an_order_effective_and_fewer_or_an_edge_cannot() -> None:
+    signed = _wire_round_trip(SignedRunControl.of(PAUSE, [A, C]))
+    assert signed.effective_signers(NETWORK) == {A.public_key, C.public_key}
+    with pytest.raises(SignatureError, match="signed by 1 validator"):
+        SignedRunControl.of(PAUSE, [A]).effective_signers(NETWORK)
+    # the edge's key, and one validator's signature counted twice, do not make a quorum
+    with pytest.raises(SignatureError, match="signed by 1 validator"):
+        SignedRunControl.of(PAUSE, [A, EDGE]).effective_signers(NETWORK)
+    with pytest.raises(SignatureError, match="signed by 1 validator"):
+        SignedRunControl.of(PAUSE, [A, A]).effective_signers(NETWORK)
+
+
+def test_a_forged_or_altered_order_is_refused() -> None:
+    signed = SignedRunControl.of(PAUSE, [A, B])
+    # the same signatures over another action, sequence or experiment do not verify
+    for altered in (replace(PAUSE, action="stop"), replace(PAUSE, sequence=2), replace(PAUSE, issued_at_ms=2_000)):
+        with pytest.raises(SignatureError, match="signed by 0 validator"):
+            SignedRunControl(altered, signed.signatures).effective_signers(NETWORK)
+    # a signature claimed for validator B but made by the edge
+    forged = replace(signed.signatures[1], signature=PAUSE.sign(EDGE).signature)
+    with pytest.raises(SignatureError, match="signed by 1 validator"):
+        SignedRunControl(PAUSE, (signed.signatures[0], forged)).effective_signers(NETWORK)
+
+
+def test_an_order_for_another_network_does_not_act_on_this_one() -> None:
+    other = replace(NETWORK, network_id="other-net")
+    signed = SignedRunControl.of(replace(PAUSE, network_id="other-net"), [A, B, C])
+    assert signed.effective_signers(other) == {A.public_key, B.public_key, C.public_key}
+    with pytest.raises(SignatureError, match="for network 'other-net'"):
+        signed.effective_signers(NETWORK)
+    # relabelling it for this network breaks every signature
+    with pytest.raises(SignatureError, match="signed by 0 validator"):
+        SignedRunControl(replace(signed.order, network_id=NETWORK.network_id), signed.signatures).effective_signers(
+            NETWORK
+        )
+
+
+def test_orders_apply_in_sequence_a_replay_is_refused_and_stop_is_final() -> None:
+    state = RunState().after(PAUSE)
+    assert state.paused and state.sequence == 1
+    assert "already used" in (state.refusal(PAUSE) or "")  # the same signed pause, replayed
+    with pytest.raises(InvalidMessage, match="already used"):
+        state.after(PAUSE)
+    state = state.after(replace(PAUSE, action="resume", sequence=2))
+    assert not state.paused
+    pardon = replace(PAUSE, action="pardon", sequence=3, target=peer_id_from_public_key(EDGE.public_key))
+    state = state.after(pardon)
+    assert (state.sequence, state.paused, state.stopped) == (3, False, False)
+    state = state.after(replace(PAUSE, action="stop", sequence=4))
+    assert state.stopped
+    assert "stopped" in (state.refusal(replace(PAUSE, action="resume", sequence=5)) or "")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"action": "delete"}, "action must be one of"),
+        ({"action": "pardon"}, "needs a target"),
+        ({"action": "rollback", "target": "not-a-head"}, "invalid HeadId"),
+        ({"target": "sha256:" + "0" * 64}, "takes no target"),
+        ({"sequence": 0}, r"'sequence' must be an integer"),
+        ({"experiment": "no-slashes"}, "invalid experiment key"),
+        ({"target": 7}, "'target' must be null"),
+    ],
+)
+def test_malformed_orders_are_refused_with_a_reason(change: dict[str, object], message: str) -> None:
+    wire = SignedRunControl.of(PAUSE, [A, B]).to_wire()
+    wire["order"] = {**wire["order"], **change}
+    with pytest.raises(InvalidMessage, match=message):
+        SignedRunControl.from_wire(wire)
