@@ -27,9 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import SignatureError
-from .fields import read_object
 from .manifests import NetworkManifest
-from .signing import Signer, b64decode, b64encode, canonical_json, verify_signature
+from .signing import Signer, ValidatorSignature, canonical_json, verify_signature
 
 __all__ = [
     "FINGERPRINT_HEX",
@@ -75,11 +74,10 @@ def network_terms(network: NetworkManifest) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class NetworkSignature:
+class NetworkSignature(ValidatorSignature):
     """A validator's signature over a network's terms."""
 
-    validator_key: bytes
-    signature: bytes
+    WHAT = "network signature"
 
     @classmethod
     def of(cls, network: NetworkManifest, signer: Signer) -> NetworkSignature:
@@ -90,14 +88,6 @@ class NetworkSignature:
         return self.validator_key in network.validator_key_set and verify_signature(
             self.validator_key, DOMAIN, network_terms(network), self.signature
         )
-
-    def to_wire(self) -> dict[str, str]:
-        return {"validator_key": b64encode(self.validator_key), "signature": b64encode(self.signature)}
-
-    @classmethod
-    def from_wire(cls, value: object) -> NetworkSignature:
-        d = read_object(value, "network signature")
-        return cls(b64decode(d.get("validator_key"), size=32), b64decode(d.get("signature"), size=64))
 
 
 def served_by(network: NetworkManifest, served: NetworkManifest) -> NetworkManifest:

@@ -23,7 +23,7 @@ from .errors import InvalidMessage, SignatureError
 from .fields import read_int, read_list, read_object, read_str
 from .ids import ExperimentKey, HeadId, PeerId
 from .manifests import NetworkManifest
-from .signing import Signer, b64decode, b64encode, canonical_json, verify_signature
+from .signing import Signer, ValidatorSignature, canonical_json, verify_signature
 
 __all__ = [
     "ACTIONS",
@@ -95,22 +95,13 @@ class RunControl:
 
 
 @dataclass(frozen=True)
-class ControlSignature:
+class ControlSignature(ValidatorSignature):
     """One validator's signature over a ``RunControl`` body."""
 
-    validator_key: bytes
-    signature: bytes
+    WHAT = "run-control signature"
 
     def verifies(self, order: RunControl) -> bool:
         return verify_signature(self.validator_key, CONTROL_DOMAIN, order.body(), self.signature)
-
-    def to_wire(self) -> dict[str, str]:
-        return {"validator_key": b64encode(self.validator_key), "signature": b64encode(self.signature)}
-
-    @classmethod
-    def from_wire(cls, value: object) -> ControlSignature:
-        d = read_object(value, "run-control signature")
-        return cls(b64decode(d.get("validator_key"), size=32), b64decode(d.get("signature"), size=64))
 
 
 @dataclass(frozen=True)

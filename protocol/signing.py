@@ -16,15 +16,18 @@ import base64
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, Self
 
 from . import ed25519
 from .errors import InvalidMessage, SignatureError
+from .fields import read_object
 from .ids import PeerId
 
 __all__ = [
     "PureSigner",
     "Signer",
+    "ValidatorSignature",
     "b64decode",
     "b64encode",
     "canonical_json",
@@ -125,3 +128,21 @@ def require_signature(public_key: bytes, domain: bytes, body: object, signature:
     """Like ``verify_signature`` but raise ``SignatureError`` when it does not verify."""
     if not verify_signature(public_key, domain, body, signature):
         raise SignatureError(f"bad {domain.decode().strip()} signature")
+
+
+@dataclass(frozen=True)
+class ValidatorSignature:
+    """A validator's key and its signature over something; subclasses say over what (``verifies``)."""
+
+    WHAT: ClassVar[str] = "validator signature"
+
+    validator_key: bytes
+    signature: bytes
+
+    def to_wire(self) -> dict[str, str]:
+        return {"validator_key": b64encode(self.validator_key), "signature": b64encode(self.signature)}
+
+    @classmethod
+    def from_wire(cls, value: object) -> Self:
+        d = read_object(value, cls.WHAT)
+        return cls(b64decode(d.get("validator_key"), size=32), b64decode(d.get("signature"), size=64))
