@@ -8,11 +8,12 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     hashing      sha256 content ids over shipped bytes
     codec        safetensors-compatible tensor artifacts
     ed25519      pure-Python RFC 8032 signatures (what the browser signs with)
-    signing      Signer interface, peer ids from keys, canonical JSON
+    signing      Signer interface, peer ids from keys, canonical JSON, a validator's key + signature
     fields       strict readers for decoded JSON
     messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
     network_pins fingerprints, validators' signatures over a network's terms, the pin rule peers apply
+    run_control  run-control orders (pause, resume, stop, pardon, rollback) a quorum of validators signs
     envelope     descriptor + artifact in one upload body or binary frame
     framing      a JSON header behind a length prefix (the codec's and the envelope's)
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward
