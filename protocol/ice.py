@@ -28,6 +28,7 @@ from typing import Any
 
 from .errors import InvalidMessage
 from .fields import opt, read_bool, read_float, read_list, read_object, read_str
+from .url_lists import url_list
 
 __all__ = ["MAX_ICE_SERVERS", "MAX_ICE_URLS", "NO_ICE", "IceConfig", "IceServer", "ice_urls", "is_turn"]
 
@@ -52,29 +53,20 @@ def is_turn(url: str) -> bool:
 
 def ice_urls(listed: str | Sequence[str]) -> list[str]:
     """The STUN/TURN URIs of ``listed`` (the rules above), in order, each once; empty when it names none."""
-    entries = [listed] if isinstance(listed, str) else list(listed)
-    if len(entries) > MAX_ICE_URLS or not all(isinstance(entry, str) for entry in entries):
-        raise InvalidMessage(f"ICE server URLs must be at most {MAX_ICE_URLS} strings")
-    found: list[str] = []
-    for url in (part.strip() for entry in entries for part in entry.split(",")):
-        if not url:
-            continue
-        match = _ICE_URL.fullmatch(url) if len(url) <= MAX_ICE_URL_CHARS else None
-        port = match and match["port"]
-        if (
-            match is None
-            or (port is not None and not 0 < int(port) < 65536)
-            or (match["transport"] and not match["scheme"].startswith("turn"))
-        ):
-            shown = "a URL with credentials" if "@" in url else repr(url[:60])
-            raise InvalidMessage(
-                f"ICE server URL {shown} is not stun(s):host[:port] or turn(s):host[:port][?transport=udp|tcp]"
-            )
-        if url not in found:
-            found.append(url)
-    if len(found) > MAX_ICE_URLS:
-        raise InvalidMessage(f"at most {MAX_ICE_URLS} ICE server URLs")
-    return found
+    return url_list(
+        listed,
+        what="ICE server URL",
+        form="stun(s):host[:port] or turn(s):host[:port][?transport=udp|tcp]",
+        max_urls=MAX_ICE_URLS,
+        accepts=_accepted,
+    )
+
+
+def _accepted(url: str) -> bool:
+    match = _ICE_URL.fullmatch(url) if len(url) <= MAX_ICE_URL_CHARS else None
+    if match is None or (match["port"] is not None and not 0 < int(match["port"]) < 65536):
+        return False
+    return match["transport"] is None or match["scheme"].startswith("turn")
 
 
 @dataclass(frozen=True)
