@@ -11,7 +11,7 @@ MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
 .PHONY: setup services demo test test-fast test-slow test-python test-python-fast test-python-slow test-browser lint \
 	bench attack-suite clean
 
-setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl services
+setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl /usr/bin/turnserver services
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ var/pyodide/.installed: node_modules/.installed $(VENV)/.installed tools/pyodide
 /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl &:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk openssl
 
+# tests/test_turn.py passes heads between Chromium tabs through a private coturn on loopback
+# (deploy/services.py: PrivateTurn); no system service is used
+/usr/bin/turnserver:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn
+
 # tests/test_store_engines.py and tests/test_scale_out.py start a private PostgreSQL cluster and
 # redis-server on loopback (deploy/services.py); no system service is used
 services:
@@ -53,7 +58,8 @@ demo: setup
 #         one edge), in two processes (pytest-xdist). Needs the venv, node_modules and var/pyodide; no
 #         browser, nginx or database.
 #   slow  `make test-slow`: the Playwright specs (Chromium on the real stack), then `pytest -m slow`: nginx
-#         and the systemd units (deploy), several edges on PostgreSQL and Redis, Chromium tabs, the demo
+#         and the systemd units (deploy), several edges on PostgreSQL and Redis, Chromium tabs (through
+#         coturn too), the demo
 #         fleet, the attack suite, networks of several validators (quorums) and runs timed in real
 #         seconds. A test that starts a browser, nginx, PostgreSQL or Redis is marked
 #         `@pytest.mark.slow` (tests/conftest.py fails it otherwise).

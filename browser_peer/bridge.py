@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from protocol.ice import IceConfig
+
 __all__ = ["Bridge", "HttpAnswer", "PeerBytes", "Socket", "SocketClosed"]
 
 
@@ -101,6 +103,10 @@ class Bridge(Protocol):
 
     def drop_peer(self, peer_id: str, reason: str) -> None:
         """Close ``peer_id``'s connection and never ask it again (it sent wrong bytes)."""
+        ...
+
+    def use_ice(self, ice: IceConfig) -> None:
+        """The ICE servers (and policy) for the connections made from now on (the edge's, checked)."""
         ...
 
     def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:

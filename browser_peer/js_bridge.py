@@ -17,6 +17,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
+from protocol.ice import IceConfig
 from protocol.model import ModelSpec
 
 from .bridge import HttpAnswer, PeerBytes, SocketClosed
@@ -131,6 +132,9 @@ class JsBridge:
 
     def drop_peer(self, peer_id: str, reason: str) -> None:
         self._post({"type": "peer.drop", "peer_id": peer_id, "reason": reason})
+
+    def use_ice(self, ice: IceConfig) -> None:
+        self._post({"type": "ice", **ice.to_wire()})  # static/head_sharing.js
 
     def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:
         self._post({"type": "signal", "peer_id": peer_id, "data": json.dumps(data)})

@@ -23,7 +23,9 @@ Heads from peers, where the host reaches them (``bridge.shares_heads``: a page w
 asks the edge which peers announced the head (``holders``), takes it from one of them through the
 bridge, checks it against the head's content id like any download, and on a mismatch drops that
 peer for good and downloads the head from the edge. A head it holds, it announces (``have``) and
-the page serves it. Signaling for those connections goes through this peer's relay WebSocket.
+the page serves it. Signaling for those connections goes through this peer's relay WebSocket, and so
+do the ICE servers the edge names (``protocol.ice``: the welcome's, checked, renewed at half the TURN
+credential's life), which the page's connections use.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
 from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
+from protocol.ice import NO_ICE, IceConfig
 from protocol.ids import ExperimentKey, HeadId, ShardId
 from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
@@ -159,6 +162,7 @@ class BrowserPeer:
         self._dropped: set[str] = set()
         self._shards = ShardStore(bridge, config.shard_cache_bytes)
         self._held: tuple[HeadId, bytes] | None = None  # the last head's artifact: the next one's delta base
+        self._ice_renewal: float | None = None  # when to ask the edge for new TURN credentials (monotonic s)
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -223,6 +227,8 @@ class BrowserPeer:
                 return
             self._max_frame_bytes = int(welcome["max_frame_bytes"])
             self._report(mirrors=edge_urls(welcome.get("mirrors") or []))  # the other edges, for the page
+            if self.bridge.shares_heads:
+                self._use_ice(welcome.get("ice", NO_ICE.to_wire()))
             if self.key not in {s.key for s in self._network.experiments}:
                 self.running = False
                 self._report(phase=f"error: this network runs no experiment {self.key}")
@@ -302,11 +308,26 @@ class BrowserPeer:
             self._report(phase=f"worker {index} failed ({exc}); its part is left out")
             return None
 
-    @staticmethod
-    async def _heartbeat(socket: Socket) -> None:
+    async def _heartbeat(self, socket: Socket) -> None:
+        """A ping every ``HEARTBEAT_S``; and a new ICE configuration asked for once half the lifetime
+        of the TURN credential this page holds has passed."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             await socket.send_text('{"type":"ping"}')
+            if self._ice_renewal is not None and self.clock.monotonic_s() >= self._ice_renewal:
+                self._ice_renewal = None  # until the answer
+                await socket.send_text('{"type":"ice"}')
+
+    def _use_ice(self, wire: object) -> None:
+        """The ICE servers the edge gave (welcome, or a renewal) to the page; none if they are malformed."""
+        try:
+            ice = IceConfig.from_wire(wire)
+        except ProtocolError as exc:
+            ice = NO_ICE
+            self._report(phase=f"ignoring the edge's ICE servers: {exc}")
+        self._ice_renewal = None if ice.valid_s is None else self.clock.monotonic_s() + ice.valid_s / 2
+        self.bridge.use_ice(ice)
+        self._report(ice_servers=ice.urls, ice_relay_only=ice.relay_only)
 
     async def _relay_signals(self, socket: Socket) -> None:
         """The page's signaling for its WebRTC connections, out through this session's socket."""
@@ -324,6 +345,8 @@ class BrowserPeer:
                 self.bridge.signal_in(message["from"], message["data"])
             elif message.get("type") == "error" and "to" in message:  # a signal the edge could not deliver
                 self.bridge.signal_in(message["to"], {"kind": "unreachable"})
+            elif message.get("type") == "ice" and self.bridge.shares_heads:
+                self._use_ice(message)
             elif message.get("type") == "event" and message.get("topic") == "heads":
                 self._head_changed.set()
                 self._report(head_window=message["data"]["window"])

@@ -1,4 +1,4 @@
-"""Private PostgreSQL and Redis servers for several edges on one machine (tests and benchmarks).
+"""Private PostgreSQL, Redis and TURN (coturn) servers for edges on one machine (tests and benchmarks).
 
 Each runs as a plain process on a free loopback port with everything it writes in a temporary
 directory, removed when it stops; no system service is touched. PostgreSQL refuses to run as root,
@@ -8,14 +8,19 @@ host, use the distribution's services instead (docs/scale-out.md).
     with PrivatePostgres() as postgres, PrivateRedis() as redis:
         store_url = postgres.create_database("edges")   # DTN_STORE_URL
         redis_url = redis.url                            # DTN_REDIS_URL
+    with PrivateTurn() as turn:
+        ice_servers = turn.url                           # DTN_ICE_SERVERS
+        turn_secret_file = turn.secret_file              # DTN_TURN_SECRET_FILE
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -28,7 +33,7 @@ from psycopg import sql
 
 from lab.stack import free_port
 
-__all__ = ["PrivatePostgres", "PrivateRedis", "ServiceMissing", "postgres_bin"]
+__all__ = ["PrivatePostgres", "PrivateRedis", "PrivateTurn", "ServiceMissing", "postgres_bin"]
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -176,5 +181,57 @@ class PrivateRedis(_Server):
         return f"redis://127.0.0.1:{self.port}/0"
 
     def __enter__(self) -> PrivateRedis:
+        self.start()
+        return self
+
+
+class PrivateTurn(_Server):
+    """A throwaway coturn ``turnserver`` on loopback (UDP and TCP on ``port``, relay ports from its own
+    range), checking TURN REST API credentials (``use-auth-secret``) against a secret of its own in
+    ``secret_file``; verbose, its log names every allocation and what it relayed (``peer usage``).
+    Loopback peers are allowed: the tabs it relays for are on this machine."""
+
+    name = "turn"
+    RELAY_PORTS = 64
+
+    def __init__(self) -> None:
+        server = shutil.which("turnserver")
+        if server is None:
+            raise ServiceMissing("coturn is not installed (apt-get install coturn)")
+        self.server = server
+        super().__init__()
+        self.secret_file = self.root / "secret"
+        self.secret_file.write_text(secrets.token_urlsafe(32))
+        self.secret_file.chmod(0o600)
+        first = 20000 + self.port % 40000  # a relay range of its own (coturn picks ports within it)
+        config = [
+            "listening-ip=127.0.0.1", "relay-ip=127.0.0.1", f"listening-port={self.port}",
+            f"min-port={first}", f"max-port={first + self.RELAY_PORTS - 1}",
+            "use-auth-secret", f"static-auth-secret={self.secret_file.read_text()}", "realm=dtn.test",
+            "no-tls", "no-dtls", "no-cli", "allow-loopback-peers", "no-software-attribute", "verbose",
+            "log-file=stdout", f"pidfile={self.root / 'turnserver.pid'}", f"userdb={self.root / 'turndb'}",
+        ]  # fmt: skip
+        (self.root / "turnserver.conf").write_text("\n".join(config) + "\n")
+        (self.root / "turnserver.conf").chmod(0o600)
+
+    def _argv(self) -> list[str]:
+        return [self.server, "-c", str(self.root / "turnserver.conf")]  # the secret stays out of argv
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+    @property
+    def url(self) -> str:
+        """Its ``ice_servers`` entry (TURN over UDP)."""
+        return f"turn:127.0.0.1:{self.port}?transport=udp"
+
+    def read_log(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def __enter__(self) -> PrivateTurn:
         self.start()
         return self

@@ -13,6 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from browser_peer.bridge import HttpAnswer, PeerBytes, SocketClosed
 from browser_peer.parts import PartRunner
+from protocol.ice import IceConfig
 from protocol.ids import ExperimentKey
 
 __all__ = ["NativeBridge", "NativeSocket", "windows"]
@@ -56,6 +57,7 @@ class NativeBridge:
         self.received: list[tuple[str, int]] = []  # (url, body bytes) of every answer, in order
         self.storage = {} if storage is None else storage  # the tab's IndexedDB: pass one to share it
         self.shards = {} if shards is None else shards  # its shard store, likewise
+        self.ice_given: list[IceConfig] = []
         self._http = httpx.AsyncClient(timeout=30)
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
@@ -110,6 +112,9 @@ class NativeBridge:
 
     def drop_peer(self, peer_id: str, reason: str) -> None:
         return None
+
+    def use_ice(self, ice: IceConfig) -> None:
+        self.ice_given.append(ice)  # what a page would configure its connections with (the tests read it)
 
     def signal_in(self, peer_id: str, data: dict[str, Any]) -> None:
         return None

@@ -44,6 +44,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     lineage      lineage archives: an experiment's signed heads, candidates and verdicts in one
                  content-addressed tar, verified whole (signatures, quorum, parent chain, verdicts)
     edge_urls    lists of edge URLs (a peer's edges, an edge's upstreams, a page's mirrors), read strictly
+    url_lists    the one reader of comma-separated URL lists that edge_urls and ice use
+    ice          STUN/TURN server URIs and the ICE configuration a page is given (RTCIceServers, relay-only)
 """
 
 from .errors import CodecError, IntegrityError, InvalidMessage, ProtocolError, SignatureError, TooLarge

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from .errors import InvalidMessage
+from .url_lists import url_list
 
 __all__ = ["MAX_EDGE_URLS", "MAX_URL_CHARS", "edge_urls"]
 
@@ -22,21 +22,21 @@ MAX_URL_CHARS = 256
 
 def edge_urls(listed: str | Sequence[str]) -> list[str]:
     """The edge URLs of ``listed`` (the rules above); an empty list when it names none."""
-    entries = [listed] if isinstance(listed, str) else list(listed)
-    if len(entries) > MAX_EDGE_URLS or not all(isinstance(entry, str) for entry in entries):
-        raise InvalidMessage(f"edge URLs must be at most {MAX_EDGE_URLS} strings")
-    found: list[str] = []
-    for url in (part.strip().rstrip("/") for entry in entries for part in entry.split(",")):
-        if not url:
-            continue
-        parts = urlsplit(url) if len(url) <= MAX_URL_CHARS else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-            shown = url[:40] if "@" not in url else "a URL with credentials"
-            raise InvalidMessage(
-                f"edge URL {shown!r} is not http(s)://host[:port] of at most {MAX_URL_CHARS} characters"
-            )
-        if url not in found:
-            found.append(url)
-    if len(found) > MAX_EDGE_URLS:
-        raise InvalidMessage(f"at most {MAX_EDGE_URLS} edge URLs")
-    return found
+    return url_list(
+        listed,
+        what="edge URL",
+        form=f"http(s)://host[:port] of at most {MAX_URL_CHARS} characters",
+        max_urls=MAX_EDGE_URLS,
+        accepts=_accepted,
+        trim="/",
+    )
+
+
+def _accepted(url: str) -> bool:
+    parts = urlsplit(url) if len(url) <= MAX_URL_CHARS else None
+    return (
+        parts is not None
+        and parts.scheme in ("http", "https")
+        and bool(parts.netloc)
+        and not (parts.query or parts.fragment)
+    )

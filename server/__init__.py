@@ -19,6 +19,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     upload_routes     the staged uploads over HTTP
     credit            contributors' credit, tallied from the verdicts validators signed
     holders           which peers hold an experiment's current head (offered to browsers)
+    ice               the ICE servers pages are given, each connection its own short-lived TURN credential
     replay            what the edge accepts only once within a while (validators' read proofs)
     leasing           issues leases and their holder-only secrets (rendezvous over untaken shards, homes first)
     intake            candidates, heads and verdicts taken in, by HTTP or WebSocket alike

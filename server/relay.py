@@ -11,8 +11,10 @@ until it is closed (``ConnectionState.CLOSED``).
 
     edge → {"type": "challenge", "nonce", "protocol_version"}
     peer → {"type": "join", "proof": PeerProof(purpose="join", nonce=<nonce>), "token"?: <admission token>}
-    edge → {"type": "welcome", "peer_id", "network", "network_signatures", "max_frame_bytes", "mirrors"}
-           ("mirrors": the other edges of this network, the ``mirrors`` setting, for a page to move to)
+    edge → {"type": "welcome", "peer_id", "network", "network_signatures", "max_frame_bytes", "mirrors", "ice"}
+           ("mirrors": the other edges of this network, the ``mirrors`` setting, for a page to move to;
+           "ice": the ICE servers for its WebRTC connections, ``protocol.ice.IceConfig``, with a TURN
+           credential of this connection's own, ``server.ice``)
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
             "after"?: <current head id: the next window's lease>,
@@ -23,6 +25,7 @@ until it is closed (``ConnectionState.CLOSED``).
                                                                           holders with a record first)
     peer → {"type": "holders", "experiment", "head_id"}                 → {"type": "holders", ..., "peers", "fetching"}
     peer → {"type": "metrics", "experiment", "data": {...}}             → fanned out on topic "metrics"
+    peer → {"type": "ice"}                                              → {"type": "ice", **IceConfig}: a new credential
     peer → {"type": "ping"}                                             → {"type": "pong"}
     peer → binary DTN1 envelope of a Candidate                          → {"type": "candidate.ack", "candidate_id"}
            (without artifact bytes: one staged on this edge, ``protocol.uploads``; browser peers
@@ -223,6 +226,7 @@ async def _join(websocket: WebSocket, state: EdgeState) -> Connection:
         # the largest candidate frame it takes: a frame, and an envelope with its artifact inline
         "max_frame_bytes": min(state.settings.max_frame_bytes, state.settings.max_inline_bytes + MAX_DESCRIPTOR_BYTES),
         "mirrors": state.settings.mirror_urls,
+        "ice": state.ice.issue(proof.peer_id, state.clock).to_wire(),
     }
     connection.offer(orjson.dumps(welcome).decode())
     state.hub.publish(NETWORK_SCOPE, "peers", {"peer_id": proof.peer_id, "kind": proof.peer_kind, "joined": True})
@@ -364,6 +368,10 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
     kind = data.get("type")
     if kind == "ping":
         connection.offer('{"type":"pong"}')
+    elif kind == "ice":
+        connection.offer(
+            orjson.dumps({"type": "ice", **state.ice.issue(connection.peer_id, state.clock).to_wire()}).decode()
+        )
     elif kind == "subscribe":
         experiment = data.get("experiment")
         key = NETWORK_SCOPE if experiment == NETWORK_SCOPE else ExperimentKey.parse(experiment)

@@ -25,7 +25,10 @@ from urllib.parse import urlsplit
 
 from protocol.edge_urls import edge_urls
 from protocol.errors import InvalidMessage
+from protocol.ice import ice_urls, is_turn
 from protocol.uploads import UPLOAD_CHUNK_BYTES
+
+from .ice import IceIssuer, read_turn_secret
 
 __all__ = ["Settings"]
 
@@ -34,6 +37,8 @@ __all__ = ["Settings"]
 # as short as SHORTEST_WINDOW_S.
 REQUESTS_PER_WINDOW = 2
 SHORTEST_WINDOW_S = 0.25
+# a TURN credential outlives a page's refresh (at half of it, checked every heartbeat) and is short-lived
+MIN_TURN_TTL_S, MAX_TURN_TTL_S = 300.0, 86_400.0
 
 _HELP = {
     "host": "interface to listen on",
@@ -82,6 +87,10 @@ _HELP = {
     "the AWS_* environment); blobs_dir then holds this edge's cached copies",
     "follow": "URLs (comma-separated) of edges of this network that this edge follows: it mirrors their canonical heads, artifacts, candidates and verdicts, each verified against this network's validators (server.follower), from the first that answers; empty: it follows none",
     "mirrors": "public URLs (comma-separated) of the other edges of this network, told to browser pages (the relay welcome) so that a page can be moved to one when this edge is gone",
+    "ice_servers": "STUN/TURN URIs (comma-separated: stun:host[:port], turn:host[:port][?transport=udp|tcp], stuns:, turns:; no credentials in them) that browser pages use to reach each other for heads beyond one LAN (the relay welcome); empty: host candidates only",
+    "turn_secret_file": "file holding the secret shared with the TURN servers of ice_servers (coturn: use-auth-secret, static-auth-secret): each relay connection is given its own credential, valid turn_credential_ttl_s; required with a turn: URL",
+    "turn_credential_ttl_s": f"how long a TURN credential the edge issues stays valid ({MIN_TURN_TTL_S:.0f} to {MAX_TURN_TTL_S:.0f}); pages ask for a new one at half of it",
+    "ice_relay_only": "pages connect to each other only through the TURN servers of ice_servers (iceTransportPolicy relay): no tab learns another's address",
     "accel_prefix": "serve shard bytes through the reverse proxy: after the lease check the edge answers X-Accel-Redirect: <prefix><dataset>/<split>/<locator> (an internal location of the proxy, e.g. /_shards/) instead of the bytes; empty: the edge sends the bytes itself",
 }
 
@@ -150,6 +159,10 @@ class Settings:
     blobs_url: str = ""
     follow: str = ""
     mirrors: str = ""
+    ice_servers: str = ""
+    turn_secret_file: str = ""
+    turn_credential_ttl_s: float = 3600.0
+    ice_relay_only: bool = False
 
     def __post_init__(self) -> None:
         if self.public_url:
@@ -177,6 +190,24 @@ class Settings:
                 raise ValueError(f"{name}: {exc}") from None
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
+        self.ice  # noqa: B018 - validates the ICE settings (and reads the TURN secret) now, not at the first page
+
+    @property
+    def ice(self) -> IceIssuer:
+        """What pages are told about ICE servers (``ice_servers`` and the TURN settings), checked."""
+        try:
+            urls = ice_urls(self.ice_servers)
+        except InvalidMessage as exc:
+            raise ValueError(f"ice_servers: {exc}") from None
+        turn = any(is_turn(url) for url in urls)
+        if turn != bool(self.turn_secret_file):
+            raise ValueError("a turn: URL in ice_servers and turn_secret_file go together: one needs the other")
+        if self.ice_relay_only and not turn:
+            raise ValueError("ice_relay_only needs a turn: URL in ice_servers")
+        if not MIN_TURN_TTL_S <= self.turn_credential_ttl_s <= MAX_TURN_TTL_S:
+            raise ValueError(f"turn_credential_ttl_s must be within [{MIN_TURN_TTL_S:.0f}, {MAX_TURN_TTL_S:.0f}]")
+        secret = read_turn_secret(Path(self.turn_secret_file)) if turn else b""
+        return IceIssuer(tuple(urls), secret, self.turn_credential_ttl_s, self.ice_relay_only)
 
     @property
     def followed(self) -> list[str]:

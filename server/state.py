@@ -27,6 +27,7 @@ from .errors import NotFound
 from .head_deltas import HeadDeltas
 from .holders import HeadHolders
 from .hub import Fanout, Hub
+from .ice import IceIssuer
 from .metrics import EdgeMetrics
 from .ratelimit import KeyedRateLimiter, RateLimiter
 from .replay import LocalOnce, Once, RedisOnce
@@ -61,6 +62,7 @@ class EdgeState:
     uploads: Uploads  # artifacts staged in chunks, this edge's own
     holders: HeadHolders = field(default_factory=HeadHolders)  # who holds each current head
     head_deltas: HeadDeltas = field(default_factory=HeadDeltas)  # heads as deltas from their parents
+    ice: IceIssuer = field(default_factory=IceIssuer)  # the ICE servers pages are given
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
@@ -89,6 +91,7 @@ class EdgeState:
             credit=CreditBook(store),
             uploads=uploads,
             holders=HeadHolders(clock),
+            ice=settings.ice,
         )
 
     async def start(self) -> None:

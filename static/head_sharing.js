@@ -8,8 +8,11 @@
 //   worker → {type: "head.keep", head_id, data}     verified: kept (the RECENT_HEADS latest) and served
 //   worker → {type: "peer.drop", peer_id, reason}   it sent wrong bytes: closed, never asked or served again
 //   worker → {type: "signal", peer_id, data: JSON}  page → {type: "signal", peer_id, data}: relayed by the edge
+//   worker → {type: "ice", servers, relay_only}     the edge's ICE servers (protocol/ice.py, checked by the
+//                                                   worker's Python), for the connections made from now on
 //
-// Signaling, one message each way (the descriptions carry the host candidates; no STUN, no TURN):
+// Signaling, one message each way (the descriptions carry every candidate gathered: the host's, and
+// with the edge's STUN/TURN servers its public and relayed addresses; relay_only: relayed ones only):
 //   asker → {kind: "offer", sdp}   holder → {kind: "answer", sdp}   either → {kind: "bye"}
 //   the edge → {kind: "unreachable"} when it could not deliver ours
 // On the data channel "heads" (ordered, reliable), one request at a time:
@@ -44,6 +47,7 @@ export class HeadSharing {
     this.resting = new Map(); // peer id -> until when it is not asked (it failed)
     this.transfers = 0;
     this.offers = { sinceMs: 0, count: 0 };
+    this.ice = { iceServers: [] }; // host candidates only, until the edge names ICE servers
     // read by the page and the browser tests
     this.stats = { received_bytes: 0, served_bytes: 0, served: 0, fetched: [], dropped: [], failures: [] };
   }
@@ -63,6 +67,8 @@ export class HeadSharing {
       this.close(this.serving, message.peer_id, "bye");
     } else if (message.type === "signal") {
       this.signalled(message.peer_id, message.data);
+    } else if (message.type === "ice") {
+      this.ice = { iceServers: message.servers, iceTransportPolicy: message.relay_only ? "relay" : "all" };
     } else return false;
     return true;
   }
@@ -105,7 +111,7 @@ export class HeadSharing {
   }
 
   connect(peerId) {
-    const pc = new RTCPeerConnection({ iceServers: [] });
+    const pc = new RTCPeerConnection(this.ice);
     const channel = pc.createDataChannel("heads", { ordered: true });
     channel.binaryType = "arraybuffer";
     const link = { pc, channel, pending: null };
@@ -151,7 +157,7 @@ export class HeadSharing {
   // -- serving -----------------------------------------------------------------------------------
   async answer(peerId, sdp) {
     this.close(this.serving, peerId);
-    const pc = new RTCPeerConnection({ iceServers: [] });
+    const pc = new RTCPeerConnection(this.ice);
     const link = { pc, channel: null, busy: false, periodStartMs: Date.now(), periodBytes: 0 };
     this.keep(this.serving, peerId, link);
     pc.ondatachannel = ({ channel }) => {
@@ -265,7 +271,8 @@ function within(promise, ms, reason) {
 }
 
 function gathered(pc) {
-  // the host candidates are in the local description once gathering completes (quick without STUN)
+  // the candidates are in the local description once gathering completes (a STUN or TURN server's
+  // answer is a round trip; one that never answers costs GATHER_TIMEOUT_MS)
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
     const done = () => pc.iceGatheringState === "complete" && resolve();

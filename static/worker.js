@@ -117,7 +117,7 @@ async function identitySeed() {
 
 // Heads from peers: the page owns the WebRTC connections; browser_peer/js_bridge.py asks it through these.
 //   out: {type: "head.fetch", id, head_id, holders, max_bytes}  in: {type: "head.fetched", id, data?, peer_id?}
-//   out: {type: "head.keep", head_id, data} | {type: "peer.drop", peer_id, reason}
+//   out: {type: "head.keep", head_id, data} | {type: "peer.drop", peer_id, reason} | {type: "ice", servers, relay_only}
 //   out: {type: "signal", peer_id, data: JSON text} (from the relay)  in: {type: "signal", peer_id, data} (to it)
 const headRequests = new Map(); // request id -> resolve
 let lastHeadRequest = 0;

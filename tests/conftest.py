@@ -1,7 +1,7 @@
 """Shared fixtures: the prepared MNIST dataset (real data, prepared once per session).
 
 The tiers (Makefile): ``make test-fast`` runs ``pytest -m "not slow"``, ``make test`` both tiers. A test
-that starts a browser, nginx, PostgreSQL or Redis belongs to the slow tier: started from any other
+that starts a browser, nginx, PostgreSQL, Redis or coturn belongs to the slow tier: started from any other
 test, the program is refused and the test fails, naming the mark it needs (``SLOW_PROGRAMS``).
 
 One JAX compilation cache per session (``JAX_COMPILATION_CACHE_DIR``, set before anything imports
@@ -33,7 +33,9 @@ _JAX_CACHE = tempfile.mkdtemp(prefix="dtn-jax-cache-")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-SLOW_PROGRAMS = frozenset({"chromium", "nginx", "npx", "node", "initdb", "pg_ctl", "postgres", "redis-server"})
+SLOW_PROGRAMS = frozenset(
+    {"chromium", "nginx", "npx", "node", "initdb", "pg_ctl", "postgres", "redis-server", "turnserver"}
+)
 
 _fast_test: list[str] = []  # the node id of the fast test being set up or run, if any
 

@@ -1,46 +1,12 @@
-import { expect, test, type APIRequestContext, type Browser, type Page } from "@playwright/test";
+import { expect, test, type APIRequestContext } from "@playwright/test";
+import { heads, holdingTheHead, pause, status, tab } from "./tabs";
 
 // Heads from peers: several browser profiles (contexts: each its own IndexedDB, so its own peer key) on
 // one running stack fetch the current head from each other over WebRTC (static/head_sharing.js), each
 // checking it by content id in Python, and fall back to the edge.
-const EXPERIMENT = "study/mnist/rev-1";
-
-type Status = Record<string, any>;
-
-async function tab(browser: Browser, baseURL: string, init?: () => void): Promise<Page> {
-  // a fresh profile whose requests must all stay on the local edge
-  const context = await browser.newContext({ baseURL });
-  const origin = new URL(baseURL).origin;
-  await context.route(
-    (url) => url.origin !== origin,
-    (route) => route.abort(),
-  );
-  if (init) await context.addInitScript(init);
-  const page = await context.newPage();
-  await page.goto(`/?experiment=${EXPERIMENT}`);
-  return page;
-}
-
-const status = (page: Page): Promise<Status> => page.evaluate(() => (window as any).dtn.status);
-const heads = (page: Page): Promise<Status> => page.evaluate(() => (window as any).dtn.heads);
-const pause = (page: Page) => page.evaluate(() => (window as any).dtn.worker.postMessage({ type: "pause", reason: "holding" }));
-
 async function headBytesServed(request: APIRequestContext): Promise<number> {
   const metrics = await (await request.get("/metrics")).text();
   return Number(/^dtn_head_bytes_total (\S+)$/m.exec(metrics)![1]);
-}
-
-async function holdingTheHead(page: Page): Promise<Status> {
-  // contributing, the current head fetched, verified and announced, then paused mid-window: the head
-  // stays current until its window's deadline (30 s after this tab's lease on the test stack:
-  // playwright.config.ts) and this tab keeps serving it. At a 10 % CPU share the window lasts long
-  // enough for the pause to land before it is published.
-  await page.locator("#share").fill("10");
-  await page.locator("#toggle").click();
-  await expect.poll(async () => (await status(page)).phase ?? "", { timeout: 120_000 }).toMatch(/^training window/);
-  await pause(page);
-  await expect.poll(async () => (await status(page)).paused ?? null).toBe("holding");
-  return status(page);
 }
 
 test("heads move from tab to tab over WebRTC, and the edge serves fewer head bytes", async ({ browser, baseURL, request }, testInfo) => {

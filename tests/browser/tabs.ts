@@ -1,0 +1,39 @@
+import { expect, type Browser, type Page } from "@playwright/test";
+
+// Tabs for the head-sharing specs (tests/browser/head_sharing.spec.ts, tests/turn/turn.spec.ts): each a
+// fresh profile (a context: its own IndexedDB, so its own peer key) on the running stack.
+export const EXPERIMENT = "study/mnist/rev-1";
+
+export type Status = Record<string, any>;
+
+export async function tab(browser: Browser, baseURL: string, init?: () => void): Promise<Page> {
+  // a fresh profile whose requests must all stay on the local edge
+  const context = await browser.newContext({ baseURL });
+  const origin = new URL(baseURL).origin;
+  await context.route(
+    (url) => url.origin !== origin,
+    (route) => route.abort(),
+  );
+  if (init) await context.addInitScript(init);
+  const page = await context.newPage();
+  await page.goto(`/?experiment=${EXPERIMENT}`);
+  return page;
+}
+
+export const status = (page: Page): Promise<Status> => page.evaluate(() => (window as any).dtn.status);
+export const heads = (page: Page): Promise<Status> => page.evaluate(() => (window as any).dtn.heads);
+export const pause = (page: Page) =>
+  page.evaluate(() => (window as any).dtn.worker.postMessage({ type: "pause", reason: "holding" }));
+
+export async function holdingTheHead(page: Page): Promise<Status> {
+  // contributing, the current head fetched, verified and announced, then paused mid-window: the head
+  // stays current until its window's deadline (30 s after this tab's lease on the test stack:
+  // playwright.config.ts) and this tab keeps serving it. At a 10 % CPU share the window lasts long
+  // enough for the pause to land before it is published.
+  await page.locator("#share").fill("10");
+  await page.locator("#toggle").click();
+  await expect.poll(async () => (await status(page)).phase ?? "", { timeout: 120_000 }).toMatch(/^training window/);
+  await pause(page);
+  await expect.poll(async () => (await status(page)).paused ?? null).toBe("holding");
+  return status(page);
+}
