@@ -41,7 +41,7 @@ def _stated_in_readme(example: str) -> float:
     """The accuracy examples/README.md states for ``example``: what this test asserts."""
     target = STATED[example][0]
     line = next(line for line in (EXAMPLES / "README.md").read_text().splitlines() if f"`{example}/`" in line)
-    assert f"{target:.0%}" in line.replace(" %", "%"), (example, line)
+    assert f"({target:.0%} test accuracy)" in line, (example, line)
     return target
 
 
