@@ -1,16 +1,14 @@
 """``dtn export`` (``native_peer.export``; issue #23 item 5): an experiment's best head that a quorum of
 the network's validators vouches for, as safetensors the official library loads plus the model's
-config; heads and certificates that do not verify are refused, a tampered archive too. The fast
-tests read real signed heads from a lineage archive; the slow one exports a Flax NNX workload
-trained through a real edge and validator and loads it back into the module's pytree."""
+config; heads and certificates that do not verify are refused, a tampered archive too. These tests
+read real signed heads from a lineage archive; ``tests/test_examples.py`` exports the Flax NNX example
+trained through a real edge and a quorum of validators and loads it back into the user's module."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,12 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from datasets.layout import load_split
-from lab.stack import validating
 from native_peer.cli import main as dtn_main
-from native_peer.edge_client import EdgeClient
-from native_peer.learner import Evaluator, spec_learner
-from native_peer.workloads import load
+from native_peer.learner import spec_learner
 from protocol.codec import encode_tensors
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId
@@ -31,12 +25,9 @@ from protocol.lineage import Lineage, write_archive
 from protocol.manifests import NetworkManifest
 from protocol.messages import Attestation, HeadDescriptor
 from protocol.model import ModelSpec, init_params, mlp
-from protocol.network_pins import fingerprint
 from protocol.signing import PureSigner
-from protocol.workload import WorkloadModel
-from server.serve import BackgroundEdge
 
-from .support import experiment_spec, head_envelope, missing, network_from_config, now_ms, workload_config
+from .support import experiment_spec, head_envelope, now_ms
 
 A, B, OUTSIDER = PureSigner(b"\x21" * 32), PureSigner(b"\x22" * 32), PureSigner(b"\x23" * 32)
 KEY = ExperimentKey.parse("study/tiny/rev-1")
@@ -152,59 +143,3 @@ def test_an_archive_whose_artifact_is_not_the_heads_is_refused(tmp_path: Path) -
         dtn_main(["export", "--experiment", str(KEY), "--lineage", str(tmp_path / "lineage.tar"),
                   "--network", str(tmp_path / "network.json"), "--out", str(tmp_path / "out")])  # fmt: skip
     assert not (tmp_path / "out").exists()
-
-
-NNX = "tests.jax_workloads.nnx_mlp:learner"
-NNX_KEY = ExperimentKey.parse("study/nnx-mlp/rev-1")
-
-
-@pytest.mark.slow  # a trainer and a validator through a real edge, two windows, then the export
-def test_a_flax_nnx_workload_trained_through_a_real_edge_exports_and_loads_back(
-    tmp_path: Path, dataset_root: Path
-) -> None:
-    if importlib.util.find_spec("flax") is None:
-        missing("flax is not installed (make setup installs the `workloads` extra)")
-    local = network_from_config(tmp_path, workload_config(NNX_KEY, "nnx-mlp", NNX), dataset_root)
-    spec = local.network.experiment(NNX_KEY)
-    pin = fingerprint(local.network.validator_keys[0])
-    with (
-        BackgroundEdge(local.edge_settings(pyodide_dir=tmp_path / "no-pyodide")) as edge,
-        validating(local, edge.url, [spec]),
-    ):
-        dtn_main(["train", "--edge", edge.url, "--validator-key", pin, "--storage", str(tmp_path / "t"),
-                  "--windows", "2", "--idle-between-windows"])  # fmt: skip
-        client = EdgeClient(edge.url)
-        deadline = time.monotonic() + 60
-        while (heads := client.heads(NNX_KEY))[-1].window < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        client.close()
-        out = tmp_path / "export"
-        dtn_main(["export", "--experiment", str(NNX_KEY), "--edge", edge.url, "--validator-key", pin,
-                  "--out", str(out)])  # fmt: skip
-        with pytest.raises(SystemExit, match="refusing it"):  # a network without the pinned validator
-            dtn_main(["export", "--experiment", str(NNX_KEY), "--edge", edge.url,
-                      "--validator-key", fingerprint(A.public_key), "--out", str(tmp_path / "other")])  # fmt: skip
-    assert heads[-1].window >= 2
-    best = min(heads, key=lambda head: (head.metrics["val_loss"], -head.window))
-    config = json.loads((out / "config.json").read_text())
-    assert HeadDescriptor.from_wire(config["head"]) == best
-    model = WorkloadModel.from_wire(config["model"])
-    assert model == spec.model
-    tensors = load_file(out / "model.safetensors")
-    assert {name: array.shape for name, array in tensors.items()} == model.shapes
-    learner = load(model)  # the user's NNX module, its pin checked, parameters by their key paths
-    params = learner.from_tensors(tensors)
-    assert set(params) == {"hidden", "out"} and set(params["hidden"]) == {"kernel", "bias"}  # nnx.to_pure_dict's tree
-    x, y = load_split(dataset_root / "mnist", "test")
-    measured = Evaluator(learner)(params, x, y)
-    assert abs(measured["loss"] - best.metrics["test_loss"]) < 1e-5, (measured, best.metrics)
-    assert measured["accuracy"] == best.metrics["test_accuracy"] > 0.5
-    from flax import nnx  # into a module of the user's, as docs/workloads-of-your-own.md says
-
-    from tests.jax_workloads.nnx_mlp import MLP
-
-    module = MLP(nnx.Rngs(7))
-    state = nnx.state(module, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(module, state)
-    assert np.array_equal(np.asarray(module(x[:64])), np.asarray(learner.apply(params, x[:64])))

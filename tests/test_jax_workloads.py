@@ -73,8 +73,8 @@ def test_parameters_travel_under_their_key_paths_and_round_trip_bit_for_bit() ->
 @pytest.mark.parametrize(
     ("module", "framework", "names"),
     [
-        ("equinox_mlp", "equinox", ["hidden.weight", "hidden.bias", "out.weight", "out.bias"]),
-        ("nnx_mlp", "flax", ["hidden.bias", "hidden.kernel", "out.bias", "out.kernel"]),
+        ("examples.equinox_mlp.model", "equinox", ["hidden.weight", "hidden.bias", "out.weight", "out.bias"]),
+        ("tests.jax_workloads.nnx_mlp", "flax", ["hidden.bias", "hidden.kernel", "out.bias", "out.kernel"]),
     ],
 )
 def test_equinox_and_flax_nnx_modules_train_through_the_same_adapter(
@@ -82,7 +82,7 @@ def test_equinox_and_flax_nnx_modules_train_through_the_same_adapter(
 ) -> None:
     if importlib.util.find_spec(framework) is None:
         missing(f"{framework} is not installed (make setup installs the `workloads` extra)")
-    model = describe(f"tests.jax_workloads.{module}:learner", module.replace("_", "-"))
+    model = describe(f"{module}:learner", f"{framework}-mlp")
     assert [name for name, _ in model.param_shapes] == names
     assert framework in dict(model.versions) and {"jax", "optax"} <= set(dict(model.versions))
     learner = load(model)

@@ -1,4 +1,5 @@
-"""The README's native trainer example runs as written against a real edge."""
+"""The README's native trainer example runs as written against a real edge; its "Your own model"
+section is the worked example CI trains (``examples/flax_cnn``, ``tests/test_examples.py``)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,26 @@ from .support import mnist_network_env
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _example() -> str:
-    """The Python block under the README's "Native trainer API" heading."""
+def _block(heading: str, language: str = "python") -> str:
+    """The first ``language`` block under the README's ``heading``."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Native trainer API") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None, "the section has no python block"
+    section = readme[readme.index(f"## {heading}\n") :]
+    match = re.search(rf"```{language}\n(.*?)```", section, re.S)
+    assert match is not None, f"the section {heading!r} has no {language} block"
     return match.group(1)
+
+
+def test_the_readmes_own_model_section_is_the_worked_example_ci_trains() -> None:
+    example = REPO / "examples" / "flax_cnn"
+    assert _block("Your own model") == (example / "model.py").read_text()
+    assert _block("Your own model", "toml") == (example / "network.toml").read_text()
+    assert 'workload = "examples.flax_cnn.model:learner"' in _block("Your own model", "toml")
 
 
 def test_the_readme_trainer_example_trains_a_window_and_prints_its_candidate(
     tmp_path: Path, dataset_root: Path
 ) -> None:
-    code = _example()
+    code = _block("Native trainer API")
     follow = "trainer.run([experiment])"
     assert code.count(follow) == 1  # the last line follows heads for ever: everything before it runs here
     with mnist_network_env(tmp_path, dataset_root) as (edge, validator, root):
