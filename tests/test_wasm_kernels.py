@@ -17,16 +17,21 @@ from .conftest import REPO
 
 KERNELS = REPO / "var" / "kernels" / "kernels.wasm"
 HARNESS = Path(__file__).with_name("wasm_kernels_harness.mjs")
+ON_PYODIDE = Path(__file__).with_name("wasm_kernels_pyodide.mjs")
 
 pytestmark = pytest.mark.slow  # starts Node
 
 
-def _run(tmp_path: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]) -> dict[str, np.ndarray]:
+def _need_kernels() -> None:
     if not KERNELS.exists():
         message = f"{KERNELS} is missing (make var/kernels/kernels.wasm)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+
+
+def _run(tmp_path: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]) -> dict[str, np.ndarray]:
+    _need_kernels()
     node = shutil.which("node")
     assert node, "node is required"
     for name, array in arrays.items():
@@ -76,3 +81,27 @@ def test_adam_matches_numpy(tmp_path: Path) -> None:
     np.testing.assert_allclose(out["v"], v_ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(out["p"], p - step * m_ref / (np.sqrt(v_ref) + eps), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(out["g"], g)
+
+
+def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
+    """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
+    _need_kernels()
+    node = shutil.which("node")
+    assert node, "node is required"
+    done = subprocess.run(
+        [
+            node,
+            str(ON_PYODIDE),
+            str(REPO / "node_modules" / "pyodide" / "pyodide.mjs"),
+            f"{REPO / 'var' / 'pyodide'}/",
+            str(KERNELS),
+            str(Path(__file__).with_name("wasm_kernels_on_heap.py")),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["finite"]
+    assert result["max_error"] <= 1e-4
