@@ -1,0 +1,109 @@
+;; WebAssembly SIMD128 kernels for the browser trainer's hot loops.
+;; The module imports the host's linear memory ("env" "memory") so that every
+;; pointer argument is a byte address of a float32 array already living there
+;; (Pyodide's heap): no copies in or out.
+(module
+  (import "env" "memory" (memory 1))
+
+  ;; C[M,N] (+)= A[M,K] @ B[K,N].
+  ;; A is read with element strides (sa_row, sa_col), so A.T is passed by swapping
+  ;; them; B and C are row-major with row strides ldb, ldc (elements).
+  ;; accumulate = 0 overwrites C, 1 adds to it.
+  (func (export "gemm_nn")
+    (param $m i32) (param $n i32) (param $k i32)
+    (param $a i32) (param $sa_row i32) (param $sa_col i32)
+    (param $b i32) (param $ldb i32)
+    (param $c i32) (param $ldc i32) (param $accumulate i32)
+    (local $i i32) (local $j i32) (local $p i32)
+    (local $crow i32) (local $brow i32) (local $aval f32) (local $av v128)
+    (local $n4 i32)
+    (local.set $n4 (i32.and (local.get $n) (i32.const -4)))
+    (local.set $i (i32.const 0))
+    (block $done_i (loop $loop_i
+      (br_if $done_i (i32.ge_u (local.get $i) (local.get $m)))
+      (local.set $crow (i32.add (local.get $c)
+        (i32.shl (i32.mul (local.get $i) (local.get $ldc)) (i32.const 2))))
+      (if (i32.eqz (local.get $accumulate))
+        (then (memory.fill (local.get $crow) (i32.const 0)
+                (i32.shl (local.get $n) (i32.const 2)))))
+      (local.set $p (i32.const 0))
+      (block $done_p (loop $loop_p
+        (br_if $done_p (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $aval (f32.load (i32.add (local.get $a) (i32.shl
+          (i32.add (i32.mul (local.get $i) (local.get $sa_row))
+                   (i32.mul (local.get $p) (local.get $sa_col))) (i32.const 2)))))
+        (local.set $av (f32x4.splat (local.get $aval)))
+        (local.set $brow (i32.add (local.get $b)
+          (i32.shl (i32.mul (local.get $p) (local.get $ldb)) (i32.const 2))))
+        (local.set $j (i32.const 0))
+        (block $done_j (loop $loop_j
+          (br_if $done_j (i32.ge_u (local.get $j) (local.get $n4)))
+          (v128.store (i32.add (local.get $crow) (i32.shl (local.get $j) (i32.const 2)))
+            (f32x4.add
+              (v128.load (i32.add (local.get $crow) (i32.shl (local.get $j) (i32.const 2))))
+              (f32x4.mul (local.get $av)
+                (v128.load (i32.add (local.get $brow) (i32.shl (local.get $j) (i32.const 2)))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 4)))
+          (br $loop_j)))
+        (block $done_t (loop $loop_t
+          (br_if $done_t (i32.ge_u (local.get $j) (local.get $n)))
+          (f32.store (i32.add (local.get $crow) (i32.shl (local.get $j) (i32.const 2)))
+            (f32.add
+              (f32.load (i32.add (local.get $crow) (i32.shl (local.get $j) (i32.const 2))))
+              (f32.mul (local.get $aval)
+                (f32.load (i32.add (local.get $brow) (i32.shl (local.get $j) (i32.const 2)))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br $loop_t)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $loop_p)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $loop_i))))
+
+  ;; Fused Adam over n float32 elements:
+  ;;   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;  p -= step * m / (sqrt(v) + eps)
+  ;; where step = lr * sqrt(1-b2^t) / (1-b1^t) is computed by the caller.
+  (func (export "adam")
+    (param $n i32) (param $p i32) (param $g i32) (param $mm i32) (param $vv i32)
+    (param $b1 f32) (param $b2 f32) (param $eps f32) (param $step f32)
+    (local $i i32) (local $off i32) (local $n4 i32)
+    (local $gv v128) (local $mv v128) (local $vv2 v128)
+    (local $gs f32) (local $ms f32) (local $vs f32)
+    (local.set $n4 (i32.and (local.get $n) (i32.const -4)))
+    (block $done (loop $loop
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n4)))
+      (local.set $off (i32.shl (local.get $i) (i32.const 2)))
+      (local.set $gv (v128.load (i32.add (local.get $g) (local.get $off))))
+      (local.set $mv (f32x4.add
+        (f32x4.mul (f32x4.splat (local.get $b1)) (v128.load (i32.add (local.get $mm) (local.get $off))))
+        (f32x4.mul (f32x4.splat (f32.sub (f32.const 1) (local.get $b1))) (local.get $gv))))
+      (local.set $vv2 (f32x4.add
+        (f32x4.mul (f32x4.splat (local.get $b2)) (v128.load (i32.add (local.get $vv) (local.get $off))))
+        (f32x4.mul (f32x4.splat (f32.sub (f32.const 1) (local.get $b2)))
+                   (f32x4.mul (local.get $gv) (local.get $gv)))))
+      (v128.store (i32.add (local.get $mm) (local.get $off)) (local.get $mv))
+      (v128.store (i32.add (local.get $vv) (local.get $off)) (local.get $vv2))
+      (v128.store (i32.add (local.get $p) (local.get $off))
+        (f32x4.sub (v128.load (i32.add (local.get $p) (local.get $off)))
+          (f32x4.div (f32x4.mul (f32x4.splat (local.get $step)) (local.get $mv))
+            (f32x4.add (f32x4.sqrt (local.get $vv2)) (f32x4.splat (local.get $eps))))))
+      (local.set $i (i32.add (local.get $i) (i32.const 4)))
+      (br $loop)))
+    (block $done_t (loop $loop_t
+      (br_if $done_t (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $off (i32.shl (local.get $i) (i32.const 2)))
+      (local.set $gs (f32.load (i32.add (local.get $g) (local.get $off))))
+      (local.set $ms (f32.add
+        (f32.mul (local.get $b1) (f32.load (i32.add (local.get $mm) (local.get $off))))
+        (f32.mul (f32.sub (f32.const 1) (local.get $b1)) (local.get $gs))))
+      (local.set $vs (f32.add
+        (f32.mul (local.get $b2) (f32.load (i32.add (local.get $vv) (local.get $off))))
+        (f32.mul (f32.sub (f32.const 1) (local.get $b2)) (f32.mul (local.get $gs) (local.get $gs)))))
+      (f32.store (i32.add (local.get $mm) (local.get $off)) (local.get $ms))
+      (f32.store (i32.add (local.get $vv) (local.get $off)) (local.get $vs))
+      (f32.store (i32.add (local.get $p) (local.get $off))
+        (f32.sub (f32.load (i32.add (local.get $p) (local.get $off)))
+          (f32.div (f32.mul (local.get $step) (local.get $ms))
+            (f32.add (f32.sqrt (local.get $vs)) (local.get $eps)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $loop_t))))
+)

@@ -1,0 +1,107 @@
+"""The WebAssembly SIMD kernels (browser_peer/kernels/kernels.wat, built by ``make
+var/kernels/kernels.wasm``) agree with NumPy: the GEMM in the layouts a dense layer's forward and
+weight gradient use, and the fused Adam update, run in Node on one shared linear memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import REPO
+
+KERNELS = REPO / "var" / "kernels" / "kernels.wasm"
+HARNESS = Path(__file__).with_name("wasm_kernels_harness.mjs")
+ON_PYODIDE = Path(__file__).with_name("wasm_kernels_pyodide.mjs")
+
+pytestmark = pytest.mark.slow  # starts Node
+
+
+def _need_kernels() -> None:
+    if not KERNELS.exists():
+        message = f"{KERNELS} is missing (make var/kernels/kernels.wasm)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _run(tmp_path: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]) -> dict[str, np.ndarray]:
+    _need_kernels()
+    node = shutil.which("node")
+    assert node, "node is required"
+    for name, array in arrays.items():
+        (tmp_path / f"{name}.f32").write_bytes(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    job = {"arrays": {name: int(array.size) for name, array in arrays.items()}, "calls": calls}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    subprocess.run([node, str(HARNESS), str(KERNELS), str(tmp_path)], check=True, timeout=60)
+    return {
+        name: np.frombuffer((tmp_path / f"{name}.out.f32").read_bytes(), dtype=np.float32).reshape(array.shape)
+        for name, array in arrays.items()
+    }
+
+
+def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    m, k, n = 37, 29, 23  # odd sizes: the SIMD body and the scalar tail both run
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    dy = rng.standard_normal((m, n), dtype=np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    dw = np.full((k, n), 7.0, np.float32)
+    out = _run(
+        tmp_path,
+        {"x": x, "w": w, "dy": dy, "y": y, "dw": dw},
+        [
+            # y = x @ w
+            ["gemm_nn", [m, n, k, "x", k, 1, "w", n, "y", n, 0]],
+            # dw += x.T @ dy (x read transposed through its strides)
+            ["gemm_nn", [k, n, m, "x", 1, k, "dy", n, "dw", n, 1]],
+        ],
+    )
+    np.testing.assert_allclose(out["y"], x @ w, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out["dw"], 7.0 + x.T @ dy, rtol=1e-5, atol=1e-4)
+
+
+def test_adam_matches_numpy(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    size = 103
+    p, g = rng.standard_normal(size, dtype=np.float32), rng.standard_normal(size, dtype=np.float32)
+    m, v = rng.standard_normal(size, dtype=np.float32), rng.random(size, dtype=np.float32)
+    b1, b2, eps, lr, t = 0.9, 0.999, 1e-8, 1e-3, 3
+    step = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
+    out = _run(tmp_path, {"p": p, "g": g, "m": m, "v": v}, [["adam", [size, "p", "g", "m", "v", b1, b2, eps, step]]])
+    m_ref = b1 * m + (1 - b1) * g
+    v_ref = b2 * v + (1 - b2) * g * g
+    np.testing.assert_allclose(out["m"], m_ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["v"], v_ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["p"], p - step * m_ref / (np.sqrt(v_ref) + eps), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["g"], g)
+
+
+def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
+    """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
+    _need_kernels()
+    node = shutil.which("node")
+    assert node, "node is required"
+    done = subprocess.run(
+        [
+            node,
+            str(ON_PYODIDE),
+            str(REPO / "node_modules" / "pyodide" / "pyodide.mjs"),
+            f"{REPO / 'var' / 'pyodide'}/",
+            str(KERNELS),
+            str(Path(__file__).with_name("wasm_kernels_on_heap.py")),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["finite"]
+    assert result["max_error"] <= 1e-4
