@@ -17,6 +17,7 @@ from protocol.codec import encode_tensors
 from protocol.messages import HeadDescriptor
 from protocol.model import init_params
 from server.serve import BackgroundEdge
+from server.settings import Settings
 
 from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, private_postgres, tools_output, write_network
 
@@ -35,6 +36,19 @@ def _publish(http: httpx.Client, parent: HeadDescriptor | None) -> HeadDescripto
     return head
 
 
+def _assert_restored(settings: Settings, held: list[HeadDescriptor], later: HeadDescriptor, key: str) -> None:
+    """A restored edge serves the ``held`` heads, their artifacts and the old ``key``, and the lineage goes
+    on from its last head (to ``later``, certified after the backup and published again)."""
+    genesis, first = held
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
+        assert [h["head_id"] for h in http.get(f"{BASE}/heads").json()] == [genesis.head_id, first.head_id]
+        assert http.get("/v1/network").json()["edge_key"] == key  # peers go on without a new key
+        assert http.get(f"/v1/artifacts/{first.head_id}").content == encode_tensors(init_params(SPEC, 1))
+        _, body = head_envelope(init_params(SPEC, 2), parent=first.head_id, window=2)
+        assert http.post(f"{BASE}/heads", content=body).status_code == 201  # the lineage goes on from it
+        assert http.get(f"{BASE}/head").json()["head_id"] == later.head_id
+
+
 def test_a_backup_taken_while_the_edge_serves_restores_into_a_fresh_edge(tmp_path: Path, dataset_root: Path) -> None:
     write_network(tmp_path / "network.json")
     settings = edge_settings(tmp_path, dataset_root)
@@ -51,13 +65,7 @@ def test_a_backup_taken_while_the_edge_serves_restores_into_a_fresh_edge(tmp_pat
     restored = tools_output(["restore", str(tmp_path / "backup"), "--data-dir", str(fresh / "edge")])
     assert "2 artifacts checked" in restored
     restored_settings = edge_settings(tmp_path, dataset_root, data_dir=fresh / "edge")
-    with BackgroundEdge(restored_settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
-        assert [h["head_id"] for h in http.get(f"{BASE}/heads").json()] == [genesis.head_id, first.head_id]
-        assert http.get("/v1/network").json()["edge_key"] == key  # peers go on without a new key
-        assert http.get(f"/v1/artifacts/{first.head_id}").content == encode_tensors(init_params(SPEC, 1))
-        _, body = head_envelope(init_params(SPEC, 2), parent=first.head_id, window=2)
-        assert http.post(f"{BASE}/heads", content=body).status_code == 201  # the lineage goes on from it
-        assert http.get(f"{BASE}/head").json()["head_id"] == later.head_id
+    _assert_restored(restored_settings, [genesis, first], later, key)
 
 
 @pytest.mark.slow  # a PostgreSQL cluster
@@ -84,13 +92,7 @@ def test_a_postgresql_store_dumped_while_the_edge_serves_restores_into_a_new_dat
         timeout=60,
     )
     fresh = edge_settings(tmp_path, dataset_root, store_url=restored, data_dir=tmp_path / "fresh" / "edge")
-    with BackgroundEdge(fresh) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
-        assert [h["head_id"] for h in http.get(f"{BASE}/heads").json()] == [genesis.head_id, first.head_id]
-        assert http.get("/v1/network").json()["edge_key"] == key  # peers go on without a new key
-        assert http.get(f"/v1/artifacts/{first.head_id}").content == encode_tensors(init_params(SPEC, 1))
-        _, body = head_envelope(init_params(SPEC, 2), parent=first.head_id, window=2)
-        assert http.post(f"{BASE}/heads", content=body).status_code == 201  # the lineage goes on from it
-        assert http.get(f"{BASE}/head").json()["head_id"] == later.head_id
+    _assert_restored(fresh, [genesis, first], later, key)
 
 
 def test_a_restore_refuses_a_live_store_and_a_tampered_artifact(tmp_path: Path, dataset_root: Path) -> None:
