@@ -77,18 +77,15 @@ def test_a_head_goes_from_tab_to_tab_through_coturn(
     for peer in (report["holder"], report["asker"]):  # each tab allocated a relay with its own credential
         assert re.search(rf"new, realm=<dtn\.test>, username=<\d+:{peer}>", log), peer
     # the head's bytes went through coturn's relays (both allocations count them: sent by one, received by
-    # the other), as coturn reports once the closed tabs' allocations are released
+    # the other), as coturn reports once an allocation is released: a tab closed with its REFRESH sent
+    # releases at once, one closed before it is reported only at its lifetime's end, so one report suffices
+    peers = (report["holder"], report["asker"])
     try:
-        until(
-            "coturn's usage report",
-            lambda: all(_relayed(turn.read_log(), p) for p in (report["holder"], report["asker"])),
-            60,
-        )
+        until("coturn's usage report", lambda: any(_relayed(turn.read_log(), p) for p in peers), 60)
     finally:
         log = turn.read_log()
-        print("\n".join(line for line in log.splitlines() if report["holder"] in line or report["asker"] in line))
-    assert _relayed(log, report["holder"]) >= fetched["size_bytes"]
-    assert _relayed(log, report["asker"]) >= fetched["size_bytes"]
+        print("\n".join(line for line in log.splitlines() if any(p in line for p in peers)))
+    assert max(_relayed(log, p) for p in peers) >= fetched["size_bytes"]
     assert turn.secret_file.read_text() not in caplog.text  # the edge never logs it
 
 
