@@ -530,7 +530,12 @@ class BrowserPeer:
         self, socket: Socket, reader: asyncio.Task[None], window: int, after: HeadId | None = None
     ) -> LeaseGrant:
         """A lease for ``window`` over the relay (``after``: the head it follows, before the next exists)."""
-        request = {"type": "lease.request", "experiment": self.key, "request_id": window}
+        request = {
+            "type": "lease.request",
+            "experiment": self.key,
+            "request_id": window,
+            "cache_bytes": self._shards.index.capacity,  # no home when it holds the split
+        }
         await socket.send_text(json.dumps(request if after is None else {**request, "after": after}))
         return LeaseGrant.from_wire(await self._reply(reader, "lease"))
 

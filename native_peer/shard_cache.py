@@ -67,6 +67,11 @@ class ShardCache:
         self._on_disk = CacheIndex(disk_bytes, _files_by_last_use(storage.shards_dir))
         self._lock = threading.Lock()  # the pool's threads share both indexes
 
+    @property
+    def capacity_bytes(self) -> int:
+        """The bytes of shard files kept on disk at most: what a lease request declares it keeps."""
+        return self._on_disk.capacity
+
     def _local_bytes(self, dataset_id: str, entry: ShardEntry) -> bytes | None:
         """The shard from the prepared copy under ``local_datasets``, if there is one, it holds the
         shard and the shard matches ``entry``."""

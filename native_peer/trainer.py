@@ -427,7 +427,11 @@ class Trainer:
         (asked again at the next head, or when the edge says its leases lapse)."""
         try:
             return self.edge.request_lease(
-                experiment.key, self.identity, self.peer_kind, shards=self._lease_shards.get(experiment.key)
+                experiment.key,
+                self.identity,
+                self.peer_kind,
+                shards=self._lease_shards.get(experiment.key),
+                cache_bytes=self.shards.capacity_bytes,
             )
         except EdgeRequestError as exc:
             if exc.status != 409:
@@ -658,7 +662,12 @@ class Trainer:
         than one window while asking."""
         try:
             grant = self.edge.request_lease(
-                experiment.key, self.identity, self.peer_kind, after=after.head_id, shards=shards
+                experiment.key,
+                self.identity,
+                self.peer_kind,
+                after=after.head_id,
+                shards=shards,
+                cache_bytes=self.shards.capacity_bytes,
             )
         except EdgeRequestError as exc:
             if exc.status != 409:

@@ -15,6 +15,11 @@ scores (over the windows it trains on all of its home, not on the same few shard
 the same scores when too few of its home are free. Homes only order the choice: shards stay exclusive
 within a window and a lease's size is decided as before (``protocol.lease_size``). A peer alone has
 every shard as its home.
+
+Homes are only for a peer that cannot keep the whole split (``keeps_home``): one whose shard cache
+holds it downloads each shard once whichever shards it is leased, and leasing it the same few shards
+window after window only makes a trainer that trains ahead refit them from its own last update, which
+costs samples and the lease evidence of its honest work (decision 0034).
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ import numpy.typing as npt
 
 from .ids import PeerId, ShardId
 
-__all__ = ["Homes", "assign_leases", "assign_shards", "home_seed", "rendezvous_score"]
+__all__ = [
+    "MAX_CACHE_BYTES",
+    "Homes",
+    "assign_leases",
+    "assign_shards",
+    "home_seed",
+    "keeps_home",
+    "rendezvous_score",
+]
 
 
 def rendezvous_score(seed: str, peer_id: str, shard_id: str) -> int:
@@ -39,6 +52,16 @@ def rendezvous_score(seed: str, peer_id: str, shard_id: str) -> int:
 def home_seed(experiment: str, dataset_id: str) -> str:
     """The seed an experiment's homes are drawn with: the same in every window."""
     return f"{experiment}|{dataset_id}|homes"
+
+
+MAX_CACHE_BYTES = 1 << 50  # the largest shard cache a lease request may declare
+
+
+def keeps_home(cache_bytes: int | None, split_bytes: int) -> bool:
+    """Whether a peer's leases take its home shards first: unless it declared a shard cache
+    (``cache_bytes``) that holds the whole split of ``split_bytes``; a peer that declares none keeps
+    its home."""
+    return cache_bytes is None or cache_bytes < split_bytes
 
 
 def _hashes(seed: str, ids: Iterable[str]) -> npt.NDArray[np.uint64]:

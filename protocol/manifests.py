@@ -102,6 +102,11 @@ class FetchManifest:
     def shard_ids(self) -> tuple[ShardId, ...]:
         return tuple(entry.shard_id for entry in self.shards)
 
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of every shard of the split together."""
+        return sum(entry.size_bytes for entry in self.shards)
+
     def to_wire(self) -> dict[str, Any]:
         return {
             "dataset_id": self.dataset_id,

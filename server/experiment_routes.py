@@ -17,6 +17,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
+from protocol.leases import MAX_CACHE_BYTES
 from protocol.messages import NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
 
 from .admission import reads_as_validator
@@ -259,11 +260,13 @@ async def request_lease(
     request: Request,
     after: Annotated[str | None, Query(max_length=80)] = None,
     shards: Annotated[int | None, Query(ge=1, le=256)] = None,
+    cache_bytes: Annotated[int | None, Query(ge=0, le=MAX_CACHE_BYTES)] = None,
 ) -> JSON:
     """Lease shards for the current window, or with ``after=<current head id>`` for the window after
     it, before its head exists (``server.leasing``); the body is a ``PeerProof`` with purpose ``lease``.
     ``shards=N`` asks for N shards, within the experiment's ``shards_per_lease`` and
-    ``max_shards_per_lease``.
+    ``max_shards_per_lease``. ``cache_bytes=B``: the peer keeps B bytes of shards; when they hold the
+    whole split, its leases do not keep to its home (``protocol.leases.keeps_home``).
 
     The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
     token = state.admission.check_header(request.headers.get("authorization"), "lease")
@@ -280,6 +283,7 @@ async def request_lease(
         state.admission.principal(token),
         after=None if after is None else HeadId(after),
         shards=shards,
+        cache_bytes=cache_bytes,
     )
     return JSON(grant.to_wire())
 

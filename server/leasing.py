@@ -4,7 +4,8 @@ A window is identified by its base head. A peer asking twice in one window gets 
 back; otherwise it gets its rendezvous-ranked shards among those no live lease of the window
 holds (``protocol.leases.assign_shards``), those of its home first: its share of the dataset among
 the peers that lease in this window or leased in the one before (``protocol.leases.Homes``, kept per
-experiment until that set of peers changes), so that it trains on the shards it already holds. It
+experiment until that set of peers changes), so that it trains on the shards it already holds, unless
+it declared a shard cache that holds the whole split (``protocol.leases.keeps_home``). It
 gets ``shards_per_lease`` of them, or as many as it asks for up to the experiment's
 ``max_shards_per_lease`` and what the peers expected in the window leave (``protocol.lease_size``). A trainer that just
 published may ask for the next window's lease (``after`` the current head) before the next head
@@ -33,7 +34,7 @@ import secrets
 
 from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.lease_size import granted_shards
-from protocol.leases import Homes, assign_shards, home_seed
+from protocol.leases import Homes, assign_shards, home_seed, keeps_home
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
 from .errors import Conflict, Forbidden, NotFound
@@ -79,6 +80,7 @@ class LeaseIssuer:
         *,
         after: HeadId | None = None,
         shards: int | None = None,
+        cache_bytes: int | None = None,
     ) -> LeaseGrant:
         """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
         ``peer_id`` (its proof or its join): a trainer kind, a known experiment open to that kind
@@ -91,7 +93,9 @@ class LeaseIssuer:
         if refusal is not None:
             raise Forbidden(refusal)
         check_peer_rate(self.state, peer_id, experiment)
-        return await self.issue(experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards)
+        return await self.issue(
+            experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards, cache_bytes=cache_bytes
+        )
 
     async def issue(
         self,
@@ -102,12 +106,14 @@ class LeaseIssuer:
         peer_kind: str | None = None,
         after: HeadId | None = None,
         shards: int | None = None,
+        cache_bytes: int | None = None,
     ) -> LeaseGrant:
         """The peer's lease in the current window, or with ``after`` the current head's id, in the
         window after it, before its head exists (a lease granted ahead: ``protocol.window.lease_window``);
         ``after`` an older head asks for the current window. ``shards``: how many shards the peer asks
         for (``ExperimentSpec.lease_shards`` bounds it; fewer when fewer are free); a peer asking again
-        in the same window gets its lease as granted. ``peer_kind``: remember the peer as seen,
+        in the same window gets its lease as granted. ``cache_bytes``: the bytes of shards the peer
+        says it keeps (its home is ignored when they hold the whole split). ``peer_kind``: remember the peer as seen,
         in the same write. The store's write runs in a worker thread: on a shared store it may wait for
         other edges' writes, and the event loop must not wait with it."""
         spec = self.state.experiment(experiment)
@@ -133,10 +139,11 @@ class LeaseIssuer:
                 least=spec.shards_per_lease,
                 expected_peers=len(expected),
             )
-            home = self._homes_among(
-                experiment, spec.dataset_id, last | {lease.peer_id for lease in live}, manifest.shard_ids
-            )
-            chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count, home.of(peer_id))
+            home: frozenset[ShardId] = frozenset()
+            if keeps_home(cache_bytes, manifest.size_bytes):
+                peers = last | {lease.peer_id for lease in live}
+                home = self._homes_among(experiment, spec.dataset_id, peers, manifest.shard_ids).of(peer_id)
+            chosen = assign_shards(seed, peer_id, manifest.shard_ids, taken, count, home)
             if not chosen:
                 lapse_s = max(1, math.ceil((min(lease.expires_at_ms for lease in live) - now_ms) / 1000))
                 raise Conflict(

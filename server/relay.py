@@ -18,7 +18,8 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "subscribe", "experiment", "topics": [...]}         → {"type": "subscribed"}
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
             "after"?: <current head id: the next window's lease>,
-            "shards"?: <how many shards, within the experiment's bounds>}
+            "shards"?: <how many shards, within the experiment's bounds>,
+            "cache_bytes"?: <bytes of shards the peer keeps: no home when they hold the split>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
     peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only;
@@ -69,6 +70,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import opt, read_int, read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
+from protocol.leases import MAX_CACHE_BYTES
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
 
@@ -385,6 +387,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         key = ExperimentKey.parse(data.get("experiment"))
         after = opt(data, "after", lambda m, k: HeadId(read_str(m, k, max_len=80)))
         shards = opt(data, "shards", lambda m, k: read_int(m, k, low=1, high=256))
+        cache_bytes = opt(data, "cache_bytes", lambda m, k: read_int(m, k, low=0, high=MAX_CACHE_BYTES))
         grant = await issuer.grant(
             key,
             PeerId(connection.peer_id),
@@ -392,6 +395,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
             state.admission.principal(connection.token),
             after=after,
             shards=shards,
+            cache_bytes=cache_bytes,
         )
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()

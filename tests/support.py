@@ -152,10 +152,16 @@ def validator_reads(path: str, signer: Signer = VALIDATOR) -> dict[str, str]:
     return {READ_PROOF_HEADER: PeerProof.for_read(signer, "validator", path, now_ms())}
 
 
-def grant_lease(http: httpx.Client, signer: PureSigner, kind: str = "native", **headers: str) -> LeaseGrant:
-    """Lease the current window's shards for ``signer`` over HTTP (relative to the experiment BASE)."""
+def grant_lease(
+    http: httpx.Client, signer: PureSigner, kind: str = "native", cache_bytes: int | None = None, **headers: str
+) -> LeaseGrant:
+    """Lease the current window's shards for ``signer`` over HTTP (relative to the experiment BASE),
+    declaring a shard cache of ``cache_bytes`` when given."""
     response = http.post(
-        f"/v1/experiments/{EXPERIMENT}/leases", json=proof(signer, "lease", kind=kind), headers=headers
+        f"/v1/experiments/{EXPERIMENT}/leases",
+        json=proof(signer, "lease", kind=kind),
+        params={} if cache_bytes is None else {"cache_bytes": cache_bytes},
+        headers=headers,
     )
     assert response.status_code == 200, response.text
     return LeaseGrant.from_wire(response.json())

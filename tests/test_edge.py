@@ -26,6 +26,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, pack_envelope
 from protocol.hashing import content_id
+from protocol.manifests import FetchManifest
 from protocol.messages import LEASE_SECRET_HEADER, NEXT_SINCE_HEADER, Lease
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.experiment_routes import CANDIDATE_PAGE
@@ -332,24 +333,43 @@ def test_leases_are_distinct_and_idempotent(client: httpx.Client) -> None:
     assert len(listed) == 5
 
 
-def test_peers_keep_to_their_own_shards_from_window_to_window(tmp_path: Path, dataset_root: Path) -> None:
-    """Leases with homes (``protocol.leases.Homes``): once two peers have trained a window, each one's
-    leases come from its own share of the dataset, so neither is ever leased a shard the other held."""
-    write_network(tmp_path / "network.json", experiment_spec(shards_per_lease=4))
+def _shards_held_over_windows(root: Path, dataset_root: Path, cache_bytes: int | None) -> list[set[str]]:
+    """The shards two peers were leased in windows 1–6 (in window 0 nobody trained before: no homes
+    yet), each declaring a shard cache of ``cache_bytes``."""
+    root.mkdir(exist_ok=True)
+    write_network(root / "network.json", experiment_spec(shards_per_lease=4))
     peers = [PureSigner(bytes([i]) * 32) for i in (50, 51)]
     held: list[set[str]] = [set(), set()]
-    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge, httpx.Client(base_url=edge.url) as http:
+    with BackgroundEdge(edge_settings(root, dataset_root)) as edge, httpx.Client(base_url=edge.url) as http:
         parent = None
         for window in range(7):
             head, body = head_envelope(parent=parent, window=window)
             assert http.post(f"{BASE}/heads", content=body).status_code == 201
             parent = head.head_id
             for peer, shards in zip(peers, held, strict=True):
-                lease = _lease(http, peer)
-                if window:  # in the first window nobody trained before: no homes yet
+                lease = grant_lease(http, peer, cache_bytes=cache_bytes).lease
+                if window:
                     shards.update(lease.shard_ids)
-    assert not held[0] & held[1]
-    assert len(held[0]) >= 4 and len(held[1]) >= 4
+    return held
+
+
+def test_peers_keep_to_their_own_shards_from_window_to_window(
+    tmp_path: Path, dataset_root: Path, train_manifest: FetchManifest
+) -> None:
+    """Leases with homes (``protocol.leases.Homes``): once two peers have trained a window, each one's
+    leases come from its own share of the dataset, so neither is ever leased a shard the other held,
+    when their shard caches cannot hold the split (or they declare none)."""
+    for cache_bytes in (None, train_manifest.size_bytes - 1):
+        held = _shards_held_over_windows(tmp_path / str(cache_bytes), dataset_root, cache_bytes)
+        assert not held[0] & held[1]
+        assert len(held[0]) >= 4 and len(held[1]) >= 4
+
+
+def test_peers_that_hold_the_split_lease_across_it(tmp_path: Path, dataset_root: Path) -> None:
+    """Peers whose shard caches hold the whole split keep to no home (``protocol.leases.keeps_home``):
+    over a few windows both are leased shards the other was leased too."""
+    held = _shards_held_over_windows(tmp_path, dataset_root, cache_bytes=1 << 40)
+    assert held[0] & held[1]
 
 
 def test_head_upload_requires_validator_signature(client: httpx.Client) -> None:
