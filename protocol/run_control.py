@@ -171,3 +171,21 @@ class RunState:
             raise InvalidMessage(problem)
         paused = {"pause": True, "resume": False}.get(order.action, self.paused)
         return replace(self, sequence=order.sequence, paused=paused, stopped=order.action == "stop")
+
+    @property
+    def halted(self) -> str | None:
+        """Why the experiment takes no work now (paused or stopped), or ``None`` while it runs."""
+        if self.stopped:
+            return "stopped by run control"
+        return "paused by run control" if self.paused else None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"sequence": self.sequence, "paused": self.paused, "stopped": self.stopped}
+
+    @classmethod
+    def from_wire(cls, value: object) -> RunState:
+        d = read_object(value, "run state")
+        paused, stopped = d.get("paused"), d.get("stopped")
+        if not isinstance(paused, bool) or not isinstance(stopped, bool):
+            raise InvalidMessage("run state 'paused' and 'stopped' must be booleans")
+        return cls(sequence=read_int(d, "sequence", low=0), paused=paused, stopped=stopped)

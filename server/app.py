@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import (
     artifact_routes,
+    control_routes,
     dataset_routes,
     experiment_routes,
     follower,
@@ -66,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (
         dataset_routes,
         experiment_routes,
+        control_routes,
         upload_routes,
         artifact_routes,
         relay,

@@ -2,7 +2,7 @@
 recent events.
 
 Activity is what a validator waits on instead of polling (``wait_activity``): every candidate, lease,
-head and quorum event of any experiment, here or on another edge, moves this edge's activity token
+head, quorum and run-control event of any experiment, here or on another edge, moves this edge's activity token
 (``<edge instance>-<count>``) and wakes its waiters. A token from another edge (or an earlier
 process) is answered at once with this one's, so a waiter never sleeps through a change it missed.
 
@@ -53,11 +53,11 @@ __all__ = [
     "public_event",
 ]
 
-TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers"})
+TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers", "control"})
 # what a subscription or an event names instead of an experiment key when it is about the whole
 # network (peers joining the relay): ``_`` keeps it apart from every key (study/experiment/revision)
 NETWORK_SCOPE = "_network"
-ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates"})  # what can decide a window
+ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "control"})  # what can decide a window
 _PRIVATE_FIELDS = {"leases": ("lease_id", "shard_ids", "principal", "signature"), "candidates": ("lease_id",)}
 
 

@@ -13,7 +13,9 @@ exists, so it never waits for one; such a lease is granted on the current head f
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
 its leases, whichever head they were granted on. When every shard is held there is no lease: 409
 with ``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head,
-which comes at the window's deadline at the latest: ``protocol.deadline``). A lease lives as long
+which comes at the window's deadline at the latest: ``protocol.deadline``). An experiment a
+run-control order paused or stopped (``protocol.run_control``) leases nothing: 409 with its reason and
+``Retry-After: HALTED_RETRY_S``, the answer trainers already wait on. A lease lives as long
 as its window may (the experiment's ``window_timeout_s``, at most the edge's ``lease_ttl_s``).
 Leases are signed by the edge and stored durably. The choice is made inside the store's write
 transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
@@ -41,7 +43,9 @@ from .errors import Conflict, Forbidden, NotFound
 from .intake import check_peer_rate
 from .state import EdgeState
 
-__all__ = ["LeaseIssuer"]
+__all__ = ["HALTED_RETRY_S", "LeaseIssuer"]
+
+HALTED_RETRY_S = 2  # how soon a trainer refused for a paused experiment asks again: it resumes within a window
 
 
 class LeaseIssuer:
@@ -92,6 +96,12 @@ class LeaseIssuer:
         refusal = self.state.experiment(experiment).refusal(peer_kind)
         if refusal is not None:
             raise Forbidden(refusal)
+        halted = (await asyncio.to_thread(self.state.store.run_state, experiment)).halted
+        if halted is not None:
+            raise Conflict(
+                f"experiment {experiment} is {halted}; ask again in {HALTED_RETRY_S} s",
+                headers={"Retry-After": str(HALTED_RETRY_S)},
+            )
         check_peer_rate(self.state, peer_id, experiment)
         return await self.issue(
             experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards, cache_bytes=cache_bytes

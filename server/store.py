@@ -25,6 +25,7 @@ from pathlib import Path
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.run_control import RunState, SignedRunControl
 from protocol.signing import b64encode
 
 from .errors import Conflict
@@ -79,6 +80,10 @@ CREATE TABLE IF NOT EXISTS token_keys (
 CREATE TABLE IF NOT EXISTS token_limits (digest TEXT PRIMARY KEY, max_keys INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, kind TEXT NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS run_states (experiment TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS run_orders (
+    experiment TEXT NOT NULL, sequence INTEGER NOT NULL, signed TEXT NOT NULL, applied_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (experiment, sequence));
 """
 
 SCHEMA_VERSION = 3
@@ -589,6 +594,41 @@ class EdgeStore:
             run("DELETE FROM token_keys WHERE digest LIKE ?", pattern)
             run("DELETE FROM token_limits WHERE digest LIKE ?", pattern)
             return run("DELETE FROM tokens WHERE digest LIKE ?", pattern).rowcount
+
+    # -- run control (``protocol.run_control``) ------------------------------------------------
+    def apply_run_control(self, signed: SignedRunControl, now_ms: int) -> RunState:
+        """Apply ``signed`` (its signatures already checked) to its experiment and keep it: the state it
+        leaves. ``Conflict`` with ``RunState.refusal``'s reason for a replay or an order after ``stop``;
+        read and written in one transaction, so edges sharing a store apply each sequence once."""
+        order = signed.order
+        with self._db.transaction() as run:
+            row = run("SELECT state FROM run_states WHERE experiment = ?", order.experiment).fetchone()
+            state = RunState() if row is None else RunState.from_wire(json.loads(str(row[0])))
+            if (refusal := state.refusal(order)) is not None:
+                raise Conflict(refusal)
+            state = state.after(order)
+            run(
+                "INSERT INTO run_states (experiment, state) VALUES (?, ?)"
+                " ON CONFLICT (experiment) DO UPDATE SET state = excluded.state",
+                *(order.experiment, json.dumps(state.to_wire())),
+            )
+            run(
+                "INSERT INTO run_orders (experiment, sequence, signed, applied_at_ms) VALUES (?, ?, ?, ?)",
+                *(order.experiment, order.sequence, json.dumps(signed.to_wire()), now_ms),
+            )
+            return state
+
+    def run_state(self, experiment: ExperimentKey) -> RunState:
+        """What the orders applied to ``experiment`` leave (running, when none was)."""
+        rows = self._db.query("SELECT state FROM run_states WHERE experiment = ?", experiment)
+        return RunState.from_wire(json.loads(str(rows[0][0]))) if rows else RunState()
+
+    def run_orders(self, experiment: ExperimentKey) -> list[tuple[SignedRunControl, int]]:
+        """The orders applied to ``experiment``, in sequence, each with when this store applied it."""
+        rows = self._db.query(
+            "SELECT signed, applied_at_ms FROM run_orders WHERE experiment = ? ORDER BY sequence", experiment
+        )
+        return [(SignedRunControl.from_wire(json.loads(str(signed))), int(at)) for signed, at in rows]
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:

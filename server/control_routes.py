@@ -1,0 +1,66 @@
+"""Run control over HTTP: an order a quorum of the network's validators signed
+(``protocol.run_control``), submitted by anyone, applied, kept in the store and published.
+
+    POST {experiment}/control   a ``SignedRunControl`` (JSON, at most ``MAX_CONTROL_BYTES``)
+    GET  {experiment}/control   the experiment's ``RunState`` and every order applied to it
+
+The edge enforces an order but cannot originate one: its key is not a validator's. Refusals, each
+with its reason: 400 a malformed order or one for another experiment than the path's, 401 fewer than
+``quorum`` valid validator signatures or an order for another network, 404 an experiment this network
+does not have, 409 a replayed sequence or an order after ``stop``, 413 a body over the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from protocol.errors import InvalidMessage, SignatureError, TooLarge
+from protocol.run_control import SignedRunControl
+
+from .deps import Experiment, State, body_doc, read_json
+from .errors import Conflict, NotFound, documented
+from .experiment_routes import EXPERIMENT
+from .responses import JSON
+
+__all__ = ["MAX_CONTROL_BYTES", "router"]
+
+router = APIRouter(prefix="/v1", tags=["run control"])
+
+MAX_CONTROL_BYTES = 64 << 10  # an order and 64 signatures take about 10 KiB
+
+
+@router.post(
+    f"{EXPERIMENT}/control",
+    status_code=201,
+    responses=documented(InvalidMessage, SignatureError, NotFound, Conflict, TooLarge),
+    openapi_extra=body_doc("application/json", "a SignedRunControl: the order and its validators' signatures"),
+)
+async def submit_order(key: Experiment, state: State, request: Request) -> JSON:
+    """Apply a run-control order signed by a quorum of the network's validators; answers the state it
+    leaves and publishes the order on the ``control`` topic."""
+    state.experiment(key)
+    signed = SignedRunControl.from_wire(await read_json(request, MAX_CONTROL_BYTES))
+    if signed.order.experiment != key:
+        raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {key}")
+    signers = signed.effective_signers(state.network)
+    now_ms = state.clock.now_ms()
+    run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
+    event = {**signed.to_wire(), "applied_at_ms": now_ms, "state": run_state.to_wire(), "signers": len(signers)}
+    state.hub.publish(key, "control", event)
+    return JSON(event, status_code=201)
+
+
+@router.get(f"{EXPERIMENT}/control", responses=documented(InvalidMessage, NotFound))
+async def run_control(key: Experiment, state: State) -> JSON:
+    """``{"state": RunState, "orders": [...]}``: whether the experiment is paused or stopped, the last
+    applied sequence, and each applied order with its signatures and when this edge's store applied it."""
+    state.experiment(key)
+    orders = state.store.run_orders(key)
+    return JSON(
+        {
+            "state": state.store.run_state(key).to_wire(),
+            "orders": [{**signed.to_wire(), "applied_at_ms": at} for signed, at in orders],
+        }
+    )
