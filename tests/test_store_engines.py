@@ -19,6 +19,7 @@ from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
 from protocol.leases import assign_shards
 from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
 from protocol.reasons import Reason
+from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
 from server.errors import Conflict
 from server.serve import BackgroundEdge
@@ -478,3 +479,15 @@ def test_network_signatures_are_kept_one_per_validator(opener: Opener) -> None:
     first.keep_network_signature("key-b", "sig-2")
     first.keep_network_signature("key-a", "sig-3")  # a validator that signs again replaces its signature
     assert again.network_signatures() == {"key-a": "sig-3", "key-b": "sig-2"}
+
+
+def test_run_control_orders_apply_once_in_sequence_and_outlive_the_store(opener: Opener) -> None:
+    order = RunControl("test-net", EXPERIMENT, "pause", sequence=1, issued_at_ms=5)
+    store = opener()
+    assert store.run_state(EXPERIMENT) == RunState()
+    assert store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 10) == RunState(1, paused=True)
+    with pytest.raises(Conflict, match="sequence 1 was already used"):
+        store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 11)
+    again = opener()  # another edge on the same database, or this one restarted
+    assert again.run_state(EXPERIMENT) == RunState(1, paused=True)
+    assert [(signed.order, at) for signed, at in again.run_orders(EXPERIMENT)] == [(order, 10)]

@@ -1,0 +1,133 @@
+"""Run control at a real edge (issue #24 item 3): a real uvicorn edge on a 2-of-3 network with SQLite,
+real Ed25519 signatures. The route refuses every order that is not a quorum's, or not the next one,
+with its status and reason; an applied order is kept across an edge restart and published; a paused
+or stopped experiment leases nothing (409 with ``Retry-After``, what trainers wait on), a resumed one
+leases again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from protocol.manifests import NetworkManifest
+from protocol.messages import Attestation
+from protocol.run_control import RunControl, SignedRunControl
+from protocol.signing import PureSigner
+from server.control_routes import MAX_CONTROL_BYTES
+from server.leasing import HALTED_RETRY_S
+from server.serve import BackgroundEdge
+from server.settings import Settings
+
+from .support import EXPERIMENT, edge_settings, experiment_spec, head_envelope, proof
+
+A, B, C = (PureSigner(bytes([n]) * 32) for n in (61, 62, 63))
+TRAINER = PureSigner(b"\x64" * 32)
+BASE = f"/v1/experiments/{EXPERIMENT}"
+
+
+def _network(path: Path) -> None:
+    network = NetworkManifest("control-net", (A.public_key, B.public_key, C.public_key), (experiment_spec(),), quorum=2)
+    path.write_text(json.dumps(network.to_wire()))
+
+
+@pytest.fixture
+def settings(tmp_path: Path, dataset_root: Path) -> Settings:
+    _network(tmp_path / "network.json")
+    return edge_settings(tmp_path, dataset_root)
+
+
+@contextmanager
+def _edge(settings: Settings) -> Iterator[httpx.Client]:
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[httpx.Client]:
+    with _edge(settings) as client:
+        head, body = head_envelope(signer=A)  # the genesis, canonical once B attests it too
+        assert client.post(f"{BASE}/heads", content=body).status_code == 202
+        attestation = Attestation.of(head, (), B, 1)
+        assert client.post(f"{BASE}/attestations", json=attestation.to_wire()).status_code == 201
+        yield client
+
+
+def _order(action: str, sequence: int, target: str | None = None, network: str = "control-net") -> RunControl:
+    return RunControl(network, EXPERIMENT, action, sequence=sequence, issued_at_ms=1_000 + sequence, target=target)
+
+
+def _submit(http: httpx.Client, signed: SignedRunControl | object) -> httpx.Response:
+    body = signed.to_wire() if isinstance(signed, SignedRunControl) else signed
+    return http.post(f"{BASE}/control", json=body)
+
+
+def _lease(http: httpx.Client) -> httpx.Response:
+    return http.post(f"{BASE}/leases", json=proof(TRAINER, "lease"))
+
+
+def _refused(response: httpx.Response, status: int, error: str, reason: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == error
+    assert reason in response.json()["detail"]
+
+
+def test_orders_that_are_not_a_quorums_or_not_the_next_are_refused_with_their_reason(http: httpx.Client) -> None:
+    pause = _order("pause", 1)
+    _refused(_submit(http, SignedRunControl.of(pause, [A])), 401, "SignatureError", "signed by 1 validator")
+    _refused(_submit(http, SignedRunControl.of(pause, [A, A])), 401, "SignatureError", "it needs 2")
+    other = _order("pause", 1, network="another-net")
+    _refused(_submit(http, SignedRunControl.of(other, [A, B])), 401, "SignatureError", "not 'control-net'")
+    _refused(_submit(http, {"order": pause.body()}), 400, "InvalidMessage", "signatures")
+    _refused(_submit(http, {**SignedRunControl.of(pause, [A, B]).to_wire(), "order": {}}), 400, "InvalidMessage", "")
+    oversize = http.post(f"{BASE}/control", content=b" " * (MAX_CONTROL_BYTES + 1))
+    _refused(oversize, 413, "TooLarge", "exceeds")
+    unknown = http.post(
+        "/v1/experiments/study/nothing/rev-1/control", json=SignedRunControl.of(pause, [A, B]).to_wire()
+    )
+    _refused(unknown, 404, "NotFound", "no experiment")
+    assert http.get(f"{BASE}/control").json() == {
+        "state": {"sequence": 0, "paused": False, "stopped": False},
+        "orders": [],
+    }
+
+    assert _submit(http, SignedRunControl.of(pause, [A, C])).status_code == 201
+    _refused(_submit(http, SignedRunControl.of(pause, [A, B])), 409, "Conflict", "sequence 1 was already used")
+    assert _submit(http, SignedRunControl.of(_order("stop", 2), [B, C])).status_code == 201
+    _refused(_submit(http, SignedRunControl.of(_order("resume", 3), [A, B])), 409, "Conflict", "is stopped")
+    state = http.get(f"{BASE}/control").json()
+    assert state["state"] == {"sequence": 2, "paused": True, "stopped": True}
+    assert [o["order"]["action"] for o in state["orders"]] == ["pause", "stop"]
+
+
+def test_a_paused_experiment_leases_nothing_and_its_order_is_published(settings: Settings, http: httpx.Client) -> None:
+    assert _lease(http).status_code == 200
+    with connect(f"{str(http.base_url).replace('http', 'ws', 1)}/v1/events") as events:
+        applied = _submit(http, SignedRunControl.of(_order("pause", 1), [B, C]))
+        assert applied.status_code == 201, applied.text
+        assert applied.json()["state"]["paused"] is True
+        event = json.loads(events.recv(timeout=5))
+        while event.get("topic") != "control":
+            event = json.loads(events.recv(timeout=5))
+        assert event["data"]["order"]["action"] == "pause" and event["data"]["signers"] == 2
+    refused = _lease(http)
+    _refused(refused, 409, "Conflict", "paused by run control")
+    assert refused.headers["retry-after"] == str(HALTED_RETRY_S)
+
+
+def test_an_applied_order_outlives_an_edge_restart(settings: Settings) -> None:
+    with _edge(settings) as http:
+        head, body = head_envelope(signer=A)
+        assert http.post(f"{BASE}/heads", content=body).status_code == 202
+        assert http.post(f"{BASE}/attestations", json=Attestation.of(head, (), C, 1).to_wire()).status_code == 201
+        assert _submit(http, SignedRunControl.of(_order("pause", 1), [A, B])).status_code == 201
+    with _edge(settings) as restarted:
+        _refused(_lease(restarted), 409, "Conflict", "paused by run control")
+        resumed = _submit(restarted, SignedRunControl.of(_order("resume", 2), [A, B]))
+        assert resumed.status_code == 201, resumed.text
+        assert _lease(restarted).status_code == 200
