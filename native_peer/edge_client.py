@@ -31,6 +31,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.edge_urls import edge_urls
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.errors import IntegrityError, InvalidMessage, ProtocolError
+from protocol.fields import read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
@@ -48,6 +49,7 @@ from protocol.messages import (
     Verdict,
 )
 from protocol.network_pins import NetworkSignature, served_by
+from protocol.run_control import MAX_ORDERS, SignedRunControl
 from protocol.signing import Signer
 from protocol.transfers import (
     Done,
@@ -257,6 +259,18 @@ class EdgeClient:
 
     def heads(self, key: ExperimentKey) -> list[HeadDescriptor]:
         return [HeadDescriptor.from_wire(h) for h in self._request("GET", f"{self._experiment_path(key)}/heads").json()]
+
+    def run_orders(self, key: ExperimentKey) -> list[SignedRunControl]:
+        """The run-control orders the edge applied to ``key``, in sequence, as it serves them
+        (unchecked: ``RunState.of`` checks each)."""
+        answer = read_object(self._request("GET", f"{self._experiment_path(key)}/control").json(), "run control")
+        return read_list(answer, "orders", SignedRunControl.from_wire, max_len=MAX_ORDERS)
+
+    def submit_order(self, signed: SignedRunControl) -> dict[str, Any]:
+        """Give the edge a signed order; its answer: the order applied, with the state it leaves."""
+        path = f"{self._experiment_path(signed.order.experiment)}/control"
+        answer: dict[str, Any] = self._request("POST", path, json=signed.to_wire()).json()
+        return answer
 
     def proposals(self, key: ExperimentKey, parent: HeadId | None) -> list[HeadDescriptor]:
         """Heads proposed on top of ``parent`` (``None``: genesis), each with its certificate so far."""

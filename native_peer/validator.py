@@ -39,6 +39,9 @@ published for every candidate; an accepted one credits its examples only with ev
 trained on its lease (``WindowDecision.credited``).
 
 Each experiment has its own open window and deadline (one validator may run several experiments).
+A window that could close is first checked against run control (``protocol.run_control``): while the
+orders the edge holds, each checked here for the network's quorum, leave the experiment paused or
+stopped, no window closes and its deadline counts from the poll that finds it running again.
 
 Quorum (``NetworkManifest.quorum`` = k of the listed validators): a head is canonical only once k
 distinct validators vouch for it. Each validator judges independently and deterministically; the
@@ -118,6 +121,7 @@ from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, Hea
 from protocol.network_pins import NetworkSignature
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
+from protocol.run_control import RunState
 from protocol.screening import PRESETS, Screen, ScreeningPolicy, screen_schema
 from protocol.shards import decode_shard
 from protocol.trust import TrustBook
@@ -568,6 +572,9 @@ class Validator:
             return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
             return None  # nothing can close it yet: spare the edge the lease query
+        if self._halted(spec):  # paused or stopped by run control: no window closes, so no head follows;
+            self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())  # its deadline counts from resume
+            return None
         now_ms = self.clock.now_ms()
         leases = self.edge.window_leases(spec.key, head)
         if not leases and not window:  # an idle window: its deadline counts from its first lease
@@ -594,6 +601,12 @@ class Validator:
         for lease in out:
             self._delivered.missed(lease.peer_id)
         return self._close_window(spec, head, window)
+
+    def _halted(self, spec: ExperimentSpec) -> bool:
+        """Whether run control paused or stopped ``spec``'s experiment: the orders the edge holds, each
+        checked against the network's quorum here (``RunState.of``; an edge cannot forge one)."""
+        state = RunState.of(self.edge.run_orders(spec.key), self.network, spec.key)
+        return state.halted is not None
 
     def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
         """The experiment's candidates not judged yet, in arrival order. The edge is followed with a

@@ -28,6 +28,7 @@ from .signing import Signer, ValidatorSignature, canonical_json, verify_signatur
 __all__ = [
     "ACTIONS",
     "CONTROL_DOMAIN",
+    "MAX_ORDERS",
     "ControlSignature",
     "RunControl",
     "RunState",
@@ -38,6 +39,7 @@ CONTROL_DOMAIN = b"dtn/run-control/v1\n"
 ACTIONS = ("pause", "resume", "stop", "pardon", "rollback")
 _TARGETED = {"pardon": PeerId, "rollback": HeadId}  # actions that name a target, and the target's type
 MAX_SIGNATURES = 64  # at most one per validator; a network has at most 64 (NetworkManifest quorum bound)
+MAX_ORDERS = 10_000  # the orders one experiment's history may hold as an edge serves them
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,19 @@ class RunState:
     sequence: int = 0
     paused: bool = False
     stopped: bool = False
+
+    @classmethod
+    def of(cls, orders: Iterable[SignedRunControl], network: NetworkManifest, experiment: ExperimentKey) -> RunState:
+        """The state ``orders`` leave ``experiment``, each applied in turn once checked, as a validator
+        reads them from an edge it does not trust: ``SignatureError`` for an order without ``network``'s
+        quorum, ``InvalidMessage`` for one of another experiment or out of sequence."""
+        state = cls()
+        for signed in orders:
+            if signed.order.experiment != experiment:
+                raise InvalidMessage(f"run control for {signed.order.experiment} among {experiment}'s orders")
+            signed.effective_signers(network)
+            state = state.after(signed.order)
+        return state
 
     def refusal(self, order: RunControl) -> str | None:
         """Why ``order`` cannot be applied now (a replay, an order after ``stop``), or ``None``."""
