@@ -26,6 +26,9 @@ per class, or text files) into a prepared dataset an edge serves and validators 
 trainer checks heads, as safetensors plus its model config (``native_peer.export``):
 
     dtn export --experiment study/exp/rev-1 --edge https://host --validator-key <fingerprint> --out ckpt
+
+``dtn control new | sign | submit | show`` issues run-control orders a quorum of validators signs
+(``native_peer.control_cli``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from protocol.messages import HeadDescriptor
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
+from .control_cli import add_control_parser
 from .edge_client import EdgeClient, EdgeRequestError
 from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
@@ -379,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     export.add_argument("--token", default=os.environ.get("DTN_TOKEN"), help="admission token (env DTN_TOKEN)")
     export.set_defaults(run=cmd_export)
+
+    add_control_parser(sub)
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

@@ -117,6 +117,25 @@ class SignedRunControl:
     def of(cls, order: RunControl, signers: Iterable[Signer]) -> SignedRunControl:
         return cls(order, tuple(order.sign(s) for s in signers))
 
+    @classmethod
+    def gathered(cls, copies: Iterable[SignedRunControl]) -> SignedRunControl:
+        """One order with every signature ``copies`` of it carry, one per validator key (validators
+        that each signed a copy of the same order file); ``InvalidMessage`` when the copies are not all
+        of one order."""
+        copies = list(copies)
+        if not copies:
+            raise InvalidMessage("no run-control order to gather signatures for")
+        order = copies[0].order
+        if any(copy.order != order for copy in copies):
+            raise InvalidMessage("these files hold different run-control orders; gather signatures of one order")
+        by_key = {s.validator_key: s for copy in copies for s in copy.signatures}
+        return cls(order, tuple(by_key.values()))
+
+    def signed_by(self, signer: Signer) -> SignedRunControl:
+        """This order with ``signer``'s signature added (replacing one its key made before)."""
+        others = tuple(s for s in self.signatures if s.validator_key != signer.public_key)
+        return replace(self, signatures=(*others, self.order.sign(signer)))
+
     def signers(self, network: NetworkManifest) -> frozenset[bytes]:
         """The validators of ``network`` whose valid signature over the order is here."""
         listed = network.validator_key_set

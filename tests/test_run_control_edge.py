@@ -15,6 +15,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from native_peer.cli import main as dtn
 from protocol.manifests import NetworkManifest
 from protocol.messages import Attestation
 from protocol.run_control import RunControl, SignedRunControl
@@ -131,3 +132,49 @@ def test_an_applied_order_outlives_an_edge_restart(settings: Settings) -> None:
         resumed = _submit(restarted, SignedRunControl.of(_order("resume", 2), [A, B]))
         assert resumed.status_code == 201, resumed.text
         assert _lease(restarted).status_code == 200
+
+
+def test_the_cli_writes_signs_offline_and_submits_an_order(
+    settings: Settings, http: httpx.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, seed in (("a", 61), ("b", 62), ("outsider", 99)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "identity.key").write_bytes(bytes([seed]) * 32)
+    network, url, order = str(settings.network), str(http.base_url), tmp_path / "order.json"
+    control = ["control", "new", str(order), "--network", network, "--experiment", str(EXPERIMENT)]
+    dtn([*control, "--action", "pause", "--edge", url])
+    assert "as order 1 of network control-net, unsigned" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="is not a validator of this network"):
+        dtn(["control", "sign", str(order), "--network", network, "--storage", str(tmp_path / "outsider")])
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(order.read_bytes())
+    dtn(["control", "sign", str(order), "--network", network, "--storage", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match="not every edge holds the order"):
+        dtn(["control", "submit", str(order), "--edge", url])
+    assert "refused (401 SignatureError): run control 'pause' is signed by 1 validator" in capsys.readouterr().out
+    dtn(["control", "sign", str(copy), "--network", network, "--storage", str(tmp_path / "b")])
+    dtn(["control", "submit", str(order), str(copy), "--edge", f"{url},{url}"])  # each copy carries one signature
+    submitted = capsys.readouterr().out
+    assert "applied; the experiment is now" in submitted and "already applied this order" in submitted
+    _refused(_lease(http), 409, "Conflict", "paused by run control")
+    dtn(["control", "show", "--network", network, "--experiment", str(EXPERIMENT), "--edge", url])
+    shown = capsys.readouterr().out
+    assert "1: pause issued" in shown and f"{EXPERIMENT}: paused by run control (last order 1)" in shown
+    dtn([*control, "--action", "resume", "--edge", url])
+    assert "as order 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="other-exp"):
+        dtn(
+            [
+                "control",
+                "new",
+                str(order),
+                "--network",
+                network,
+                "--experiment",
+                "study/other-exp/rev-1",
+                "--action",
+                "stop",
+                "--sequence",
+                "3",
+            ]
+        )

@@ -1,4 +1,4 @@
-"""``dtn``: the native peer's commands (``native_peer.cli``: train, validate, keys, dataset, export),
+"""``dtn``: the native peer's commands (``native_peer.cli``: train, validate, keys, dataset, export, control),
 ``dtn workload check`` (``tools.workload_check``: a model checked before a network trains it, the
 browser's NumPy twin included) and ``dtn lineage export | import`` (``tools.cli``: an edge store's
 lineage as one verifiable archive), which needs the edge's packages (the ``server`` extra) and runs
