@@ -13,18 +13,22 @@ does not have, 409 a replayed sequence or an order after ``stop``, 413 a body ov
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request
 
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
+from protocol.ids import ExperimentKey
+from protocol.network_pins import fingerprint
 from protocol.run_control import SignedRunControl
 
 from .deps import Experiment, State, body_doc, read_json
 from .errors import Conflict, NotFound, documented
 from .experiment_routes import EXPERIMENT
 from .responses import JSON
+from .state import EdgeState
 
-__all__ = ["MAX_CONTROL_BYTES", "router"]
+__all__ = ["MAX_CONTROL_BYTES", "applied_order", "control_view", "router"]
 
 router = APIRouter(prefix="/v1", tags=["run control"])
 
@@ -44,23 +48,29 @@ async def submit_order(key: Experiment, state: State, request: Request) -> JSON:
     signed = SignedRunControl.from_wire(await read_json(request, MAX_CONTROL_BYTES))
     if signed.order.experiment != key:
         raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {key}")
-    signers = signed.effective_signers(state.network)
+    signed.effective_signers(state.network)
     now_ms = state.clock.now_ms()
     run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
-    event = {**signed.to_wire(), "applied_at_ms": now_ms, "state": run_state.to_wire(), "signers": len(signers)}
+    event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}
     state.hub.publish(key, "control", event)
     return JSON(event, status_code=201)
 
 
 @router.get(f"{EXPERIMENT}/control", responses=documented(InvalidMessage, NotFound))
 async def run_control(key: Experiment, state: State) -> JSON:
-    """``{"state": RunState, "orders": [...]}``: whether the experiment is paused or stopped, the last
-    applied sequence, and each applied order with its signatures and when this edge's store applied it."""
+    """``control_view``: whether the experiment is paused or stopped, and the orders applied to it."""
     state.experiment(key)
-    orders = state.store.run_orders(key)
-    return JSON(
-        {
-            "state": state.store.run_state(key).to_wire(),
-            "orders": [{**signed.to_wire(), "applied_at_ms": at} for signed, at in orders],
-        }
-    )
+    return JSON(control_view(state, key))
+
+
+def applied_order(state: EdgeState, signed: SignedRunControl, applied_at_ms: int) -> dict[str, Any]:
+    """An applied order as the edge shows it: the order and its signatures, when this edge's store
+    applied it, and the fingerprints of the network's validators whose signature is valid (``signers``)."""
+    signers = sorted(fingerprint(key) for key in signed.signers(state.network))
+    return {**signed.to_wire(), "applied_at_ms": applied_at_ms, "signers": signers}
+
+
+def control_view(state: EdgeState, key: ExperimentKey) -> dict[str, Any]:
+    """``{"state": RunState, "orders": [applied_order, ...]}`` of ``key``, the orders in sequence."""
+    orders = [applied_order(state, signed, at) for signed, at in state.store.run_orders(key)]
+    return {"state": state.store.run_state(key).to_wire(), "orders": orders}

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from protocol.errors import InvalidMessage
 from protocol.network_pins import NetworkSignature
 
+from .control_routes import control_view
 from .deps import State, client_address, read_json
 from .errors import Conflict, documented
 from .hub import public_event
@@ -112,6 +113,7 @@ async def snapshot(state: State) -> JSON:
                 "verdicts": state.store.verdict_counts(spec.key),
                 "recent_verdicts": [v.to_wire() for v in state.store.verdicts(spec.key, limit=20)],
                 "leaderboard": [standing.to_wire() for standing in state.credit.leaderboard(spec.key, 10)],
+                "control": control_view(state, spec.key),
             }
         )
     connected = [

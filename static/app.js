@@ -251,9 +251,11 @@ function renderSnapshot(snapshot) {
         <div class="small"></div><code></code>`;
       card.children[0].textContent = experiment.key;
       card.children[1].textContent = acc === undefined ? "no head yet" : `${(acc * 100).toFixed(2)} %`;
+      const run = experiment.control.state; // run control (protocol/run_control.py): validators' orders
+      const halted = run.stopped ? " · stopped by its validators" : run.paused ? " · paused by its validators" : "";
       card.children[2].textContent = head
-        ? `window ${head.window} · ${experiment.verdicts.accepted} accepted / ${experiment.verdicts.rejected} rejected`
-        : "";
+        ? `window ${head.window} · ${experiment.verdicts.accepted} accepted / ${experiment.verdicts.rejected} rejected${halted}`
+        : halted;
       card.children[3].textContent = head ? head.head_id : "";
       return card;
     }),
@@ -269,7 +271,20 @@ function renderSnapshot(snapshot) {
       return li;
     }),
   );
-  $("events").replaceChildren(...snapshot.events.slice().reverse().slice(0, 30).map(eventItem));
+  $("events").replaceChildren(...timeline(snapshot).slice(0, 30).map(eventItem));
+}
+
+// The recent events, newest first, with every run-control order the edge applied (kept in its store,
+// so an order older than the recent events stays in the timeline, once each).
+function timeline(snapshot) {
+  const orderKey = (experiment, d) => `${experiment} ${d.order.sequence}`;
+  const recent = new Set(snapshot.events.filter((e) => e.topic === "control").map((e) => orderKey(e.experiment, e.data)));
+  const orders = snapshot.experiments.flatMap((experiment) =>
+    experiment.control.orders
+      .filter((d) => !recent.has(orderKey(experiment.key, d)))
+      .map((d) => ({ topic: "control", experiment: experiment.key, data: d, at_ms: d.applied_at_ms })),
+  );
+  return [...snapshot.events.slice().reverse(), ...orders].sort((a, b) => (b.at_ms ?? 0) - (a.at_ms ?? 0));
 }
 
 function eventItem(event) {
@@ -284,6 +299,11 @@ function eventItem(event) {
   } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "leases") text = `lease of ${d.shard_ids?.length ?? d.shards} shards to ${d.peer_id.slice(0, 16)}…`;
   else if (event.topic === "peers") text = `${d.kind} peer joined`;
+  else if (event.topic === "control") {
+    const target = d.order.target ? ` ${String(d.order.target).slice(0, 20)}…` : "";
+    text = `run control: ${d.order.action}${target} (order ${d.order.sequence}), signed by validators ${d.signers.join(", ")}`;
+    li.className = "control";
+  }
   else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
   else if (event.topic === "quorum") {
     const head = String(d.head_id).slice(7, 19);
@@ -311,7 +331,7 @@ function streamEvents(delay = 500) {
     const list = $("events");
     list.prepend(eventItem(event));
     while (list.children.length > 30) list.lastChild.remove();
-    if (event.topic === "heads" || event.topic === "verdicts") refresh();
+    if (event.topic === "heads" || event.topic === "verdicts" || event.topic === "control") refresh();
   };
   socket.onclose = () => {
     state.streaming = false;

@@ -7,6 +7,7 @@ leases again."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +16,11 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from lab.demo import CHROMIUM, CHROMIUM_FLAGS
 from native_peer.cli import main as dtn
 from protocol.manifests import NetworkManifest
 from protocol.messages import Attestation
+from protocol.network_pins import fingerprint
 from protocol.run_control import RunControl, SignedRunControl
 from protocol.signing import PureSigner
 from server.control_routes import MAX_CONTROL_BYTES
@@ -25,7 +28,7 @@ from server.leasing import HALTED_RETRY_S
 from server.serve import BackgroundEdge
 from server.settings import Settings
 
-from .support import EXPERIMENT, edge_settings, experiment_spec, head_envelope, proof
+from .support import EXPERIMENT, edge_settings, experiment_spec, head_envelope, missing, proof
 
 A, B, C = (PureSigner(bytes([n]) * 32) for n in (61, 62, 63))
 TRAINER = PureSigner(b"\x64" * 32)
@@ -115,7 +118,8 @@ def test_a_paused_experiment_leases_nothing_and_its_order_is_published(settings:
         event = json.loads(events.recv(timeout=5))
         while event.get("topic") != "control":
             event = json.loads(events.recv(timeout=5))
-        assert event["data"]["order"]["action"] == "pause" and event["data"]["signers"] == 2
+        assert event["data"]["order"]["action"] == "pause"
+        assert event["data"]["signers"] == sorted(fingerprint(s.public_key) for s in (B, C))
     refused = _lease(http)
     _refused(refused, 409, "Conflict", "paused by run control")
     assert refused.headers["retry-after"] == str(HALTED_RETRY_S)
@@ -178,3 +182,31 @@ def test_the_cli_writes_signs_offline_and_submits_an_order(
                 "3",
             ]
         )
+
+
+@pytest.mark.slow
+def test_the_viewer_shows_an_order_in_its_timeline_and_the_experiment_paused(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    """Real Chromium renders the viewer page (``static/app.js``) once the order is in the store: the
+    timeline names the action and the fingerprints of the validators who signed it."""
+    if not CHROMIUM.exists():
+        missing(f"no Chromium at {CHROMIUM}")
+    assert _submit(http, SignedRunControl.of(_order("pause", 1), [A, C])).status_code == 201
+    page = subprocess.run(
+        [
+            str(CHROMIUM),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            f"{http.base_url}#viewer",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    signers = ", ".join(sorted(fingerprint(s.public_key) for s in (A, C)))
+    assert f"run control: pause (order 1), signed by validators {signers}" in page
+    assert "paused by its validators" in page
