@@ -41,7 +41,9 @@ trained on its lease (``WindowDecision.credited``).
 Each experiment has its own open window and deadline (one validator may run several experiments).
 A window that could close is first checked against run control (``protocol.run_control``): while the
 orders the edge holds, each checked here for the network's quorum, leave the experiment paused or
-stopped, no window closes and its deadline counts from the poll that finds it running again.
+stopped, no window closes and its deadline counts from the poll that finds it running again. A
+``pardon`` releases its peer from quarantine before the window is judged; validators that read it one
+window apart may disagree on that one window's head, which the quorum settles as any disagreement.
 
 Quorum (``NetworkManifest.quorum`` = k of the listed validators): a head is canonical only once k
 distinct validators vouch for it. Each validator judges independently and deterministically; the
@@ -102,7 +104,7 @@ from protocol.deadline import (
 )
 from protocol.envelope import pack_envelope
 from protocol.errors import ProtocolError, SignatureError
-from protocol.fields import read_bool, read_float, read_list, read_object
+from protocol.fields import read_bool, read_float, read_int, read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.judging import (
@@ -206,6 +208,7 @@ class ValidatorState:
     trust: TrustBook = field(default_factory=TrustBook)
     outbox: list[Verdict] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
+    control: dict[str, int] = field(default_factory=dict)  # experiment -> the last run-control order applied
     journal: Path | None = None  # where ``judged`` is appended (``load`` sets it beside the state file)
     _journaled: int = 0  # lines in the journal
 
@@ -235,6 +238,7 @@ class ValidatorState:
             "trust": self.trust.to_wire(),
             "outbox": [v.to_wire() for v in self.outbox],
             "decisions": {head_id: decision.to_wire() for head_id, decision in self.decisions.items()},
+            "control": self.control,
         }
 
     @classmethod
@@ -242,11 +246,13 @@ class ValidatorState:
         d = read_object(value, "validator state")
         durations = read_object(d.get("durations"), "durations")
         decisions = read_object(d.get("decisions", {}), "decisions")
+        control = read_object(d.get("control", {}), "control")
         return cls(
             durations={key: read_list(durations, key, _seconds) for key in durations},
             trust=TrustBook.from_wire(d.get("trust")),
             outbox=read_list(d, "outbox", Verdict.from_wire, max_len=1 << 20),
             decisions={head_id: Decision.from_wire(decisions[head_id]) for head_id in decisions},
+            control={key: read_int(control, key) for key in control},
         )
 
     @classmethod
@@ -572,7 +578,7 @@ class Validator:
             return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
             return None  # nothing can close it yet: spare the edge the lease query
-        if self._halted(spec):  # paused or stopped by run control: no window closes, so no head follows;
+        if self._follow_control(spec):  # paused or stopped by run control: no window closes, no head follows;
             self._windows[spec.key] = (head.head_id, self.clock.monotonic_s())  # its deadline counts from resume
             return None
         now_ms = self.clock.now_ms()
@@ -602,11 +608,27 @@ class Validator:
             self._delivered.missed(lease.peer_id)
         return self._close_window(spec, head, window)
 
-    def _halted(self, spec: ExperimentSpec) -> bool:
-        """Whether run control paused or stopped ``spec``'s experiment: the orders the edge holds, each
-        checked against the network's quorum here (``RunState.of``; an edge cannot forge one)."""
-        state = RunState.of(self.edge.run_orders(spec.key), self.network, spec.key)
+    def _follow_control(self, spec: ExperimentSpec) -> bool:
+        """Apply the run-control orders the edge holds for ``spec``'s experiment, each checked here for
+        the network's quorum (``RunState.of``: an edge cannot forge one): a ``pardon`` not applied
+        before releases its peer from quarantine, in the trust book and in every open decision's. True
+        while the orders leave the experiment paused or stopped."""
+        orders = self.edge.run_orders(spec.key)
+        state = RunState.of(orders, self.network, spec.key)
+        done = self.state.control.get(spec.key, 0)
+        if state.sequence > done:
+            for signed in orders:
+                if signed.order.sequence > done and signed.order.action == "pardon" and signed.order.target:
+                    self._pardon(signed.order.target)
+            self.state.control[spec.key] = state.sequence
+            self.state.save(self._state_path)
         return state.halted is not None
+
+    def _pardon(self, peer_id: str) -> None:
+        log.info("run control: peer %s pardoned (out of quarantine, strikes cleared)", peer_id)
+        self.state.trust = self.state.trust.pardoned(peer_id)
+        for head_id, decision in self.state.decisions.items():
+            self.state.decisions[head_id] = replace(decision, trust=decision.trust.pardoned(peer_id))
 
     def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
         """The experiment's candidates not judged yet, in arrival order. The edge is followed with a

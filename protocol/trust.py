@@ -76,6 +76,12 @@ class TrustBook:
             book = book.recorded(peer, accepted, reason)
         return book
 
+    def pardoned(self, peer_id: str) -> TrustBook:
+        """The book with ``peer_id`` out of quarantine and its strikes cleared: a run-control ``pardon``
+        (``protocol.run_control``) a quorum of validators signed. Its acceptance score stays."""
+        strikes = {**self.strikes, peer_id: 0.0} if peer_id in self.strikes else self.strikes
+        return replace(self, strikes=strikes, held=self.held - {peer_id})
+
     def quarantined(self, peer_id: str) -> bool:
         return peer_id in self.held
 

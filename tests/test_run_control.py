@@ -14,6 +14,7 @@ from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
+from protocol.trust import TrustBook
 
 from .support import experiment_spec
 
@@ -99,3 +100,34 @@ def test_malformed_orders_are_refused_with_a_reason(change: dict[str, object], m
     wire["order"] = {**wire["order"], **change}
     with pytest.raises(InvalidMessage, match=message):
         SignedRunControl.from_wire(wire)
+
+
+def test_signatures_gathered_from_copies_of_one_order_make_its_quorum_and_only_of_one_order() -> None:
+    unsigned = SignedRunControl(PAUSE, ())
+    copies = [unsigned.signed_by(A), unsigned.signed_by(C).signed_by(C)]  # C signing twice counts once
+    gathered = SignedRunControl.gathered(copies)
+    assert len(gathered.signatures) == 2 and gathered.effective_signers(NETWORK) == {A.public_key, C.public_key}
+    with pytest.raises(InvalidMessage, match="different run-control orders"):
+        SignedRunControl.gathered([*copies, SignedRunControl.of(replace(PAUSE, sequence=2), [B])])
+
+
+def test_a_validator_reads_the_state_from_orders_it_checks_itself() -> None:
+    resume = replace(PAUSE, action="resume", sequence=2)
+    orders = [SignedRunControl.of(PAUSE, [A, B]), SignedRunControl.of(resume, [B, C])]
+    assert RunState.of(orders[:1], NETWORK, EXPERIMENT).halted == "paused by run control"
+    assert RunState.of(orders, NETWORK, EXPERIMENT) == RunState(sequence=2)
+    with pytest.raises(SignatureError, match="signed by 1 validator"):  # an edge cannot make one up
+        RunState.of([SignedRunControl.of(PAUSE, [A, EDGE])], NETWORK, EXPERIMENT)
+    with pytest.raises(InvalidMessage, match="already used"):  # nor serve them out of sequence
+        RunState.of(orders[::-1] + orders[:1], NETWORK, EXPERIMENT)
+    other = replace(PAUSE, experiment=ExperimentKey.parse("study/other/rev-1"))
+    with pytest.raises(InvalidMessage, match="among"):
+        RunState.of([SignedRunControl.of(other, [A, B])], NETWORK, EXPERIMENT)
+
+
+def test_a_pardon_releases_a_peer_from_quarantine_and_clears_its_strikes() -> None:
+    peer = peer_id_from_public_key(EDGE.public_key)
+    book = replace(TrustBook(), strikes={peer: 5.0, "other": 5.0}, held=frozenset({peer, "other"}))
+    pardoned = TrustBook.from_wire(book.pardoned(peer).to_wire())
+    assert not pardoned.quarantined(peer) and pardoned.strikes[peer] == 0.0
+    assert pardoned.quarantined("other") and pardoned.strikes["other"] == 5.0

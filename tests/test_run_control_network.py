@@ -22,11 +22,13 @@ from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.ids import ExperimentKey
 from protocol.messages import HeadDescriptor
+from protocol.reasons import Reason
 from protocol.run_control import RunControl, SignedRunControl
+from protocol.trust import TrustBook
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
-from .support import edge_settings, mnist_trainer, until
+from .support import edge_settings, mnist_network_env, mnist_trainer, until
 
 WINDOW_S = 60.0  # generous: two validators judge on shared cores
 
@@ -37,7 +39,9 @@ def _window(edge: BackgroundEdge, key: ExperimentKey) -> int:
 
 
 @pytest.fixture
-def running(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[BackgroundEdge, list[NodeIdentity], threading.Thread]]:
+def running(
+    tmp_path: Path, dataset_root: Path
+) -> Iterator[tuple[BackgroundEdge, list[NodeIdentity], threading.Thread]]:
     identities = [NodeIdentity.load_or_create(tmp_path / f"validator-{i}" / "identity.key") for i in range(3)]
     preset = mnist_network(identities[0].public_key)
     experiments = tuple(replace(s, outer_optimizer="fedavg") for s in preset.experiments if s.key in (BASELINE, LOW_LR))
@@ -80,7 +84,9 @@ def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_and_resumes(
     running: tuple[BackgroundEdge, list[NodeIdentity], threading.Thread],
 ) -> None:
     edge, identities, trainer = running
-    until("both experiments past window 1", lambda: min(_window(edge, k) for k in (BASELINE, LOW_LR)) >= 2, 4 * WINDOW_S)
+    until(
+        "both experiments past window 1", lambda: min(_window(edge, k) for k in (BASELINE, LOW_LR)) >= 2, 4 * WINDOW_S
+    )
     assert _order(edge, "pause", 1, identities[1:])["state"] == {"sequence": 1, "paused": True, "stopped": False}
     time.sleep(2)  # a proposal already on its way may still complete the window it closed
     paused_at, other = _window(edge, BASELINE), _window(edge, LOW_LR)
@@ -90,3 +96,33 @@ def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_and_resumes(
     _order(edge, "resume", 2, identities[:2])
     until("a head of the resumed experiment", lambda: _window(edge, BASELINE) > paused_at, 2 * WINDOW_S)
     assert trainer.is_alive()
+
+
+@pytest.mark.slow
+def test_a_pardon_releases_a_quarantined_peer_before_the_next_window_is_judged(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """One validator (quorum 1) with the trainer in quarantine: its candidate is turned down unseen until
+    an order pardons it, then judged and accepted in the next window."""
+    with mnist_network_env(tmp_path, dataset_root) as (edge, validator, root):
+        spec = validator.network.experiment(BASELINE)
+        validator.ensure_genesis(spec)
+        trainer = mnist_trainer(validator.network, root / "trainer", edge.url)
+        experiment = trainer.experiment(*BASELINE.parts)
+        peer = str(trainer.peer_id)
+        validator.state.trust = replace(TrustBook(), strikes={peer: 5.0}, held=frozenset({peer}))
+        trainer.train_window_once(experiment)
+        report = validator.poll(spec)
+        assert report is not None and [str(v.reason) for v in report.verdicts] == [str(Reason.QUARANTINED)]
+        order = RunControl("demo", BASELINE, "pardon", sequence=1, issued_at_ms=int(time.time() * 1000), target=peer)
+        signer = NodeIdentity.load_or_create(root / "validator" / "identity.key")
+        client = EdgeClient(edge.url)
+        client.submit_order(SignedRunControl.of(order, [signer]))
+        client.close()
+        second = trainer.train_window_once(experiment)
+        report = validator.poll(spec)
+        assert report is not None and report.head.merged == (second.candidate_id,), [
+            str(v.reason) for v in report.verdicts
+        ]
+        assert not validator.trust.quarantined(peer) and validator.state.control == {str(BASELINE): 1}
+        trainer.close()
