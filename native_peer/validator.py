@@ -103,7 +103,7 @@ from protocol.deadline import (
     window_grace_s,
 )
 from protocol.envelope import pack_envelope
-from protocol.errors import ProtocolError, SignatureError
+from protocol.errors import InvalidMessage, ProtocolError, SignatureError
 from protocol.fields import read_bool, read_float, read_int, read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId
@@ -209,6 +209,8 @@ class ValidatorState:
     outbox: list[Verdict] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
     control: dict[str, int] = field(default_factory=dict)  # experiment -> the last run-control order applied
+    # experiment -> (the head whose window rolls back, the earlier canonical head whose parameters it takes)
+    rollbacks: dict[str, tuple[str, str]] = field(default_factory=dict)
     journal: Path | None = None  # where ``judged`` is appended (``load`` sets it beside the state file)
     _journaled: int = 0  # lines in the journal
 
@@ -239,6 +241,7 @@ class ValidatorState:
             "outbox": [v.to_wire() for v in self.outbox],
             "decisions": {head_id: decision.to_wire() for head_id, decision in self.decisions.items()},
             "control": self.control,
+            "rollbacks": {key: list(pair) for key, pair in self.rollbacks.items()},
         }
 
     @classmethod
@@ -247,12 +250,14 @@ class ValidatorState:
         durations = read_object(d.get("durations"), "durations")
         decisions = read_object(d.get("decisions", {}), "decisions")
         control = read_object(d.get("control", {}), "control")
+        rollbacks = read_object(d.get("rollbacks", {}), "rollbacks")
         return cls(
             durations={key: read_list(durations, key, _seconds) for key in durations},
             trust=TrustBook.from_wire(d.get("trust")),
             outbox=read_list(d, "outbox", Verdict.from_wire, max_len=1 << 20),
             decisions={head_id: Decision.from_wire(decisions[head_id]) for head_id in decisions},
             control={key: read_int(control, key) for key in control},
+            rollbacks={key: _head_pair(rollbacks, key) for key in rollbacks},
         )
 
     @classmethod
@@ -319,6 +324,13 @@ def share_principal_weight(
             for s, w in zip(members, weights, strict=True):
                 scaled[s.candidate_id] = w * limit / sum(weights)
     return [replace(s, examples=scaled[s.candidate_id]) if s.candidate_id in scaled else s for s, _ in prechecked]
+
+
+def _head_pair(d: dict[str, Any], key: str) -> tuple[str, str]:
+    pair = d[key]
+    if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(h, str) for h in pair):
+        raise InvalidMessage(f"rollback of {key} must be [base head, target head]")
+    return pair[0], pair[1]
 
 
 def _seconds(value: object) -> float:
@@ -606,6 +618,8 @@ class Validator:
             self.state.add_duration(spec.key, ready[1], self.config.deadline.history)
         for lease in out:
             self._delivered.missed(lease.peer_id)
+        if self._rollback_to(spec, head) is not None:
+            window = []  # its candidates are judged on the head it makes (stale there)
         return self._close_window(spec, head, window)
 
     def _follow_control(self, spec: ExperimentSpec) -> bool:
@@ -618,11 +632,31 @@ class Validator:
         done = self.state.control.get(spec.key, 0)
         if state.sequence > done:
             for signed in orders:
-                if signed.order.sequence > done and signed.order.action == "pardon" and signed.order.target:
-                    self._pardon(signed.order.target)
+                order = signed.order
+                if order.sequence > done and order.action == "pardon" and order.target:
+                    self._pardon(order.target)
+                current = self._current.get(spec.key)
+                if order.sequence > done and order.action == "rollback" and order.target and current is not None:
+                    self.state.rollbacks[spec.key] = (current.head_id, order.target)
             self.state.control[spec.key] = state.sequence
             self.state.save(self._state_path)
         return state.halted is not None
+
+    def _rollback_to(self, spec: ExperimentSpec, head: HeadDescriptor) -> HeadDescriptor | None:
+        """The earlier canonical head whose parameters the window on ``head`` takes, when a rollback
+        order read on ``head`` names one of its ancestors; ``None`` otherwise (a rollback to a head
+        outside the lineage is ignored, as every validator ignores it)."""
+        base, target = self.state.rollbacks.get(spec.key, (None, None))
+        if base != head.head_id or target is None:
+            return None
+        at: HeadDescriptor | None = head
+        while at is not None and at.head_id != target:
+            at = None if at.parent is None else self.edge.head(spec.key, at.parent)
+        if at is None:
+            log.warning("%s: rollback to %s ignored: not a head of the lineage of %s", spec.key, target, head.head_id)
+            return None
+        at.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        return at
 
     def _pardon(self, peer_id: str) -> None:
         log.info("run control: peer %s pardoned (out of quarantine, strikes cleared)", peer_id)
@@ -687,6 +721,16 @@ class Validator:
             state = encode_state(learner.model, decision.outer_state)
             outer_state = ContentId(content_id(state))
             write_atomic(self.storage.head_path(outer_state), state)
+        if (target := self._rollback_to(spec, head)) is not None:  # run control: that head's parameters
+            merged, validation, outer_state = (
+                self._head_params(target),
+                _unnamed("val", target.metrics),
+                target.outer_state,
+            )
+            return (
+                *self._sign_head(spec, learner.from_tensors(merged), head, (), 0, validation, outer_state),
+                decision,
+            )
         promoted, artifact = self._sign_head(
             spec,
             learner.from_tensors(merged),
@@ -807,6 +851,8 @@ class Validator:
             candidates = [c for c in window if considered is not None and c.candidate_id in considered]
             if considered is None or len(candidates) != len(considered):
                 continue  # not all of what its proposer judged is visible here (yet)
+            if self._follow_control(spec):
+                return  # paused or stopped: no head follows, whoever proposed it
             mine, artifact, decision = self._judge(spec, head, candidates)
             if (mine.head_id, mine.outer_state) != (proposal.head_id, proposal.outer_state):
                 self._disputed.add(proposal.head_id)
@@ -849,6 +895,9 @@ class Validator:
         """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are
         published, its trust book kept, its candidates' downloaded artifacts deleted: a decided
         candidate is never judged again); decisions about windows now closed are dropped."""
+        rollback = self.state.rollbacks.get(current.experiment)
+        if rollback is not None and rollback[0] != current.head_id:  # its window is closed
+            del self.state.rollbacks[current.experiment]
         self._keep_lineage(current)
         settled = False
         for head_id, decision in list(self.state.decisions.items()):

@@ -9,7 +9,8 @@ never originate one, and fewer than ``quorum`` validators cannot either.
 
 Orders of one experiment are applied in sequence (``RunState.refusal``/``RunState.after``): each must
 carry a sequence number above the last applied one, so a replayed or reordered order is refused, and
-``stop`` is final. The network id in the body keeps an order signed for one network from acting on
+``stop`` is final, and ``rollback`` applies only to a paused experiment (so that every validator
+reads it on the same head). The network id in the body keeps an order signed for one network from acting on
 another that shares validators.
 """
 
@@ -192,6 +193,11 @@ class RunState:
         """Why ``order`` cannot be applied now (a replay, an order after ``stop``), or ``None``."""
         if self.stopped:
             return f"experiment {order.experiment} is stopped; a stopped experiment takes no more orders"
+        if order.action == "rollback" and not self.paused:
+            return (
+                f"roll back a paused experiment: pause {order.experiment} first, then roll back, then resume "
+                "(every validator then rolls back the same head)"
+            )
         if order.sequence <= self.sequence:
             return (
                 f"run control sequence {order.sequence} was already used for {order.experiment} "

@@ -7,7 +7,8 @@
 The edge enforces an order but cannot originate one: its key is not a validator's. Refusals, each
 with its reason: 400 a malformed order or one for another experiment than the path's, 401 fewer than
 ``quorum`` valid validator signatures or an order for another network, 404 an experiment this network
-does not have, 409 a replayed sequence or an order after ``stop``, 413 a body over the limit.
+does not have or a rollback to a head it never made canonical, 409 a replayed sequence, an order
+after ``stop`` or a rollback of an experiment not paused, 413 a body over the limit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
-from protocol.ids import ExperimentKey
+from protocol.ids import ExperimentKey, HeadId
 from protocol.network_pins import fingerprint
 from protocol.run_control import SignedRunControl
 
@@ -49,6 +50,9 @@ async def submit_order(key: Experiment, state: State, request: Request) -> JSON:
     if signed.order.experiment != key:
         raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {key}")
     signed.effective_signers(state.network)
+    target = signed.order.target
+    if signed.order.action == "rollback" and target is not None and state.store.head(key, HeadId(target)) is None:
+        raise NotFound(f"experiment {key} has no canonical head {target} to roll back to")
     now_ms = state.clock.now_ms()
     run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
     event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}

@@ -100,6 +100,11 @@ def test_orders_that_are_not_a_quorums_or_not_the_next_are_refused_with_their_re
         "orders": [],
     }
 
+    rollback = _order("rollback", 1, target="sha256:" + "0" * 64)
+    _refused(_submit(http, SignedRunControl.of(rollback, [A, B])), 404, "NotFound", "no canonical head")
+    current = http.get(f"{BASE}/head").json()["head_id"]
+    rollback = _order("rollback", 1, target=current)
+    _refused(_submit(http, SignedRunControl.of(rollback, [A, B])), 409, "Conflict", "roll back a paused experiment")
     assert _submit(http, SignedRunControl.of(pause, [A, C])).status_code == 201
     _refused(_submit(http, SignedRunControl.of(pause, [A, B])), 409, "Conflict", "sequence 1 was already used")
     assert _submit(http, SignedRunControl.of(_order("stop", 2), [B, C])).status_code == 201

@@ -2,7 +2,9 @@
 them running, the third only signs orders, offline) and a native MNIST trainer on two experiments, all
 on real time. An order to pause one experiment, signed by two validators and submitted to the edge,
 stops that experiment's heads for several windows of the other, which goes on; the trainer stays
-alive through it, and after ``resume`` the paused experiment's heads advance again."""
+alive through it. Rolled back to an earlier head and resumed, the experiment's next head carries that
+head's parameters on top of the lineage, and heads advance from it. A pardon releases a quarantined
+trainer before the next window is judged."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from native_peer import StorageConfig, Validator
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
+from protocol.codec import decode_tensors
 from protocol.ids import ExperimentKey
 from protocol.messages import HeadDescriptor
 from protocol.reasons import Reason
@@ -70,8 +74,11 @@ def running(
                 validator.close()
 
 
-def _order(edge: BackgroundEdge, action: str, sequence: int, signers: list[NodeIdentity]) -> dict[str, object]:
-    order = RunControl("demo", BASELINE, action, sequence=sequence, issued_at_ms=int(time.time() * 1000))
+def _order(
+    edge: BackgroundEdge, action: str, sequence: int, signers: list[NodeIdentity], target: str | None = None
+) -> dict[str, object]:
+    now_ms = int(time.time() * 1000)
+    order = RunControl("demo", BASELINE, action, sequence=sequence, issued_at_ms=now_ms, target=target)
     client = EdgeClient(edge.url)
     try:
         return client.submit_order(SignedRunControl.of(order, signers))
@@ -79,8 +86,16 @@ def _order(edge: BackgroundEdge, action: str, sequence: int, signers: list[NodeI
         client.close()
 
 
+def _head(edge: BackgroundEdge, key: ExperimentKey) -> HeadDescriptor:
+    return HeadDescriptor.from_wire(httpx.get(f"{edge.url}/v1/experiments/{key}/head", timeout=10).json())
+
+
+def _params(edge: BackgroundEdge, head: HeadDescriptor) -> dict[str, np.ndarray]:
+    return decode_tensors(httpx.get(f"{edge.url}/v1/artifacts/{head.head_id}", timeout=30).content)[0]
+
+
 @pytest.mark.slow
-def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_and_resumes(
+def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_then_rolls_back_and_resumes(
     running: tuple[BackgroundEdge, list[NodeIdentity], threading.Thread],
 ) -> None:
     edge, identities, trainer = running
@@ -89,12 +104,23 @@ def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_and_resumes(
     )
     assert _order(edge, "pause", 1, identities[1:])["state"] == {"sequence": 1, "paused": True, "stopped": False}
     time.sleep(2)  # a proposal already on its way may still complete the window it closed
-    paused_at, other = _window(edge, BASELINE), _window(edge, LOW_LR)
+    paused, other = _head(edge, BASELINE), _window(edge, LOW_LR)
     until("three windows of the other experiment", lambda: _window(edge, LOW_LR) >= other + 3, 4 * WINDOW_S)
-    assert _window(edge, BASELINE) == paused_at
+    assert _head(edge, BASELINE) == paused
     assert trainer.is_alive()
-    _order(edge, "resume", 2, identities[:2])
-    until("a head of the resumed experiment", lambda: _window(edge, BASELINE) > paused_at, 2 * WINDOW_S)
+    lineage = [HeadDescriptor.from_wire(h) for h in httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/heads").json()]
+    target = next(h for h in lineage if h.window == 1)
+    _order(edge, "rollback", 2, identities[:2], target=target.head_id)
+    _order(edge, "resume", 3, [identities[0], identities[2]])
+    until("a head of the resumed experiment", lambda: _window(edge, BASELINE) > paused.window, 2 * WINDOW_S)
+    rolled = next(
+        h for h in httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/heads").json() if h["parent"] == paused.head_id
+    )
+    rolled_back = HeadDescriptor.from_wire(rolled)
+    assert rolled_back.window == paused.window + 1 and rolled_back.merged == ()
+    for name, value in _params(edge, target).items():  # the parameters of the head rolled back to
+        np.testing.assert_array_equal(_params(edge, rolled_back)[name], value)
+    until("training on from it", lambda: _window(edge, BASELINE) > rolled_back.window, 2 * WINDOW_S)
     assert trainer.is_alive()
 
 
