@@ -75,6 +75,10 @@ HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head 
 SHARD_CACHE_BYTES = 128 << 20  # all 37 of MNIST's training shards (28 MiB) fit, several times over
 
 
+class Halted(NoWindow):
+    """The experiment is paused or stopped by run control: no lease now; asked again on the same head."""
+
+
 @dataclass(frozen=True)
 class _Trained:
     """A lease trained from ``origin`` to ``params`` (``steps`` optimizer steps in ``seconds``)."""
@@ -370,6 +374,8 @@ class BrowserPeer:
             raise SocketClosed(1006, "reader stopped")
         message = getter.result()
         if message.get("type") == "error":
+            if message.get("error") == "Halted":  # paused or stopped by run control (server.errors.Halted)
+                raise Halted(message.get("detail", "halted"))
             if message.get("status") in (404, 409):  # no head yet; every shard of the window leased
                 raise NoWindow(message.get("detail", "not found"))
             raise SocketClosed(4400, f"edge refused: {message.get('detail')}")
@@ -477,6 +483,8 @@ class BrowserPeer:
             self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
             try:
                 grant = await self._lease(socket, reader, head.window)
+            except Halted:
+                raise  # ask again on this head: resumed, the experiment goes on from it
             except NoWindow:
                 self._last_base = head.head_id  # every shard of this window is leased: wait for the next head
                 raise

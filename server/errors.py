@@ -11,6 +11,7 @@
      ├── Unauthorized       401 / 4401   missing credentials (lease, join)
      ├── Forbidden          403 / 4403   credentials that do not cover the request
      ├── Conflict           409 / 4409   e.g. a head whose parent is not the current head
+     │    └── Halted        409 / 4409   the experiment is paused or stopped by run control
      ├── RateLimited        429 / 4429
      ├── QuotaExceeded      507 / 4507   e.g. a window's candidate storage is full
      └── Unavailable        503 / 1013   e.g. the shared store is unreachable for now (try again later)
@@ -51,6 +52,7 @@ __all__ = [
     "EdgeError",
     "ErrorBody",
     "Forbidden",
+    "Halted",
     "NotFound",
     "QuotaExceeded",
     "RateLimited",
@@ -93,6 +95,11 @@ class Forbidden(EdgeError):
 
 class Conflict(EdgeError):
     pass
+
+
+class Halted(Conflict):
+    """An experiment that run control paused or stopped (``protocol.run_control``): ask again later, on
+    the same head."""
 
 
 class RateLimited(EdgeError):

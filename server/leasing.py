@@ -14,8 +14,9 @@ once its head is promoted (``protocol.window.lease_window``). A window's shards 
 its leases, whichever head they were granted on. When every shard is held there is no lease: 409
 with ``Retry-After`` the seconds until the first live lease lapses (or ask again at the next head,
 which comes at the window's deadline at the latest: ``protocol.deadline``). An experiment a
-run-control order paused or stopped (``protocol.run_control``) leases nothing: 409 with its reason and
-``Retry-After: HALTED_RETRY_S``, the answer trainers already wait on. A lease lives as long
+run-control order paused or stopped (``protocol.run_control``) leases nothing: 409 ``Halted`` with its
+reason and ``Retry-After: HALTED_RETRY_S``, the answer trainers already wait on; they ask again then,
+on the same head (browser peers by the error's name). A lease lives as long
 as its window may (the experiment's ``window_timeout_s``, at most the edge's ``lease_ttl_s``).
 Leases are signed by the edge and stored durably. The choice is made inside the store's write
 transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
@@ -39,7 +40,7 @@ from protocol.lease_size import granted_shards
 from protocol.leases import Homes, assign_shards, home_seed, keeps_home
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
-from .errors import Conflict, Forbidden, NotFound
+from .errors import Conflict, Forbidden, Halted, NotFound
 from .intake import check_peer_rate
 from .state import EdgeState
 
@@ -98,7 +99,7 @@ class LeaseIssuer:
             raise Forbidden(refusal)
         halted = (await asyncio.to_thread(self.state.store.run_state, experiment)).halted
         if halted is not None:
-            raise Conflict(
+            raise Halted(
                 f"experiment {experiment} is {halted}; ask again in {HALTED_RETRY_S} s",
                 headers={"Retry-After": str(HALTED_RETRY_S)},
             )

@@ -21,6 +21,7 @@ from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
+from protocol.run_control import RunControl, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.uploads import UPLOAD_HEADER
 from server.serve import BackgroundEdge
@@ -187,6 +188,34 @@ def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu
     assert costs["training_s"] + costs["paused_s"] + costs["waiting_s"] == pytest.approx(costs["wall_s"])
     phases = [s["phase"] for s in bridge.statuses]
     assert phases.index("resuming") < next(i for i, p in enumerate(phases) if p.startswith("training window"))
+
+
+@pytest.mark.slow  # a window through a real edge after a pause: seconds of the fast tier's budget
+def test_a_browser_peer_waits_through_a_run_control_pause_and_trains_once_resumed(stack: LocalNetwork) -> None:
+    """Refused a lease while its experiment is paused (409 ``Halted`` over the relay), the peer asks again
+    on the same head: resumed, it trains the window no validator closed meanwhile."""
+    validator = NodeIdentity.load_or_create(stack.validator_storage.identity_path)
+
+    def order(action: str, sequence: int) -> None:
+        signed = SignedRunControl.of(RunControl(stack.network.network_id, BASELINE, action, sequence, 1), [validator])
+        assert httpx.post(f"{edge.url}/v1/experiments/{BASELINE}/control", json=signed.to_wire()).status_code == 201
+
+    with _judged_edge(stack) as edge:
+        order("pause", 1)
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x44" * 32, max_windows=1))
+
+        async def contribute() -> None:
+            task = asyncio.ensure_future(peer.run())
+            await asyncio.sleep(3)
+            assert "paused by run control" in peer.status["phase"] and not task.done()
+            assert not any("/shards/" in u for u in bridge.fetched)
+            order("resume", 2)
+            await asyncio.wait_for(task, 60)
+            await bridge.aclose()
+
+        asyncio.run(contribute())
+    assert peer.status["windows_done"] == 1
 
 
 def _head(url: str) -> str:

@@ -126,7 +126,7 @@ def test_a_paused_experiment_leases_nothing_and_its_order_is_published(settings:
         assert event["data"]["order"]["action"] == "pause"
         assert event["data"]["signers"] == sorted(fingerprint(s.public_key) for s in (B, C))
     refused = _lease(http)
-    _refused(refused, 409, "Conflict", "paused by run control")
+    _refused(refused, 409, "Halted", "paused by run control")
     assert refused.headers["retry-after"] == str(HALTED_RETRY_S)
 
 
@@ -137,7 +137,7 @@ def test_an_applied_order_outlives_an_edge_restart(settings: Settings) -> None:
         assert http.post(f"{BASE}/attestations", json=Attestation.of(head, (), C, 1).to_wire()).status_code == 201
         assert _submit(http, SignedRunControl.of(_order("pause", 1), [A, B])).status_code == 201
     with _edge(settings) as restarted:
-        _refused(_lease(restarted), 409, "Conflict", "paused by run control")
+        _refused(_lease(restarted), 409, "Halted", "paused by run control")
         resumed = _submit(restarted, SignedRunControl.of(_order("resume", 2), [A, B]))
         assert resumed.status_code == 201, resumed.text
         assert _lease(restarted).status_code == 200
@@ -165,7 +165,7 @@ def test_the_cli_writes_signs_offline_and_submits_an_order(
     dtn(["control", "submit", str(order), str(copy), "--edge", f"{url},{url}"])  # each copy carries one signature
     submitted = capsys.readouterr().out
     assert "applied; the experiment is now" in submitted and "already applied this order" in submitted
-    _refused(_lease(http), 409, "Conflict", "paused by run control")
+    _refused(_lease(http), 409, "Halted", "paused by run control")
     dtn(["control", "show", "--network", network, "--experiment", str(EXPERIMENT), "--edge", url])
     shown = capsys.readouterr().out
     assert "1: pause issued" in shown and f"{EXPERIMENT}: paused by run control (last order 1)" in shown
