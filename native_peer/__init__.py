@@ -16,7 +16,8 @@ shard_cache  lease-scoped shard downloads, verified and cached (memory and disk,
 identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
 export       the best head a quorum vouches for, written as safetensors plus its model config
-cli          ``python -m native_peer train | validate | keys | dataset | export``
+cli          ``python -m native_peer train | validate | keys | dataset | export | control``
+control_cli  ``dtn control new | sign | submit | show``: run-control orders validators sign offline
 """
 
 from protocol.ids import ExperimentId, RevisionId, StudyId

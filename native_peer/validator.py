@@ -626,9 +626,13 @@ class Validator:
         """Apply the run-control orders the edge holds for ``spec``'s experiment, each checked here for
         the network's quorum (``RunState.of``: an edge cannot forge one): a ``pardon`` not applied
         before releases its peer from quarantine, in the trust book and in every open decision's. True
-        while the orders leave the experiment paused or stopped."""
-        orders = self.edge.run_orders(spec.key)
-        state = RunState.of(orders, self.network, spec.key)
+        while the orders leave the experiment paused or stopped. ``SignatureError`` for orders that do
+        not check (the run loop then waits for an edge that serves what the validators signed)."""
+        try:
+            orders = self.edge.run_orders(spec.key)
+            state = RunState.of(orders, self.network, spec.key)
+        except InvalidMessage as exc:  # malformed, out of sequence, another experiment's: not what validators signed
+            raise SignatureError(f"the edge serves run-control orders that do not check: {exc}") from None
         done = self.state.control.get(spec.key, 0)
         if state.sequence > done:
             for signed in orders:

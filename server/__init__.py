@@ -6,7 +6,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     settings          Settings: paths, limits, timeouts (CLI flags and DTN_* environment variables)
     errors            the one table mapping exceptions to HTTP status and WebSocket close codes
     state             EdgeState: everything one running edge holds, built once at start-up
-    store             heads, candidates, leases, verdicts, tokens, peers, the edge's own key, on an engine:
+    store             heads, candidates, leases, verdicts, tokens, peers, run control, the edge's key, on an engine:
     store_engine      the engine interface the store runs its SQL over (a transaction, a read, close)
     store_sqlite      the embedded engine (one SQLite file)
     store_postgres    the engine for several edges sharing one state
@@ -36,6 +36,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     deps              FastAPI dependencies and bounded body readers shared by the routes
     dataset_routes    fetch-manifest and lease-scoped shard bytes
     experiment_routes an experiment's heads, leases, candidates and verdicts
+    control_routes    run-control orders a quorum of validators signed: applied, kept, published
     artifact_routes   head and candidate artifacts by content id
     head_deltas       heads as deltas from their parents, made once each and kept in memory
     portal            the network manifest, directories, /portal/snapshot, /healthz, /metrics

@@ -9,9 +9,11 @@ trainer before the next window is judged."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.codec import decode_tensors
+from protocol.errors import SignatureError
 from protocol.ids import ExperimentKey
 from protocol.messages import HeadDescriptor
 from protocol.reasons import Reason
@@ -151,4 +154,11 @@ def test_a_pardon_releases_a_quarantined_peer_before_the_next_window_is_judged(
             str(v.reason) for v in report.verdicts
         ]
         assert not validator.trust.quarantined(peer) and validator.state.control == {str(BASELINE): 1}
+        # an edge whose store serves an order out of sequence is not followed (the run loop backs off)
+        with closing(sqlite3.connect(root / "edge" / "edge.sqlite3")) as db, db:
+            (signed,) = db.execute("SELECT signed FROM run_orders").fetchone()
+            db.execute("INSERT INTO run_orders VALUES (?, 0, ?, 0)", (str(BASELINE), signed))
+        trainer.train_window_once(experiment)
+        with pytest.raises(SignatureError, match=r"run-control orders that do not check: .*already used"):
+            validator.poll(spec)
         trainer.close()
