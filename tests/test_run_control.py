@@ -78,9 +78,13 @@ def test_orders_apply_in_sequence_a_replay_is_refused_and_stop_is_final() -> Non
     pardon = replace(PAUSE, action="pardon", sequence=3, target=peer_id_from_public_key(EDGE.public_key))
     state = state.after(pardon)
     assert (state.sequence, state.paused, state.stopped) == (3, False, False)
-    state = state.after(replace(PAUSE, action="stop", sequence=4))
+    rollback = replace(PAUSE, action="rollback", sequence=4, target="sha256:" + "1" * 64)
+    assert "roll back a paused experiment" in (state.refusal(rollback) or "")  # running: validators differ on the head
+    state = state.after(replace(PAUSE, sequence=4)).after(replace(rollback, sequence=5))
+    assert state.paused and state.sequence == 5
+    state = state.after(replace(PAUSE, action="stop", sequence=6))
     assert state.stopped
-    assert "stopped" in (state.refusal(replace(PAUSE, action="resume", sequence=5)) or "")
+    assert "stopped" in (state.refusal(replace(PAUSE, action="resume", sequence=7)) or "")
 
 
 @pytest.mark.parametrize(
