@@ -726,6 +726,8 @@ class Validator:
             outer_state = ContentId(content_id(state))
             write_atomic(self.storage.head_path(outer_state), state)
         if (target := self._rollback_to(spec, head)) is not None:  # run control: that head's parameters
+            if target.outer_state is not None:  # kept here, as the head's own would be, to publish with it
+                self.edge.artifact(target.outer_state, self.storage.head_path(target.outer_state))
             merged, validation, outer_state = (
                 self._head_params(target),
                 _unnamed("val", target.metrics),

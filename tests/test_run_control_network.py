@@ -51,7 +51,7 @@ def running(
 ) -> Iterator[tuple[BackgroundEdge, list[NodeIdentity], threading.Thread]]:
     identities = [NodeIdentity.load_or_create(tmp_path / f"validator-{i}" / "identity.key") for i in range(3)]
     preset = mnist_network(identities[0].public_key)
-    experiments = tuple(replace(s, outer_optimizer="fedavg") for s in preset.experiments if s.key in (BASELINE, LOW_LR))
+    experiments = tuple(s for s in preset.experiments if s.key in (BASELINE, LOW_LR))
     network = replace(preset, validator_keys=tuple(i.public_key for i in identities), quorum=2, experiments=experiments)
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
     stop = threading.Event()
@@ -123,6 +123,7 @@ def test_a_paused_experiment_makes_no_head_while_the_other_goes_on_then_rolls_ba
     assert rolled_back.window == paused.window + 1 and rolled_back.merged == ()
     for name, value in _params(edge, target).items():  # the parameters of the head rolled back to
         np.testing.assert_array_equal(_params(edge, rolled_back)[name], value)
+    assert rolled_back.outer_state == target.outer_state  # and its outer momentum (DiLoCo)
     until("training on from it", lambda: _window(edge, BASELINE) > rolled_back.window, 2 * WINDOW_S)
     assert trainer.is_alive()
 
