@@ -1,6 +1,6 @@
 """The WebAssembly SIMD kernels (browser_peer/kernels/kernels.wat, built by ``make
-var/kernels/kernels.wasm``) agree with NumPy: the GEMM in the layouts a dense layer's forward and
-weight gradient use, and the fused Adam update, run in Node on one shared linear memory."""
+var/kernels/kernels.wasm``) agree with NumPy: the GEMMs in the layouts a dense layer's forward,
+weight gradient and input gradient use, and the fused Adam update, run in Node on one shared linear memory."""
 
 from __future__ import annotations
 
@@ -65,6 +65,27 @@ def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
     )
     np.testing.assert_allclose(out["y"], x @ w, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(out["dw"], 7.0 + x.T @ dy, rtol=1e-5, atol=1e-4)
+
+
+def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    m, k, n = 37, 29, 23  # dot products of 23 (5 SIMD steps and a tail of 3) into 29 columns
+    dy = rng.standard_normal((m, n), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    dx = np.full((m, k), np.nan, np.float32)
+    # through row strides wider than the rows: dy[:, :19] @ w[:17, :19].T
+    part = np.full((m, 17), np.nan, np.float32)
+    out = _run(
+        tmp_path,
+        {"dy": dy, "w": w, "dx": dx, "part": part},
+        [
+            # dx = dy @ w.T
+            ["gemm_nt", [m, k, n, "dy", n, "w", n, "dx", k]],
+            ["gemm_nt", [m, 17, 19, "dy", n, "w", n, "part", 17]],
+        ],
+    )
+    np.testing.assert_allclose(out["dx"], dy @ w.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out["part"], dy[:, :19] @ w[:17, :19].T, rtol=1e-5, atol=1e-4)
 
 
 def test_adam_matches_numpy(tmp_path: Path) -> None:

@@ -59,6 +59,51 @@
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $loop_i))))
 
+  ;; C[M,N] = A[M,K] @ B[N,K].T: A and B row-major with row strides lda, ldb, C with ldc
+  ;; (elements). Each entry is a dot product along K (a dense layer's input gradient, dy @ kernel.T).
+  (func (export "gemm_nt")
+    (param $m i32) (param $n i32) (param $k i32)
+    (param $a i32) (param $lda i32) (param $b i32) (param $ldb i32)
+    (param $c i32) (param $ldc i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $k4 i32)
+    (local $arow i32) (local $brow i32) (local $acc v128) (local $sum f32)
+    (local.set $k4 (i32.and (local.get $k) (i32.const -4)))
+    (block $done_i (loop $loop_i
+      (br_if $done_i (i32.ge_u (local.get $i) (local.get $m)))
+      (local.set $arow (i32.add (local.get $a)
+        (i32.shl (i32.mul (local.get $i) (local.get $lda)) (i32.const 2))))
+      (local.set $j (i32.const 0))
+      (block $done_j (loop $loop_j
+        (br_if $done_j (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $brow (i32.add (local.get $b)
+          (i32.shl (i32.mul (local.get $j) (local.get $ldb)) (i32.const 2))))
+        (local.set $acc (v128.const f32x4 0 0 0 0))
+        (local.set $p (i32.const 0))
+        (block $done_p (loop $loop_p
+          (br_if $done_p (i32.ge_u (local.get $p) (local.get $k4)))
+          (local.set $acc (f32x4.add (local.get $acc) (f32x4.mul
+            (v128.load (i32.add (local.get $arow) (i32.shl (local.get $p) (i32.const 2))))
+            (v128.load (i32.add (local.get $brow) (i32.shl (local.get $p) (i32.const 2)))))))
+          (local.set $p (i32.add (local.get $p) (i32.const 4)))
+          (br $loop_p)))
+        (local.set $sum (f32.add
+          (f32.add (f32x4.extract_lane 0 (local.get $acc)) (f32x4.extract_lane 1 (local.get $acc)))
+          (f32.add (f32x4.extract_lane 2 (local.get $acc)) (f32x4.extract_lane 3 (local.get $acc)))))
+        (block $done_t (loop $loop_t
+          (br_if $done_t (i32.ge_u (local.get $p) (local.get $k)))
+          (local.set $sum (f32.add (local.get $sum) (f32.mul
+            (f32.load (i32.add (local.get $arow) (i32.shl (local.get $p) (i32.const 2))))
+            (f32.load (i32.add (local.get $brow) (i32.shl (local.get $p) (i32.const 2)))))))
+          (local.set $p (i32.add (local.get $p) (i32.const 1)))
+          (br $loop_t)))
+        (f32.store (i32.add (local.get $c) (i32.shl
+          (i32.add (i32.mul (local.get $i) (local.get $ldc)) (local.get $j)) (i32.const 2)))
+          (local.get $sum))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $loop_j)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $loop_i))))
+
   ;; Fused Adam over n float32 elements:
   ;;   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;  p -= step * m / (sqrt(v) + eps)
   ;; where step = lr * sqrt(1-b2^t) / (1-b1^t) is computed by the caller.
