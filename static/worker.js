@@ -32,11 +32,12 @@ const runtime = (async () => {
 
 // The trainer's WebAssembly SIMD kernels (browser_peer/kernels, in the bundle; decision 0031), linked
 // into Pyodide's own memory so that they work on NumPy arrays in place: {exports, path}, exports null
-// (the trainer keeps its NumPy path) without WebAssembly SIMD, where linking fails, or with
-// `?kernels=off` on this script's URL (the benchmark's baseline).
+// (the trainer keeps its NumPy path) without WebAssembly SIMD, with no kernels or an incomplete build on
+// the edge, where linking fails, or with `?kernels=off` on this script's URL (the benchmark's baseline).
 // i8x16.popcnt(i8x16.splat(0)) as a function: valid only where WebAssembly has SIMD128
 const SIMD_PROBE = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 10, 1, 8, 0, 65, 0, 253, 15, 253, 98, 11]);
 const KERNELS_FILE = "/home/pyodide/peer/browser_peer/kernels/kernels.wasm";
+const KERNEL_EXPORTS = ["gemm_nn", "gemm_nt", "adam"]; // what browser_peer/kernels calls
 
 function linkKernels(pyodide) {
   if (new URLSearchParams(self.location.search).get("kernels") === "off") return { exports: null, path: "kernels off" };
@@ -45,7 +46,10 @@ function linkKernels(pyodide) {
   try {
     const bytes = pyodide.FS.readFile(KERNELS_FILE);
     const options = { loadAsync: false, global: false, nodelete: true };
-    return { exports: pyodide._module.loadWebAssemblyModule(bytes, options, "dtn_kernels", {}, 0), path: "wasm-simd" };
+    const exports = pyodide._module.loadWebAssemblyModule(bytes, options, "dtn_kernels", {}, 0);
+    const missing = KERNEL_EXPORTS.filter((name) => typeof exports[name] !== "function");
+    if (missing.length) return { exports: null, path: `kernels without ${missing.join(", ")} (an old build?)` };
+    return { exports, path: "wasm-simd" };
   } catch (error) {
     return { exports: null, path: `kernels not linked: ${error}` };
   }
