@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 
-from browser_peer.numpy_trainer import fastest_matmul
+from browser_peer.numpy_trainer import fastest_backend
 from browser_peer.throughput import samples_per_s, synthetic_batch
 from native_peer.learner import TrainEngine, spec_learner
 from native_peer.models import builtin_model
@@ -47,10 +47,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    matmul, _ = fastest_matmul()
+    backend = fastest_backend()
     results = {
         name: {
-            "numpy": samples_per_s(builtin_model(name), batch, args.steps, matmul),
+            "numpy": samples_per_s(builtin_model(name), batch, args.steps, backend),
             "jax": jax_samples_per_s(name, batch, args.steps),
             "batch_size": batch,
             "spec": json.dumps(builtin_model(name).to_wire()),

@@ -1,6 +1,7 @@
 """The browser peer: Python that runs in Pyodide inside a Web Worker.
 
-    numpy_trainer  the MLP's forward, backward and Adam in NumPy (pure)
+    numpy_trainer  any model spec's forward, backward and Adam in NumPy (pure), on a Backend
+    kernels        the WebAssembly SIMD kernels (kernels.wat) as that backend, on NumPy arrays in place
     bridge         the small interface the peer needs from its host (HTTP, WebSocket, status, clock)
     guest          when and how much the peer may compute (paused, CPU share), as the page decides
     costs          what contributing costs and yields: time training, paused and waiting; bytes a window

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-__all__ = ["MIN_SHARE", "YIELD_EVERY", "Guest"]
+__all__ = ["MIN_SHARE", "YIELD_EVERY_S", "Guest"]
 
 MIN_SHARE = 0.1
-YIELD_EVERY = 8
+YIELD_EVERY_S = 0.1  # compute between two yields at full share
 
 
 class Guest:
@@ -25,7 +25,7 @@ class Guest:
         self._running = asyncio.Event()
         self._running.set()
         self._sleep = sleep
-        self._batches = 0
+        self._since_yield_s = 0.0
 
     def pause(self, reason: str) -> None:
         self.reason = reason
@@ -45,10 +45,12 @@ class Guest:
 
     async def after_batch(self, batch_s: float) -> None:
         """Rest for the share, then wait while paused. At full share it yields to the event loop (where
-        the page's messages arrive) every ``YIELD_EVERY`` batches only: in a browser each yield is a
-        timer, which browsers hold back by a few milliseconds once nested."""
-        self._batches += 1
+        the page's messages arrive) once ``YIELD_EVERY_S`` of batches have run since the last yield: in
+        a browser each yield is a timer, which browsers hold back by a few milliseconds once nested,
+        and a batch takes a few milliseconds with the kernels."""
+        self._since_yield_s += batch_s
         rest = batch_s * (1.0 / self.share - 1.0)
-        if rest > 0 or self._batches % YIELD_EVERY == 0:
+        if rest > 0 or self._since_yield_s >= YIELD_EVERY_S:
+            self._since_yield_s = 0.0
             await self._sleep(rest)
         await self._running.wait()

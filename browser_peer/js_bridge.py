@@ -10,6 +10,7 @@ Only plain data crosses the boundary: JSON-like dicts, strings and byte arrays.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -21,7 +22,8 @@ from protocol.ice import IceConfig
 from protocol.model import ModelSpec
 
 from .bridge import HttpAnswer, PeerBytes, SocketClosed
-from .numpy_trainer import fastest_matmul
+from .kernels import Kernels
+from .numpy_trainer import Backend, fastest_backend
 from .parts import PartRunner
 from .peer import BrowserPeer, PeerConfig
 from .throughput import samples_per_s
@@ -160,13 +162,25 @@ def start(
     ``pins``: the validators the page was told to trust, comma-separated keys or fingerprints."""
     pinned = tuple(p.strip() for p in (pins or "").split(",") if p.strip())
     config = PeerConfig(edge_url, experiment, bytes.fromhex(seed_hex), token=token or None, pins=pinned)
-    peer = BrowserPeer(JsBridge(shares_heads), config)
+    peer = BrowserPeer(JsBridge(shares_heads), config, backend=BACKEND)
     _RUNNING.add(asyncio.ensure_future(peer.run()))
     return peer
 
 
+def linked_backend() -> Backend:
+    """The trainer's backend in this worker: the kernels ``static/worker.js`` linked (``dtnKernels``:
+    ``{exports, path}``, exports null where it did not), else the fastest without them; its name says
+    which, and why not the kernels."""
+    linked = js.dtnKernels
+    if linked.exports is not None:
+        return fastest_backend(Kernels(linked.exports))
+    backend = fastest_backend()
+    return dataclasses.replace(backend, name=f"{backend.name} ({linked.path})")
+
+
+BACKEND = linked_backend()
 _RUNNING: set[asyncio.Future[None]] = set()
-_PARTS = PartRunner()  # in a part worker: the parts of windows it trains for the tab's peer
+_PARTS = PartRunner(BACKEND)  # in a part worker: the parts of windows it trains for the tab's peer
 
 
 async def run_part(payload: Any) -> Any:
@@ -186,4 +200,4 @@ def guide_parts(paused: str | None, share: float) -> None:
 def benchmark(model: str, batch_size: int, steps: int) -> float:
     """Samples per second training ``model`` (a model spec's wire form as JSON) here
     (``browser_peer.throughput``; the browser benchmark)."""
-    return samples_per_s(ModelSpec.from_wire(json.loads(model)), batch_size, steps, fastest_matmul()[0])
+    return samples_per_s(ModelSpec.from_wire(json.loads(model)), batch_size, steps, BACKEND)

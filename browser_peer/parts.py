@@ -29,7 +29,7 @@ from protocol.errors import CodecError, InvalidMessage
 from protocol.model import ModelSpec, Params
 
 from .guest import Guest
-from .numpy_trainer import Adam, Matmul, fastest_matmul, gradients
+from .numpy_trainer import Adam, Backend, gradients
 
 __all__ = ["PartResult", "PartRunner", "PartTask", "average", "merged_optimizer", "split", "train"]
 
@@ -144,7 +144,7 @@ def merged_optimizer(results: list[PartResult], weights: list[float]) -> Adam:
 
 async def train(
     task: PartTask,
-    matmul: Matmul,
+    backend: Backend,
     guest: Guest,
     on_batch: Callable[[int, int, float], None] = lambda steps, total, elapsed_s: None,
 ) -> PartResult:
@@ -159,8 +159,8 @@ async def train(
     for xb, yb in batches:
         for x, y in zip(xb, yb, strict=True):
             batch_started = time.perf_counter()
-            loss, grads = gradients(model, params, x, y, matmul)
-            params = optimizer.step(params, grads)
+            loss, grads = gradients(model, params, x, y, backend.matmul)
+            params = optimizer.step(params, grads, backend.adam)
             loss_sum += loss
             steps += 1
             on_batch(steps, total, time.perf_counter() - started)
@@ -169,11 +169,11 @@ async def train(
 
 
 class PartRunner:
-    """A part worker's side: the page's guest settings, kept across windows."""
+    """A part worker's side: the page's guest settings, kept across windows, and its backend."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.guest = Guest()
-        self._matmul, _ = fastest_matmul()
+        self.backend = backend
 
     async def run(self, payload: bytes) -> bytes:
-        return (await train(PartTask.decode(payload), self._matmul, self.guest)).encode()
+        return (await train(PartTask.decode(payload), self.backend, self.guest)).encode()

@@ -61,7 +61,7 @@ from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, le
 from .bridge import Bridge, PeerBytes, Socket, SocketClosed
 from .costs import Costs
 from .guest import Guest
-from .numpy_trainer import Adam, fastest_matmul
+from .numpy_trainer import Adam, Backend, fastest_backend
 from .parts import PartResult, PartTask, average, merged_optimizer, split, train
 from .progress import Progress, storage_key
 from .session import EdgeSession, HttpError
@@ -110,7 +110,9 @@ class PeerConfig:
 class BrowserPeer:
     peer_kind = "browser"
 
-    def __init__(self, bridge: Bridge, config: PeerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, bridge: Bridge, config: PeerConfig, *, clock: Clock = SYSTEM_CLOCK, backend: Backend | None = None
+    ) -> None:
         self.bridge = bridge
         self.config = config
         self.clock = clock
@@ -151,8 +153,8 @@ class BrowserPeer:
             retrying=lambda reason: self._report(phase=f"retrying after {reason}"),
         )
         self.guest = Guest()
-        self._matmul, backend = fastest_matmul()
-        self.status["matmul"] = backend
+        self.backend = backend or fastest_backend()
+        self.status["compute"] = self.backend.name
         self._optimizer: Adam | None = None
         self._residual: Params | None = None  # what the experiment's lossy codec dropped last window
         self._manifest: FetchManifest | None = None
@@ -626,7 +628,7 @@ class BrowserPeer:
                     samples_per_s=steps * spec.batch_size * len(tasks) / max(elapsed_s, 1e-9),
                 )
 
-        own = train(tasks[0], self._matmul, self.guest, report)
+        own = train(tasks[0], self.backend, self.guest, report)
         others = (self._part(i, payload, model, spec.learning_rate) for i, payload in enumerate(payloads, 1))
         results = await asyncio.gather(own, *others)
         trained = [(result, float(len(task.x))) for result, task in zip(results, tasks, strict=True) if result]

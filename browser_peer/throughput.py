@@ -13,7 +13,7 @@ import numpy as np
 from protocol.layers import Embedding
 from protocol.model import ModelSpec, forward, init_params
 
-from .numpy_trainer import Adam, Matmul, gradients
+from .numpy_trainer import Adam, Backend, gradients
 
 __all__ = ["samples_per_s", "synthetic_batch"]
 
@@ -32,14 +32,14 @@ def synthetic_batch(model: ModelSpec, batch_size: int, seed: int = 0) -> tuple[n
     return x, rng.integers(0, logits.shape[-1], labels_shape).astype(np.int32)
 
 
-def samples_per_s(model: ModelSpec, batch_size: int, steps: int, matmul: Matmul) -> float:
+def samples_per_s(model: ModelSpec, batch_size: int, steps: int, backend: Backend) -> float:
     """Examples per second over ``steps`` Adam steps (after one warm-up step)."""
     params, optimizer = init_params(model, 0), Adam(1e-3)
     x, y = synthetic_batch(model, batch_size)
-    _, grads = gradients(model, params, x, y, matmul)
-    params = optimizer.step(params, grads)
+    _, grads = gradients(model, params, x, y, backend.matmul)
+    params = optimizer.step(params, grads, backend.adam)
     started = time.perf_counter()
     for _ in range(steps):
-        _, grads = gradients(model, params, x, y, matmul)
-        params = optimizer.step(params, grads)
+        _, grads = gradients(model, params, x, y, backend.matmul)
+        params = optimizer.step(params, grads, backend.adam)
     return batch_size * steps / (time.perf_counter() - started)

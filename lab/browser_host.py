@@ -12,6 +12,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from browser_peer.bridge import HttpAnswer, PeerBytes, SocketClosed
+from browser_peer.numpy_trainer import fastest_backend
 from browser_peer.parts import PartRunner
 from protocol.ice import IceConfig
 from protocol.ids import ExperimentKey
@@ -51,7 +52,9 @@ class NativeBridge:
     def __init__(
         self, storage: dict[str, bytes] | None = None, part_workers: int = 0, shards: dict[str, bytes] | None = None
     ) -> None:
-        self.runners = [PartRunner() for _ in range(part_workers)]  # each in a thread of its own when used
+        self.runners = [
+            PartRunner(fastest_backend()) for _ in range(part_workers)
+        ]  # each in a thread of its own when used
         self.statuses: list[dict[str, Any]] = []
         self.fetched: list[str] = []
         self.received: list[tuple[str, int]] = []  # (url, body bytes) of every answer, in order

@@ -1,8 +1,9 @@
 """What a browser tab loads to become a peer, each under a content-addressed URL cached for a year.
 
-``PeerBundle``: the peer's Python code as one zip (``protocol/`` + ``browser_peer/``), built at
-start-up, deterministic (sorted names, fixed timestamps), so its content id changes only when the code
-does. ``PyodideRuntime``: the self-hosted Pyodide directory (``python -m tools pyodide-runtime``),
+``PeerBundle``: the peer's Python code as one zip (``protocol/`` + ``browser_peer/``), and the
+trainer's WebAssembly kernels where they are built (``var/kernels/kernels.wasm``, ``make setup``; the
+page trains without them otherwise), built at start-up, deterministic (sorted names, fixed timestamps),
+so its content id changes only when the code does. ``PyodideRuntime``: the self-hosted Pyodide directory (``python -m tools pyodide-runtime``),
 its id computed over every file's name and sha256 (listed too, so the page's Service Worker checks
 each file it keeps). Both are served under a URL that holds their id
 (``/bundle/<id>.zip``, ``/pyodide/<id>/...``) as ``immutable``; ``GET /v1/peer-runtime`` (never
@@ -31,6 +32,7 @@ __all__ = ["ImmutableFiles", "PeerBundle", "PyodideRuntime", "router"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "browser_peer")
+KERNELS = ("var/kernels/kernels.wasm", "browser_peer/kernels/kernels.wasm")  # built file, its name in the bundle
 URL_ID_HEX = 32  # 128 bits of the sha256 in URLs
 
 router = APIRouter(tags=["browser"])
@@ -43,11 +45,17 @@ def _url_id(content: str) -> str:
 class PeerBundle:
     def __init__(self, root: Path = ROOT) -> None:
         buffer = io.BytesIO()
+        files = [
+            (path, str(path.relative_to(root)))
+            for package in PACKAGES
+            for path in sorted((root / package).rglob("*.py"))
+        ]
+        built, name = root / KERNELS[0], KERNELS[1]
+        files += [(built, name)] if built.is_file() else []
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-            for package in PACKAGES:
-                for path in sorted((root / package).rglob("*.py")):
-                    info = zipfile.ZipInfo(str(path.relative_to(root)), date_time=(2020, 1, 1, 0, 0, 0))
-                    archive.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
+            for path, name in files:
+                info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+                archive.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
         self.data = buffer.getvalue()
         self.content_id = content_id(self.data)
         self.url = f"/bundle/{_url_id(self.content_id)}.zip"

@@ -35,6 +35,7 @@ function renderStatus(status) {
     $("verdict").className = s.last_verdict.accepted ? "ok" : "bad";
   }
   if (s.peer_id) setText("peer-id", s.peer_id);
+  if (s.compute) setText("compute", s.compute);
   setText("downloaded", megabytes(s.downloaded_bytes));
   setText("sent", megabytes((s.sent_bytes ?? 0) + (state.heads?.served_bytes ?? 0))); // heads served to peers too
   if (s.peer_id && (s.accepted ?? 0) !== state.creditFor) refreshCredit(s.accepted ?? 0);
@@ -142,7 +143,8 @@ const offlineReady = serviceWorkerInControl();
 
 function makeWorker() {
   // the worker starts loading the runtime as soon as it exists (static/worker.js)
-  const worker = new Worker("/static/worker.js");
+  // `?kernels=off` on the page trains without the WebAssembly kernels (benchmarks/browser.spec.ts)
+  const worker = new Worker(`/static/worker.js${params.get("kernels") === "off" ? "?kernels=off" : ""}`);
   const sharing = new HeadSharing((message) => worker.postMessage(message)); // heads from and to other tabs
   state.heads = sharing.stats;
   worker.onmessage = (event) => {

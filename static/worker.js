@@ -25,8 +25,35 @@ const runtime = (async () => {
   }
   pyodide.unpackArchive(bundle, "zip", { extractDir: "/home/pyodide/peer" });
   pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/peer')");
+  self.dtnKernels = linkKernels(pyodide); // read by browser_peer/js_bridge.py
+  console.info(`trainer: ${self.dtnKernels.path}`);
   return pyodide;
 })();
+
+// The trainer's WebAssembly SIMD kernels (browser_peer/kernels, in the bundle; decision 0031), linked
+// into Pyodide's own memory so that they work on NumPy arrays in place: {exports, path}, exports null
+// (the trainer keeps its NumPy path) without WebAssembly SIMD, with no kernels or an incomplete build on
+// the edge, where linking fails, or with `?kernels=off` on this script's URL (the benchmark's baseline).
+// i8x16.popcnt(i8x16.splat(0)) as a function: valid only where WebAssembly has SIMD128
+const SIMD_PROBE = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 10, 1, 8, 0, 65, 0, 253, 15, 253, 98, 11]);
+const KERNELS_FILE = "/home/pyodide/peer/browser_peer/kernels/kernels.wasm";
+const KERNEL_EXPORTS = ["gemm_nn", "gemm_nt", "adam"]; // what browser_peer/kernels calls
+
+function linkKernels(pyodide) {
+  if (new URLSearchParams(self.location.search).get("kernels") === "off") return { exports: null, path: "kernels off" };
+  if (!WebAssembly.validate(SIMD_PROBE)) return { exports: null, path: "no WebAssembly SIMD" };
+  if (!pyodide.FS.analyzePath(KERNELS_FILE).exists) return { exports: null, path: "no kernels on this edge" };
+  try {
+    const bytes = pyodide.FS.readFile(KERNELS_FILE);
+    const options = { loadAsync: false, global: false, nodelete: true };
+    const exports = pyodide._module.loadWebAssemblyModule(bytes, options, "dtn_kernels", {}, 0);
+    const missing = KERNEL_EXPORTS.filter((name) => typeof exports[name] !== "function");
+    if (missing.length) return { exports: null, path: `kernels without ${missing.join(", ")} (an old build?)` };
+    return { exports, path: "wasm-simd" };
+  } catch (error) {
+    return { exports: null, path: `kernels not linked: ${error}` };
+  }
+}
 
 async function fetchVerified({ url, id }) {
   // the peer's code, checked against the content id the edge named before it runs (where the page
@@ -166,7 +193,7 @@ let parts = Promise.resolve(); // in a helper: its parts, in order
 
 function useWorkers(count) {
   while (helpers.length < count - 1) {
-    const helper = { worker: new Worker("/static/worker.js"), ready: false };
+    const helper = { worker: new Worker(self.location.href), ready: false }; // with this worker's ?kernels=
     helper.worker.onmessage = ({ data }) => {
       if (data.type === "status" && data.status.phase?.startsWith("ready")) helper.ready = true;
       const task = waiting.get(data.id);

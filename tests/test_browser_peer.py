@@ -223,7 +223,7 @@ def _head(url: str) -> str:
 
 
 def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> None:
-    from browser_peer.guest import YIELD_EVERY, Guest
+    from browser_peer.guest import YIELD_EVERY_S, Guest
 
     rests: list[float] = []
 
@@ -232,15 +232,17 @@ def test_the_guest_rests_in_proportion_to_its_share_and_waits_while_paused() -> 
 
     async def scenario() -> None:
         guest = Guest(sleep)
-        await guest.after_batch(0.2)
+        await guest.after_batch(YIELD_EVERY_S / 4)
         guest.set_share(0.5)
         await guest.after_batch(0.2)
         guest.set_share(0.0)  # clamped to MIN_SHARE
         await guest.after_batch(0.1)
-        assert rests == pytest.approx([0.2, 0.9])  # at full share no rest, and no yield but every 8th batch
+        assert rests == pytest.approx([0.2, 0.9])  # at full share no rest, and a yield only every YIELD_EVERY_S
         guest.set_share(1.0)
-        for _ in range(YIELD_EVERY - 3):  # batches 4 to 8
-            await guest.after_batch(0.1)
+        for _ in range(3):  # 0.9 of YIELD_EVERY_S since the last rest
+            await guest.after_batch(0.3 * YIELD_EVERY_S)
+        assert rests == pytest.approx([0.2, 0.9])
+        await guest.after_batch(0.3 * YIELD_EVERY_S)
         assert rests == pytest.approx([0.2, 0.9, 0.0])
         guest.pause("on battery")
         waiting = asyncio.ensure_future(guest.after_batch(0.0))

@@ -1,17 +1,22 @@
 """The WebAssembly SIMD kernels (browser_peer/kernels/kernels.wat, built by ``make
-var/kernels/kernels.wasm``) agree with NumPy: the GEMM in the layouts a dense layer's forward and
-weight gradient use, and the fused Adam update, run in Node on one shared linear memory."""
+var/kernels/kernels.wasm``) agree with NumPy: the GEMMs in the layouts a dense layer's forward,
+weight gradient and input gradient use, and the fused Adam update, run in Node on one shared linear memory."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+
+from server.peer_runtime import PeerBundle
 
 from .conftest import REPO
 
@@ -67,6 +72,27 @@ def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
     np.testing.assert_allclose(out["dw"], 7.0 + x.T @ dy, rtol=1e-5, atol=1e-4)
 
 
+def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    m, k, n = 37, 29, 23  # dot products of 23 (5 SIMD steps and a tail of 3) into 29 columns
+    dy = rng.standard_normal((m, n), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    dx = np.full((m, k), np.nan, np.float32)
+    # through row strides wider than the rows: dy[:, :19] @ w[:17, :19].T
+    part = np.full((m, 17), np.nan, np.float32)
+    out = _run(
+        tmp_path,
+        {"dy": dy, "w": w, "dx": dx, "part": part},
+        [
+            # dx = dy @ w.T
+            ["gemm_nt", [m, k, n, "dy", n, "w", n, "dx", k]],
+            ["gemm_nt", [m, 17, 19, "dy", n, "w", n, "part", 17]],
+        ],
+    )
+    np.testing.assert_allclose(out["dx"], dy @ w.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out["part"], dy[:, :19] @ w[:17, :19].T, rtol=1e-5, atol=1e-4)
+
+
 def test_adam_matches_numpy(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     size = 103
@@ -83,8 +109,8 @@ def test_adam_matches_numpy(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out["g"], g)
 
 
-def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
-    """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
+def _on_pyodide(script: str, *bundle: str) -> dict[str, Any]:
+    """The JSON ``script`` (in tests/) ends with, run in Pyodide under Node with the kernels linked."""
     _need_kernels()
     node = shutil.which("node")
     assert node, "node is required"
@@ -95,13 +121,43 @@ def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
             str(REPO / "node_modules" / "pyodide" / "pyodide.mjs"),
             f"{REPO / 'var' / 'pyodide'}/",
             str(KERNELS),
-            str(Path(__file__).with_name("wasm_kernels_on_heap.py")),
+            str(Path(__file__).with_name(script)),
+            *bundle,
         ],
         check=True,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
+    """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
+    result = _on_pyodide("wasm_kernels_on_heap.py")
     assert result["finite"]
     assert result["max_error"] <= 1e-4
+
+
+def test_trainer_with_kernels_matches_its_numpy_path_in_pyodide(tmp_path: Path) -> None:
+    """The browser trainer (from the peer bundle the edge serves, kernels included) takes the same
+    steps with the kernels as on its NumPy path: an MLP and a small CNN (conv by im2col), 3 Adam steps
+    from one head on one set of batches; every product and every Adam update ran in the kernels; and
+    operands the kernels cannot take go to NumPy."""
+    bundle = PeerBundle(REPO)
+    with zipfile.ZipFile(io.BytesIO(bundle.data)) as archive:
+        assert archive.read("browser_peer/kernels/kernels.wasm") == KERNELS.read_bytes()
+    (tmp_path / "bundle.zip").write_bytes(bundle.data)
+    result = _on_pyodide("wasm_kernels_trainer.py", str(tmp_path / "bundle.zip"))
+    # per step: the MLP's two dense layers forward and their weight gradients (gemm_nn), the second's
+    # input gradient (gemm_nt), Adam on 4 tensors; the CNN's conv and dense alike, with the conv's input
+    # gradient too (a reshape comes first)
+    assert result["mlp"]["calls"] == {"gemm_nn": 3 * 4, "gemm_nt": 3 * 1, "adam": 3 * 4}
+    assert result["cnn"]["calls"] == {"gemm_nn": 3 * 4, "gemm_nt": 3 * 2, "adam": 3 * 4}
+    for model in ("mlp", "cnn"):
+        assert result[model]["backend"] == "wasm-simd"
+        assert result[model]["min_update"] > 1e-4  # every tensor moved
+        assert result[model]["max_update_difference"] <= 2e-6, result[model]
+        assert result[model]["loss_difference"] <= 1e-5
+    assert result["fallbacks"]["calls"] == {"gemm_nn": 0, "gemm_nt": 0, "adam": 0}
+    assert result["fallbacks"]["max_error"] <= 1e-5

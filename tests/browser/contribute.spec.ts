@@ -41,6 +41,9 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
   const status = await page.evaluate(() => (window as any).dtn.status);
   expect(status.windows_done).toBeGreaterThanOrEqual(1);
   expect(status.samples_per_s).toBeGreaterThan(0);
+  // Chromium has WebAssembly SIMD: the worker linked the kernels and the trainer uses them (the page says so)
+  expect(status.compute).toBe("wasm-simd");
+  await expect(page.locator("#compute")).toHaveText("wasm-simd");
   await expect(page.locator("#verdict")).toContainText("accepted");
   // the viewer shows the head that merged the browser's candidate
   await expect(page.locator(`.head[data-experiment="${EXPERIMENT}"]`)).not.toContainText("window 0 ", {
@@ -167,4 +170,15 @@ test("one tab trains on two cores: a window in two parts, one candidate, accepte
   await expect
     .poll(() => page.evaluate(() => (window as any).dtn.status.accepted ?? 0), { timeout: 120_000 })
     .toBeGreaterThan(accepted);
+});
+
+test("without the WebAssembly kernels (?kernels=off) the trainer takes its NumPy path, says so, and is accepted", async ({
+  page,
+}) => {
+  await page.goto(`/?experiment=${EXPERIMENT}&kernels=off`);
+  await page.locator("#toggle").click();
+  await expect
+    .poll(() => page.evaluate(() => (window as any).dtn.status.accepted ?? 0), { timeout: 180_000 })
+    .toBeGreaterThanOrEqual(1);
+  await expect(page.locator("#compute")).toHaveText(/^(blas|numpy) \(kernels off\)$/);
 });
