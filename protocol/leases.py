@@ -19,7 +19,7 @@ every shard as its home.
 Homes are only for a peer that cannot keep the whole split (``keeps_home``): one whose shard cache
 holds it downloads each shard once whichever shards it is leased, and leasing it the same few shards
 window after window only makes a trainer that trains ahead refit them from its own last update, which
-costs samples and the lease evidence of its honest work (decision 0034).
+costs samples and the lease evidence of its honest work (decision 0030).
 """
 
 from __future__ import annotations
