@@ -180,7 +180,9 @@ def _origin_allowed(headers: Headers, allowed_origins: str) -> bool:
 
 
 async def _stop(sender: asyncio.Task[None] | None) -> None:
-    if sender is not None and not sender.done():
+    """Stop the sending task and collect how it ended: a send that already failed (the peer left
+    mid-frame) is an ordinary end of a connection, not an error left for the event loop to report."""
+    if sender is not None:
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sender

@@ -3,7 +3,9 @@ that storage stays bounded however long the network runs, and that nobody speaks
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import json
 import resource
 import socket
@@ -28,6 +30,7 @@ from protocol.ids import HeadId
 from protocol.messages import LEASE_SECRET_HEADER, READ_PROOF_HEADER, Candidate, Lease, PeerProof
 from protocol.model import init_params
 from protocol.signing import PureSigner, b64encode, canonical_json
+from server import relay
 from server.admission import REVOCATION_CHECK_S, issue_token, token_id
 from server.connections import ACCEPT_BACKLOG, FD_RESERVE, ConnectionLimits
 from server.errors import CLOSE_REVOKED
@@ -271,6 +274,28 @@ def test_slow_clients_are_cut_off_and_the_edge_keeps_answering(tmp_path: Path, d
         for conn in slow:
             conn.close()
         edge.stop()
+
+
+def test_a_send_that_failed_because_the_peer_left_is_collected_not_left_to_the_event_loop() -> None:
+    """A relay connection whose sending task already died (the peer left mid-frame) is stopped without
+    the event loop reporting "Task exception was never retrieved" for it."""
+
+    async def leave_and_stop() -> list[str]:
+        reported: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+
+        async def send_to_a_peer_that_left() -> None:
+            raise ConnectionResetError("the peer left mid-frame")
+
+        sender = asyncio.create_task(send_to_a_peer_that_left())
+        await asyncio.sleep(0)  # the send fails before the connection is stopped
+        assert sender.done()
+        await relay._stop(sender)
+        del sender
+        gc.collect()
+        return reported
+
+    assert asyncio.run(leave_and_stop()) == []
 
 
 def test_the_connection_cap_stays_inside_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
