@@ -13,23 +13,22 @@ after ``stop`` or a rollback of an experiment not paused, 413 a body over the li
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
-from protocol.ids import ExperimentKey, HeadId
-from protocol.network_pins import fingerprint
+from protocol.ids import ExperimentKey
 from protocol.run_control import SignedRunControl
 
 from .deps import Experiment, State, body_doc, read_json
 from .errors import Conflict, NotFound, documented
 from .experiment_routes import EXPERIMENT
+from .intake import accept_order, applied_order
 from .responses import JSON
 from .state import EdgeState
 
-__all__ = ["MAX_CONTROL_BYTES", "applied_order", "control_view", "router"]
+__all__ = ["MAX_CONTROL_BYTES", "control_view", "router"]
 
 router = APIRouter(prefix="/v1", tags=["run control"])
 
@@ -43,21 +42,12 @@ MAX_CONTROL_BYTES = 64 << 10  # an order and 64 signatures take about 10 KiB
     openapi_extra=body_doc("application/json", "a SignedRunControl: the order and its validators' signatures"),
 )
 async def submit_order(key: Experiment, state: State, request: Request) -> JSON:
-    """Apply a run-control order signed by a quorum of the network's validators; answers the state it
-    leaves and publishes the order on the ``control`` topic."""
+    """Apply a run-control order signed by a quorum of the network's validators
+    (``server.intake.accept_order``); answers the state it leaves and publishes the order on the
+    ``control`` topic."""
     state.experiment(key)
     signed = SignedRunControl.from_wire(await read_json(request, MAX_CONTROL_BYTES))
-    if signed.order.experiment != key:
-        raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {key}")
-    signed.effective_signers(state.network)
-    target = signed.order.target
-    if signed.order.action == "rollback" and target is not None and state.store.head(key, HeadId(target)) is None:
-        raise NotFound(f"experiment {key} has no canonical head {target} to roll back to")
-    now_ms = state.clock.now_ms()
-    run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
-    event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}
-    state.hub.publish(key, "control", event)
-    return JSON(event, status_code=201)
+    return JSON(await accept_order(state, signed, route=key), status_code=201)
 
 
 @router.get(f"{EXPERIMENT}/control", responses=documented(InvalidMessage, NotFound))
@@ -65,13 +55,6 @@ async def run_control(key: Experiment, state: State) -> JSON:
     """``control_view``: whether the experiment is paused or stopped, and the orders applied to it."""
     state.experiment(key)
     return JSON(control_view(state, key))
-
-
-def applied_order(state: EdgeState, signed: SignedRunControl, applied_at_ms: int) -> dict[str, Any]:
-    """An applied order as the edge shows it: the order and its signatures, when this edge's store
-    applied it, and the fingerprints of the network's validators whose signature is valid (``signers``)."""
-    signers = sorted(fingerprint(key) for key in signed.signers(state.network))
-    return {**signed.to_wire(), "applied_at_ms": applied_at_ms, "signers": signers}
 
 
 def control_view(state: EdgeState, key: ExperimentKey) -> dict[str, Any]:

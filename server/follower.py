@@ -14,6 +14,11 @@ change mirrors, for every experiment of this edge's network:
 - the verdicts that count upstream, each taken through this edge's own verdict intake
   (``server.intake.accept_verdicts``: a validator's signature, a candidate held here, not
   contradicted by the lineage); one refused is left out with a warning.
+- the run-control orders applied upstream past this edge's last one, in sequence, each through this
+  edge's own order intake (``server.intake.accept_order``: the quorum's signatures, a rollback's head
+  canonical here), so an experiment paused or stopped upstream is paused or stopped here too and
+  stays so when peers move to this edge; one refused is left out with a warning, and a rollback to a
+  head not mirrored yet waits (with the orders after it) for the next round.
 
 Every answer is bounded (a descriptor's bytes, an artifact's ``max_artifact_bytes``, a walk no longer
 than the windows between the two heads, pages of candidates) and read as JSON by the strict readers
@@ -39,9 +44,10 @@ from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.lineage import Lineage
 from protocol.manifests import ExperimentSpec
 from protocol.messages import NEXT_SINCE_HEADER, Candidate, HeadDescriptor, Verdict
+from protocol.run_control import MAX_ORDERS, SignedRunControl
 
 from .errors import Conflict, NotFound
-from .intake import accept_verdicts, head_taken
+from .intake import accept_order, accept_verdicts, head_taken
 from .lineage import import_lineage
 from .state import EdgeState
 
@@ -135,6 +141,16 @@ class Upstream:
         status, _, body = await self.get(f"/v1/experiments/{key}/verdicts", MAX_LIST_BYTES)
         return [Verdict.from_wire(v) for v in _json_list(body)] if status == 200 else []
 
+    async def orders(self, key: ExperimentKey) -> list[SignedRunControl]:
+        """The run-control orders applied upstream, in sequence (at most ``MAX_ORDERS``)."""
+        status, answer = await self.json(f"/v1/experiments/{key}/control", MAX_LIST_BYTES)
+        if status != 200:
+            return []
+        orders = answer.get("orders") if isinstance(answer, dict) else None
+        if not isinstance(orders, list) or len(orders) > MAX_ORDERS:
+            raise InvalidMessage(f"{self.url} serves run control of {key} that is not a list of orders")
+        return [SignedRunControl.from_wire(order) for order in orders]
+
 
 def _json_list(body: bytes) -> list[Any]:
     try:
@@ -155,7 +171,7 @@ class _Cursors:
 
 
 async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | None = None) -> int:
-    """Mirror what ``upstream`` holds past this edge (the heads, blobs, candidates and verdicts above),
+    """Mirror what ``upstream`` holds past this edge (the heads, blobs, candidates, verdicts and orders above),
     every experiment once; returns how many heads were taken. ``ProtocolError`` or ``Conflict`` when
     the upstream serves what does not verify or another lineage, ``UpstreamError`` when it fails."""
     cursors = cursors or _Cursors()
@@ -163,6 +179,7 @@ async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | 
     for spec in state.network.experiments:
         taken += await _mirror_heads(state, upstream, spec, cursors)
         await _mirror_verdicts(state, upstream, spec.key, cursors)
+        await _mirror_orders(state, upstream, spec.key)
     return taken
 
 
@@ -221,6 +238,22 @@ async def _mirror_verdicts(state: EdgeState, upstream: Upstream, key: Experiment
         if len(cursors.verdicts) >= MAX_SEEN_VERDICTS:
             cursors.verdicts.clear()
         cursors.verdicts.add(seen)
+
+
+async def _mirror_orders(state: EdgeState, upstream: Upstream, key: ExperimentKey) -> None:
+    last = state.store.run_state(key).sequence
+    for signed in sorted(await upstream.orders(key), key=lambda signed: signed.order.sequence):
+        if signed.order.sequence <= last:
+            continue  # applied here already (mirrored before, or submitted to this edge too)
+        try:
+            await accept_order(state, signed, route=key)
+        except NotFound:
+            return  # a rollback to a head not mirrored yet: it and the orders after it wait
+        except (ProtocolError, Conflict) as exc:
+            log.warning("%s: a run-control order from %s refused: %s", key, upstream.url, exc)
+            continue
+        last = signed.order.sequence
+        log.info("%s: run control %s (sequence %d) taken from %s", key, signed.order.action, last, upstream.url)
 
 
 async def follow(state: EdgeState, urls: list[str]) -> None:

@@ -42,14 +42,20 @@ vouching for the same examples), or, a rejection, once the heads that decide it 
 (``_settle_votes``, at each promotion), where a contradicted vote is dropped. The examples credited are
 those vouched for, capped by the candidate's own count and its lease.
 
+A run-control order (``protocol.run_control``) is taken once a quorum of the network's validators
+signed it, for the experiment it is submitted to, a rollback only to a head made canonical here, and
+in sequence (``EdgeStore.apply_run_control``); it is published on the ``control`` topic.
+
 Retention: when a head is promoted, artifacts of candidates whose window is
 ``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import anyio
 
@@ -69,6 +75,8 @@ from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
+from protocol.network_pins import fingerprint
+from protocol.run_control import SignedRunControl
 from protocol.signing import b64encode
 from protocol.updates import read_artifact
 from protocol.window import lease_covers
@@ -80,9 +88,11 @@ __all__ = [
     "accept_attestation",
     "accept_candidate",
     "accept_head",
+    "accept_order",
     "accept_outer_state",
     "accept_verdict",
     "accept_verdicts",
+    "applied_order",
     "check_peer_rate",
     "head_taken",
 ]
@@ -441,3 +451,29 @@ def accept_verdict(state: EdgeState, descriptor: object, *, route: ExperimentKey
     verdict = Verdict.from_wire(descriptor)
     counted, _ = accept_verdicts(state, [descriptor], route=route)
     return verdict, counted == 1
+
+
+async def accept_order(state: EdgeState, signed: SignedRunControl, *, route: ExperimentKey) -> dict[str, Any]:
+    """Apply a run-control order submitted for experiment ``route`` (or mirrored from the edge this one
+    follows) and publish it: ``InvalidMessage`` for an order of another experiment, ``SignatureError``
+    without the network's quorum, ``NotFound`` for a rollback to a head not canonical here, ``Conflict``
+    out of sequence or after ``stop``. Returns the published event: ``applied_order`` and the state it
+    leaves."""
+    if signed.order.experiment != route:
+        raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {route}")
+    signed.effective_signers(state.network)
+    target = signed.order.target
+    if signed.order.action == "rollback" and target is not None and state.store.head(route, HeadId(target)) is None:
+        raise NotFound(f"experiment {route} has no canonical head {target} to roll back to")
+    now_ms = state.clock.now_ms()
+    run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
+    event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}
+    state.hub.publish(route, "control", event)
+    return event
+
+
+def applied_order(state: EdgeState, signed: SignedRunControl, applied_at_ms: int) -> dict[str, Any]:
+    """An applied order as the edge shows it: the order and its signatures, when this edge's store
+    applied it, and the fingerprints of the network's validators whose signature is valid (``signers``)."""
+    signers = sorted(fingerprint(key) for key in signed.signers(state.network))
+    return {**signed.to_wire(), "applied_at_ms": applied_at_ms, "signers": signers}

@@ -20,6 +20,7 @@ from protocol.errors import IntegrityError, InvalidMessage, SignatureError
 from protocol.ids import ContentId
 from protocol.lineage import Lineage, write_archive
 from protocol.messages import HeadDescriptor
+from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner
 from server.follower import Upstream, mirror_once
 from server.serve import BackgroundEdge
@@ -27,7 +28,7 @@ from server.state import EdgeState
 from server.store import Store
 
 from .support import EXPERIMENT, edge_settings, proof
-from .test_lineage import NETWORK, _certified, _dtn, _edge_files, _lineage
+from .test_lineage import NETWORK, VALIDATORS, _certified, _dtn, _edge_files, _lineage
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,45 @@ def test_a_follower_refuses_an_upstream_serving_other_bytes_for_a_head(
     finally:
         upstream.stop()
     assert _served_after(tmp_path / "b", dataset_root) == []
+
+
+def test_a_follower_takes_the_upstreams_run_control_orders_in_sequence_once(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    """An experiment paused and rolled back upstream is paused here too, with the same orders (the
+    rollback to a head the same round mirrored); a second round takes nothing twice."""
+    a, b, c = VALIDATORS
+    orders = [
+        SignedRunControl.of(RunControl(NETWORK.network_id, EXPERIMENT, "pause", 1, 1_000), [a, b]),
+        SignedRunControl.of(
+            RunControl(NETWORK.network_id, EXPERIMENT, "rollback", 2, 2_000, lineage.heads[1].head_id), [b, c]
+        ),
+    ]
+    root = tmp_path / "b"
+    root.mkdir()
+    (root / "network.json").write_text(json.dumps(NETWORK.to_wire()))
+
+    async def follow_twice(url: str) -> tuple[RunState, list[SignedRunControl]]:
+        state = EdgeState.open(edge_settings(root, dataset_root))
+        await state.start()
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                for _ in range(2):
+                    await mirror_once(state, Upstream(http, url, 1 << 24))
+            return state.store.run_state(EXPERIMENT), [signed for signed, _ in state.store.run_orders(EXPERIMENT)]
+        finally:
+            await state.close()
+
+    upstream = _upstream(tmp_path / "a", dataset_root, lineage)
+    try:
+        for signed in orders:
+            posted = httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/control", json=signed.to_wire())
+            assert posted.status_code == 201, posted.text
+        run_state, taken = asyncio.run(follow_twice(upstream.url))
+    finally:
+        upstream.stop()
+    assert run_state == RunState(sequence=2, paused=True)
+    assert taken == orders
 
 
 def test_a_client_given_several_edges_moves_to_the_next_only_when_one_is_unreachable(
