@@ -15,7 +15,10 @@ than the experiment's least only out of what is free beyond a reserve of the lea
 expected in the window (one that leased in the window before and has not leased in this one yet) and
 for one newcomer: a trainer alone takes what keeps its core busy (half the free shards, the rule before,
 left a lone trainer waiting a third of its time), and nobody who trained last window, nor the next
-peer to join, finds the window full.
+peer to join, finds the window full. Peers with accepted work are served first in a contended window
+(issue #27): a peer without a record (no accepted candidate) takes nothing of the least kept for each
+expected peer that has one, so identities made up by the dozen can fill only what the peers with a
+record leave, never their share; while nobody has a record (a new network) everyone is a newcomer.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ def next_lease_shards(shards: int, train_s: float, idle_s: float, *, least: int,
     return min(max(size, least), most)
 
 
-def granted_shards(asked: int, free: int, *, least: int, expected_peers: int) -> int:
+def granted_shards(asked: int, free: int, *, least: int, expected_peers: int, served_first: int = 0) -> int:
     """How many shards a lease asking for ``asked`` (within the experiment's bounds already) gets when
-    ``free`` shards of its window are unleased and ``expected_peers`` other peers are expected in it;
-    at most ``free`` (0: the window is full)."""
+    ``free`` shards of its window are unleased and ``expected_peers`` other peers are expected in it, of
+    which ``served_first`` have a record that the asking peer lacks (0 for a peer with a record); at
+    most ``free`` (0: the window is full, or full but for the least of peers served first)."""
     spare = free - least * (expected_peers + 1)
-    return min(asked, max(least, spare), free)
+    return max(0, min(asked, max(least, spare), free - least * served_first))

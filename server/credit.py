@@ -13,6 +13,7 @@ store's newly counted verdicts at each read, so every edge on a shared store ans
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from protocol.ids import ExperimentKey, PeerId
@@ -65,3 +66,7 @@ class CreditBook:
 
     def standing(self, experiment: ExperimentKey, peer_id: PeerId) -> Standing:
         return self._catch_up(experiment).get(peer_id) or Standing(peer_id)
+
+    def standings(self, experiment: ExperimentKey) -> Mapping[PeerId, Standing]:
+        """Every contributor's standing, caught up now (the book's own mapping: read it, do not keep it)."""
+        return self._catch_up(experiment)

@@ -7,7 +7,9 @@ the peers that lease in this window or leased in the one before (``protocol.leas
 experiment until that set of peers changes), so that it trains on the shards it already holds, unless
 it declared a shard cache that holds the whole split (``protocol.leases.keeps_home``). It
 gets ``shards_per_lease`` of them, or as many as it asks for up to the experiment's
-``max_shards_per_lease`` and what the peers expected in the window leave (``protocol.lease_size``). A trainer that just
+``max_shards_per_lease`` and what the peers expected in the window leave (``protocol.lease_size``); a
+peer without accepted work (``server.credit.CreditBook``) gets none of the least kept for expected
+peers with some. A trainer that just
 published may ask for the next window's lease (``after`` the current head) before the next head
 exists, so it never waits for one; such a lease is granted on the current head for the next window number and belongs to that window
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
@@ -130,6 +132,12 @@ class LeaseIssuer:
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
+        # caught up here, on the event loop; read-only (one dict lookup a peer) in the store's thread below
+        standings = self.state.credit.standings(experiment)
+
+        def has_record(peer: PeerId) -> bool:
+            standing = standings.get(peer)
+            return standing is not None and standing.accepted > 0
 
         def choose(head: HeadDescriptor | None, granted: list[Lease]) -> Lease:
             if head is None:
@@ -149,6 +157,7 @@ class LeaseIssuer:
                 len(manifest.shard_ids) - len(taken),
                 least=spec.shards_per_lease,
                 expected_peers=len(expected),
+                served_first=0 if has_record(peer_id) else sum(map(has_record, expected)),
             )
             home: frozenset[ShardId] = frozenset()
             if keeps_home(cache_bytes, manifest.size_bytes):

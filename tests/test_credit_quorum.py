@@ -32,7 +32,7 @@ from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
 from server.serve import BackgroundEdge
 
-from .support import EXPERIMENT, SPEC, edge_settings, experiment_spec, grant_lease, now_ms
+from .support import EXPERIMENT, SPEC, edge_settings, experiment_spec, grant_lease, now_ms, proof
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 HONEST = (PureSigner(b"\x21" * 32), PureSigner(b"\x22" * 32))
@@ -186,6 +186,31 @@ def test_one_validator_can_neither_mint_nor_erase_credit_and_honest_verdicts_cou
         assert len(listed) == 4 and {v["candidate_id"] for v in listed} == {
             c.candidate_id for c in (merged, refused, late_merged, lone)
         }
+
+
+def test_peers_with_accepted_work_are_served_first_in_a_contended_window(edge: BackgroundEdge) -> None:
+    """Made-up identities that ask first in a window take only what the least of each expected peer with
+    accepted work leaves: those peers still get their least, however many identities came before."""
+    alice, bob = PureSigner(b"\x50" * 32), PureSigner(b"\x51" * 32)
+    least = experiment_spec().shards_per_lease
+    with httpx.Client(base_url=edge.url) as http:
+        genesis = _certify(http, None, (), 0)
+        merged = (_upload(http, alice, 1), _upload(http, bob, 2))
+        first = _certify(http, genesis, tuple(c.candidate_id for c in merged), 1)
+        for candidate in merged:
+            assert [_post(http, _verdict(v, candidate, first)).status_code for v in HONEST] == [202, 201]
+        assert _standing(http, alice)[0] == _standing(http, bob)[0] == 1
+        total = len(http.get("/v1/datasets/mnist/fetch-manifest.json").json()["shards"])
+        squatted = 0
+        for seed in range(0x60, 0x60 + total):  # more identities than the window has shards
+            response = http.post(f"{BASE}/leases", json=proof(PureSigner(bytes([seed]) * 32), "lease"))
+            if response.status_code == 409:
+                break
+            assert response.status_code == 200, response.text
+            squatted += len(response.json()["lease"]["shard_ids"])
+        granted = [len(grant_lease(http, peer).lease.shard_ids) for peer in (alice, bob)]
+    assert squatted == total - 2 * least
+    assert granted == [least, least]
 
 
 def test_the_settling_rule_is_pure_and_credits_what_the_lease_covers(train_manifest: FetchManifest) -> None:

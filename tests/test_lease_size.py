@@ -51,6 +51,22 @@ def test_a_lease_takes_only_what_is_free_beyond_the_least_of_each_expected_peer(
     assert granted_shards(asked, free, least=4, expected_peers=expected_peers) == granted
 
 
+@pytest.mark.parametrize(
+    ("asked", "free", "expected_peers", "served_first", "granted"),
+    [
+        (30, 37, 2, 2, 25),  # room beyond the peers with a record: as for anyone
+        (4, 10, 2, 2, 2),  # the least of the two with a record kept: what is left
+        (4, 8, 2, 2, 0),  # nothing beyond their least: no lease
+        (4, 8, 2, 0, 4),  # a peer with a record (or nobody has one): its least, first come
+        (30, 37, 9, 9, 1),  # nine expected with a record: the one shard they leave
+    ],
+)
+def test_a_peer_without_a_record_takes_none_of_the_least_kept_for_peers_with_one(
+    asked: int, free: int, expected_peers: int, served_first: int, granted: int
+) -> None:
+    assert granted_shards(asked, free, least=4, expected_peers=expected_peers, served_first=served_first) == granted
+
+
 def test_a_lease_holds_what_its_spec_bounds() -> None:
     fixed = experiment_spec(shards_per_lease=2)
     assert [fixed.lease_shards(n) for n in (None, 1, 2, 9)] == [2, 2, 2, 2]
