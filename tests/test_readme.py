@@ -1,5 +1,6 @@
 """The README's native trainer example runs as written against a real edge; its "Your own model"
-section is the worked example CI trains (``examples/flax_cnn``, ``tests/test_examples.py``)."""
+section is the worked example CI trains (``examples/flax_cnn``, ``tests/test_examples.py``); every
+measured figure it quotes points to the results file that holds its command and commit."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ def _block(heading: str, language: str = "python") -> str:
     match = re.search(rf"```{language}\n(.*?)```", section, re.S)
     assert match is not None, f"the section {heading!r} has no {language} block"
     return match.group(1)
+
+
+FIGURE = re.compile(r"\d(?:[\d.,–-]*\d)? ?(?:×|%)")  # a measured ratio or share: "2.93 ×", "6–7 %"
+
+
+def test_every_figure_in_the_readme_points_to_its_results() -> None:
+    """A paragraph that quotes a figure links to ``docs/results/`` (the file that names its command and
+    commit, ``tests/test_results_sources.py``); a table does, or the paragraph that opens it."""
+    blocks = re.split(r"\n\s*\n", (REPO / "README.md").read_text())
+    unsourced = [
+        block.strip().splitlines()[0][:80]
+        for before, block in zip(["", *blocks], blocks, strict=False)
+        if FIGURE.search(block)
+        and "docs/results/" not in block
+        and not (block.lstrip().startswith("|") and "docs/results/" in before)
+    ]
+    assert unsourced == []
 
 
 def test_the_readmes_own_model_section_is_the_worked_example_ci_trains() -> None:
