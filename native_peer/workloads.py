@@ -56,7 +56,7 @@ __all__ = [
 
 PyTree = Any
 Optimizer = optax.GradientTransformation | Callable[[ExperimentSpec], optax.GradientTransformation]
-PINNED = ("jax", "optax")  # whose versions every workload's pin holds
+PINNED = ("jax", "jaxlib", "optax")  # whose versions every workload's pin holds (jaxlib: the compiler)
 
 
 class WorkloadError(ValueError):

@@ -5,7 +5,7 @@ operator's ``init-network`` imports it there, once, and writes into the manifest
 know of it (a ``WorkloadModel``): the import path, one example's input shape, the objective, the
 output's shape, the parameters' wire names and shapes in the model's order, and its pin: the sha256
 of every file of the workload's package (``sources``) and the versions of the packages it was checked
-with (``versions``: jax, optax, and flax or equinox where used). Nothing in a manifest is ever
+with (``versions``: jax, jaxlib, optax, and flax or equinox where used). Nothing in a manifest is ever
 imported or run: a native peer runs the workload only from code already installed where it runs, and
 only when that code and those versions are the pinned ones (``pin_difference``, ``native_peer.workloads``).
 Browser peers cannot run JAX code, so a workload model is ``native_only``.

@@ -84,7 +84,7 @@ def test_equinox_and_flax_nnx_modules_train_through_the_same_adapter(
         missing(f"{framework} is not installed (make setup installs the `workloads` extra)")
     model = describe(f"{module}:learner", f"{framework}-mlp")
     assert [name for name, _ in model.param_shapes] == names
-    assert framework in dict(model.versions) and {"jax", "optax"} <= set(dict(model.versions))
+    assert framework in dict(model.versions) and {"jax", "jaxlib", "optax"} <= set(dict(model.versions))
     learner = load(model)
     tensors = learner.to_tensors(learner.init(jax.random.PRNGKey(0)))
     engine = TrainEngine(learner, learner.make_optimizer(experiment_spec()))
