@@ -9,9 +9,7 @@ verified against its content id / the fetch-manifest's sha256; shards are kept b
 windows and page loads, ``shard_store``; a head whose parent it holds comes as a delta from it,
 ``protocol.head_delta``), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
-frame (``package_candidate``), then lease and train the next window before its head exists and wait
-for that head; each lease then asks for the shards that fill the wait it saw, as a continuous native
-trainer's does (``protocol.lease_size``). A candidate larger than the relay's
+frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
 frame limit is staged over HTTP in chunks first and published over HTTP too, by its envelope without
 the artifact: the edge that took the chunks (the one a balancer sends the stage's requests to) need
 not be the relay's. A head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with
@@ -50,7 +48,6 @@ from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
 from protocol.ice import NO_ICE, IceConfig
 from protocol.ids import ExperimentKey, HeadId, ShardId
-from protocol.lease_size import next_lease_shards
 from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import ModelSpec, Params
@@ -144,7 +141,6 @@ class BrowserPeer:
             "head_delta_bytes": 0,  # heads as deltas from the edge (also in downloaded_bytes)
             "shard_downloads": 0,  # leased shards downloaded
             "shard_cache_hits": 0,  # leased shards read back from the shard store, verified
-            "lease_shards": None,  # what the next lease asks for once sized (``_size_lease``); None: the least
         }
         self.costs = Costs(clock.monotonic_s())
         self.status.update(self.costs.status(clock.monotonic_s()))
@@ -168,7 +164,6 @@ class BrowserPeer:
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
         self._ahead: _Trained | None = None  # the next window's lease, trained before its head existed
-        self._ahead_done_s: float | None = None  # when it was trained (monotonic s): the wait for its head began
         self._restored = False
         self._dropped: set[str] = set()
         self._shards = ShardStore(bridge, config.shard_cache_bytes)
@@ -470,7 +465,6 @@ class BrowserPeer:
             paused = self.clock.monotonic_s()
             await self.guest.admit()
             self.costs.paused(self.clock.monotonic_s() - paused)
-            self._ahead_done_s = None  # a wait while paused says nothing of the window's pace
         head = head_to_train(
             await self.http.current_head(self.key),
             self._network.validator_key_set,
@@ -479,8 +473,6 @@ class BrowserPeer:
         )
         model = spec.model  # as the network's manifest declares it
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._size_lease(spec, ahead, head)
         if ahead is not None and lease_window(ahead.grant.lease, head):  # trained before this head existed
             grant = ahead.grant
             self._report(phase=f"downloading head {head.window}", head_window=head.window)
@@ -541,7 +533,6 @@ class BrowserPeer:
         last = self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows
         if self.config.train_ahead and not last:
             self._ahead = await self._train_ahead(socket, reader, spec, head, done.params)
-            self._ahead_done_s = None if self._ahead is None else self.clock.monotonic_s()
         if self._ahead is None:
             await self._wait_for_head(60.0, reader)
 
@@ -555,24 +546,8 @@ class BrowserPeer:
             "request_id": window,
             "cache_bytes": self._shards.index.capacity,  # no home when it holds the split
         }
-        if self.status["lease_shards"] is not None:
-            request["shards"] = self.status["lease_shards"]
         await socket.send_text(json.dumps(request if after is None else {**request, "after": after}))
         return LeaseGrant.from_wire(await self._reply(reader, "lease"))
-
-    def _size_lease(self, spec: ExperimentSpec, ahead: _Trained, head: HeadDescriptor) -> None:
-        """Size the next lease as a continuous native trainer does (``protocol.lease_size``) from the lease
-        trained ahead: its shards, its training time and the wait for ``head`` that followed (none
-        measured across a pause); halved when its window closed without it."""
-        if self._ahead_done_s is None:
-            return
-        idle_s, self._ahead_done_s = self.clock.monotonic_s() - self._ahead_done_s, None
-        least, most = spec.lease_bounds
-        lease = ahead.grant.lease
-        shards = next_lease_shards(
-            len(lease.shard_ids), ahead.seconds, idle_s, least=least, most=most, late=not lease_window(lease, head)
-        )
-        self._report(lease_shards=shards)
 
     async def _base(
         self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, model: ModelSpec

@@ -6,7 +6,6 @@ peers (checked by content id; a peer that lies is dropped)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +21,6 @@ from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
-from protocol.clock import SystemClock
 from protocol.run_control import RunControl, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.uploads import UPLOAD_HEADER
@@ -88,39 +86,6 @@ def test_a_browser_peer_leases_and_trains_the_next_window_while_its_last_is_judg
     assert len(ahead) == 2, leases  # after its first window, each lease came before its window's head
     assert all(windows[c.base_head] == lease.window for c, lease in zip(mine, leases, strict=True) if lease)
     assert peer.status["accepted"] >= 2, peer.status
-
-
-class _SlowHeads(SystemClock):
-    """Time as a tab sees it when every head comes a second after the last thing it timed: each read
-    of the monotonic clock is a second later (the wall clock, in signed messages, is the real one)."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def monotonic_s(self) -> float:
-        self.reads += 1
-        return time.monotonic() + self.reads
-
-
-def test_a_browser_peer_that_waits_for_heads_asks_for_larger_leases(stack: LocalNetwork) -> None:
-    """Its next window's lease trained, a tab waits for the head; the leases after that fill the wait
-    (``protocol.lease_size``, as a continuous native trainer sizes them), within the experiment's bounds."""
-    spec = stack.network.experiment(BASELINE)
-    least, most = spec.lease_bounds
-    assert most > least
-    with _judged_edge(stack) as edge:
-        bridge = NativeBridge()
-        config = PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=4)
-        peer = BrowserPeer(bridge, config, clock=_SlowHeads())
-        _run_to_end(peer, bridge)
-        validator = NodeIdentity.load_or_create(stack.validator_storage.identity_path)
-        client = EdgeClient(edge.url, reader=validator)
-        leases = [client.lease(c.lease_id) for c in client.candidates(BASELINE) if c.peer_id == peer.peer_id]
-        client.close()
-    sizes = [len(lease.shard_ids) for lease in leases if lease is not None]
-    assert len(sizes) == 4 and sizes[:2] == [least, least], sizes  # the first lease trained ahead is not sized yet
-    assert all(least < size <= most for size in sizes[2:]), sizes
-    assert peer.status["lease_shards"] is not None and least <= peer.status["lease_shards"] <= most
 
 
 def test_browser_peer_reconnects_after_edge_restart(stack: LocalNetwork) -> None:
