@@ -206,7 +206,7 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
 
 @pytest.mark.slow
 def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall_the_experiment(
-    quorum_env: Env, dataset_root: Path
+    quorum_env: Env, dataset_root: Path, request: pytest.FixtureRequest
 ) -> None:
     edge, network, _, clock, root = quorum_env
     rogue = NodeIdentity.load_or_create(root / "validator-0" / "identity.key")  # validator 0's key, never run
@@ -214,10 +214,17 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     spec, head = _genesis(quorum_env, honest)
     trainer = _trainer(quorum_env, "trainer")
     reader = EdgeClient(edge.url)
+    for client in (trainer, reader):  # closed when an assertion fails too: no socket left to a later test
+        request.addfinalizer(client.close)
     answers: dict[str, list[httpx.Response]] = {"flood": [], "mint": [], "erase": []}
     waited_on_honest_turns: list[float] = []
+    windows = 0
     with closing(Rogue(edge.url, rogue, spec)) as flooding:
-        for _ in range(4):
+        # 4 windows, and more until an honest validator had the first turn in one: the turn follows the
+        # head id (a rendezvous hash), which follows the trainer's random key and leases, and is the
+        # rogue key's in all of 4 windows once in 81 runs; in 12, once in 531,441
+        while windows < 4 or (not waited_on_honest_turns and windows < 12):
+            windows += 1
             outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
             for kind, sent in flooding.round(head).items():
                 answers[kind] += sent
@@ -237,7 +244,7 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
             validator.poll(spec)
     # the flood: 2 proposals a window taken, the rest refused with the reason
     statuses = Counter(a.status_code for a in answers["flood"])
-    assert statuses == {202: 8, 429: 8}
+    assert statuses == {202: 2 * windows, 429: 2 * windows}
     assert all("proposed its 2 heads" in a.json()["detail"] for a in answers["flood"] if a.status_code == 429)
     assert waited_on_honest_turns and all(waited == 0 for waited in waited_on_honest_turns), waited_on_honest_turns
     # minting: refused; nobody but the trainer on the leaderboard, credited what the honest pair vouched for
@@ -247,15 +254,15 @@ def test_one_byzantine_validator_key_can_neither_mint_nor_erase_credit_nor_stall
     assert vouched > 0  # evidence of work on its leases (decision 0020), from the second window on
     board = reader._request("GET", f"/v1/experiments/{BASELINE}/credit").json()
     assert [(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board] == [
-        (trainer.peer_id, 4, 0, vouched)
+        (trainer.peer_id, windows, 0, vouched)
     ]
     # erasing: rejections of merged work refused with the reason; those of the open window only held
     erased = Counter(a.status_code for a in answers["erase"])
-    assert erased == {409: 0 + 1 + 2 + 3, 202: 4}, erased  # each window: the merged ones so far, and the open one
+    assert erased == {409: sum(range(windows)), 202: windows}, (
+        erased
+    )  # each window: the merged ones so far, and the open one
     assert all("merged" in a.json()["detail"] for a in answers["erase"] if a.status_code == 409)
-    assert len(counted) == 4 and all(v.validator_key != rogue.public_key for v in counted)
-    reader.close()
-    trainer.close()
+    assert len(counted) == windows and all(v.validator_key != rogue.public_key for v in counted)
 
 
 def test_an_attestation_must_name_exactly_the_proposed_head(quorum_env: Env, dataset_root: Path) -> None:
