@@ -8,11 +8,13 @@ capped by the candidate's own count and its lease: ``protocol.credit.credited_ex
 can be claimed by a peer or by one validator of a quorum: anyone can recompute a standing from
 ``GET /v1/experiments/<key>/verdicts?peer_id=...``, the heads and the candidates, and check each
 signature against the network's validator keys. The tally is kept in memory and caught up from the
-store's newly counted verdicts at each read, so every edge on a shared store answers alike.
+store's newly counted verdicts at each read (one catch-up at a time: lease issuing reads it from a
+worker thread), so every edge on a shared store answers alike.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -32,6 +34,12 @@ class Standing:
     examples: int = 0  # training examples in the accepted candidates
     last_accepted_ms: int | None = None
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the contributor has a record at the edge (accepted work that counts): served first in
+        a contended window (``server.leasing``), offered to other peers as a head holder (``server.relay``)."""
+        return self.accepted > 0
+
     def add(self, verdict: Verdict, examples: int) -> None:
         """Count ``verdict``, crediting ``examples`` when it accepts."""
         if verdict.accepted:
@@ -50,14 +58,16 @@ class CreditBook:
         self.store = store
         self._after: dict[ExperimentKey, int] = {}  # the last verdict (store order) tallied
         self._standings: dict[ExperimentKey, dict[PeerId, Standing]] = {}
+        self._catching_up = threading.Lock()
 
     def _catch_up(self, experiment: ExperimentKey) -> dict[PeerId, Standing]:
-        standings = self._standings.setdefault(experiment, {})
-        while rows := self.store.verdicts_after(experiment, self._after.get(experiment, 0)):
-            for position, verdict, examples in rows:
-                standings.setdefault(verdict.peer_id, Standing(verdict.peer_id)).add(verdict, examples)
-                self._after[experiment] = position
-        return standings
+        with self._catching_up:  # a verdict tallied twice would credit it twice
+            standings = self._standings.setdefault(experiment, {})
+            while rows := self.store.verdicts_after(experiment, self._after.get(experiment, 0)):
+                for position, verdict, examples in rows:
+                    standings.setdefault(verdict.peer_id, Standing(verdict.peer_id)).add(verdict, examples)
+                    self._after[experiment] = position
+            return standings
 
     def leaderboard(self, experiment: ExperimentKey, limit: int) -> list[Standing]:
         """The ``limit`` contributors with the most accepted examples (then windows)."""

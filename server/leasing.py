@@ -132,12 +132,12 @@ class LeaseIssuer:
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
-        # caught up here, on the event loop; read-only (one dict lookup a peer) in the store's thread below
-        standings = self.state.credit.standings(experiment)
+        # caught up off the event loop (it reads the store); then only looked up in the store's thread below
+        standings = await asyncio.to_thread(self.state.credit.standings, experiment)
 
         def has_record(peer: PeerId) -> bool:
             standing = standings.get(peer)
-            return standing is not None and standing.accepted > 0
+            return standing is not None and standing.recorded
 
         def choose(head: HeadDescriptor | None, granted: list[Lease]) -> Lease:
             if head is None:

@@ -417,7 +417,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
         if kind == "have" and is_current:
             recorded = (
                 state.admission.principal(connection.token) is not None
-                or state.credit.standing(key, PeerId(connection.peer_id)).accepted > 0
+                or state.credit.standing(key, PeerId(connection.peer_id)).recorded
             )
             state.holders.announce(key, head_id, connection.peer_id, recorded=recorded)
         elif kind == "holders":
