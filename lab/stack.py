@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO
 import httpx
 
 from datasets import mnist
+from native_peer.compile_cache import CACHE_ENV
 from native_peer.identity import NodeIdentity
 from native_peer.storage import StorageConfig
 from native_peer.validator import Validator, ValidatorConfig
@@ -132,9 +134,16 @@ class Fleet:
         return self.out / "logs" / f"{name}.log"
 
     def start(self, name: str, argv: Sequence[str]) -> None:
+        """Start node ``name``. The fleet's nodes share one JAX compilation cache of their own
+        (``native_peer.compile_cache``), under ``out`` unless ``DTN_COMPILE_CACHE`` (or JAX's own
+        ``JAX_COMPILATION_CACHE_DIR``) names one: each run starts with nothing compiled, as a new
+        machine does."""
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
         self.logs[name] = open(self.log_path(name), "ab")  # noqa: SIM115 - closed in stop()
-        self.processes[name] = subprocess.Popen(argv, stdout=self.logs[name], stderr=subprocess.STDOUT, cwd=REPO)
+        env = {CACHE_ENV: str(self.out / "compile-cache"), **os.environ}
+        self.processes[name] = subprocess.Popen(
+            argv, stdout=self.logs[name], stderr=subprocess.STDOUT, cwd=REPO, env=env
+        )
 
     def stop(self, name: str, timeout_s: float = 20.0) -> int | None:
         process = self.processes.pop(name)

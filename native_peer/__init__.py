@@ -13,6 +13,7 @@ lineage_journal  the canonical heads a validator holds, given back to an edge th
 evidence     LeaseEvidence: each candidate's evidence that it trained on its lease (protocol.evidence)
 edge_client  HTTP client for the edge
 shard_cache  lease-scoped shard downloads, verified and cached (memory and disk, capped)
+compile_cache  JAX's persistent compilation cache, shared by the machine's peers
 identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
 export       the best head a quorum vouches for, written as safetensors plus its model config

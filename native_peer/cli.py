@@ -60,6 +60,7 @@ from protocol.messages import HeadDescriptor
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.signing import b64encode, use_verifier
 
+from .compile_cache import use_compile_cache
 from .control_cli import add_control_parser
 from .edge_client import EdgeClient, EdgeRequestError
 from .export import ExportError, best_head, write_checkpoint
@@ -388,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    use_compile_cache()  # programs compiled once per machine, not once per process and experiment
     use_verifier(NodeIdentity.verify)  # heads, leases and candidates verified at native speed, not pure Python's
     args.run(args)
 
