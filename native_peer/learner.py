@@ -150,10 +150,27 @@ class TrainEngine:
             return params, opt_state, losses.mean()
 
         self._epoch = epoch
+        self._warm = False
         self.evaluate = Evaluator(learner)
 
     def init_optimizer(self, params: PyTree) -> PyTree:
         return self.optimizer.init(params)
+
+    def warm(self, params: PyTree, batch_size: int, learning_rate: float) -> None:
+        """Compile the epoch for each of ``SCAN_LENGTHS`` on zero batches of ``batch_size`` examples as
+        shards store them (uint8 features and labels), from ``params`` and a fresh optimizer state at
+        ``learning_rate``; once per engine, and nothing of it is kept. A trainer calls it before it
+        holds a lease, so that its first window trains instead of compiling (the compiled programs
+        are what ``native_peer.compile_cache`` keeps across processes)."""
+        if self._warm:
+            return
+        model = self.learner.model
+        labels = tuple(model.input_shape) if model.objective == "next-token" else ()
+        state = at_learning_rate(self.init_optimizer(params), learning_rate)
+        for length in SCAN_LENGTHS:
+            xb = jnp.zeros((length, batch_size, *model.input_shape), jnp.uint8)
+            jax.block_until_ready(self._epoch(params, state, xb, jnp.zeros((length, batch_size, *labels), jnp.uint8)))
+        self._warm = True
 
     def train_epoch(
         self, params: PyTree, opt_state: PyTree, xb: np.ndarray, yb: np.ndarray

@@ -19,7 +19,7 @@ from datasets.layout import read_train_manifest
 from native_peer import Project, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.edge_client import EdgeRequestError
 from native_peer.identity import NodeIdentity
-from native_peer.learner import TrainEngine
+from native_peer.learner import SCAN_LENGTHS, TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
 from native_peer.shard_cache import ShardCache
@@ -124,6 +124,9 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
         assert set(report.head.merged) == {o.candidate_id for o in outcomes}
         heads.append(report.head)
     assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
+    for trainer in trainers:  # compiled before the first lease (TrainEngine.warm), and nothing since
+        engine = trainer._engines[BASELINE]
+        assert engine._warm and engine._epoch._cache_size() == len(SCAN_LENGTHS)
     # credit: tallied by the edge from the verdicts, each signed by the validator
     board = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit").json()
     assert {(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board} == {

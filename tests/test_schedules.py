@@ -6,16 +6,26 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from native_peer.learner import TrainEngine, adam, at_learning_rate, scan_lengths, spec_learner
+from native_peer.learner import (
+    SCAN_LENGTHS,
+    BatchLoader,
+    TrainEngine,
+    adam,
+    at_learning_rate,
+    scan_lengths,
+    spec_learner,
+)
 from native_peer.models import builtin_model
 from protocol.errors import InvalidMessage
 from protocol.manifests import ExperimentSpec
+from protocol.shards import PIXEL_SCALE, decode_shard_stored
 
 from .support import experiment_spec
 
@@ -75,3 +85,24 @@ def test_an_epoch_runs_in_three_compiled_lengths_and_trains_as_one_scan() -> Non
     whole, _, whole_loss = engine._epoch(params, engine.init_optimizer(params), xb, yb)
     assert all(np.array_equal(np.asarray(runs[k]), np.asarray(whole[k])) for k in runs)
     assert loss == pytest.approx(float(whole_loss), rel=1e-6)
+
+
+def test_a_warmed_engine_trains_a_leases_stored_examples_without_compiling_again(dataset_root: Path) -> None:
+    """A trainer warms its engine before it leases (``TrainEngine.warm``): its first window, on a real
+    shard's uint8 examples from a head's tensors at a later window's rate, then runs the programs compiled."""
+    spec = experiment_spec()
+    learner = spec_learner(builtin_model("mnist-mlp"))
+    engine = TrainEngine(learner, adam(spec), feature_scale=PIXEL_SCALE)
+    head = learner.to_tensors(learner.init(jax.random.PRNGKey(0)))  # a head's tensors, as a trainer gets them
+    engine.warm(learner.from_tensors(head), spec.batch_size, spec.learning_rate_at(0))
+    assert engine._epoch._cache_size() == len(SCAN_LENGTHS)
+    shards = [dataset_root / f"mnist/train/shards/train-0000{i}.safetensors" for i in range(3)]  # a 3-shard lease
+    x, y = (
+        np.concatenate(arrays)
+        for arrays in zip(*(decode_shard_stored(p.read_bytes())[:2] for p in shards), strict=True)
+    )
+    xb, yb = BatchLoader(spec.batch_size).batches(x, y, 7)
+    assert len(xb) % 8 and len(xb) > 32  # every scan length runs
+    params = learner.from_tensors(head)
+    engine.train_epoch(params, at_learning_rate(engine.init_optimizer(params), 3e-4), xb, yb)
+    assert engine._epoch._cache_size() == len(SCAN_LENGTHS)
