@@ -281,6 +281,7 @@ async def request_lease(
         proof.peer_id,
         proof.peer_kind,
         state.admission.principal(token),
+        address=client_address(request),
         after=None if after is None else HeadId(after),
         shards=shards,
         cache_bytes=cache_bytes,

@@ -9,7 +9,12 @@ it declared a shard cache that holds the whole split (``protocol.leases.keeps_ho
 gets ``shards_per_lease`` of them, or as many as it asks for up to the experiment's
 ``max_shards_per_lease`` and what the peers expected in the window leave (``protocol.lease_size``); a
 peer without accepted work (``server.credit.CreditBook``) gets none of the least kept for expected
-peers with some. A trainer that just
+peers with some. A lease that lapses undelivered costs priority for ``ARREARS_WINDOWS`` windows after
+its own (``Arrears``): its peer and its admission principal are served as a peer without a record is
+(and keep no least as expected peers), and a peer without a record asking from the address group it
+was leased from (``server.budget.address_group``) takes none of the least kept for any expected
+peer. Peers with a record of their own behind that address keep their place: honest peers share
+addresses (NAT) with whoever squats. A trainer that just
 published may ask for the next window's lease (``after`` the current head) before the next head
 exists, so it never waits for one; such a lease is granted on the current head for the next window number and belongs to that window
 once its head is promoted (``protocol.window.lease_window``). A window's shards are exclusive among
@@ -42,13 +47,28 @@ from protocol.lease_size import granted_shards
 from protocol.leases import Homes, assign_shards, home_seed, keeps_home
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
+from .budget import address_group
 from .errors import Conflict, Forbidden, Halted, NotFound
 from .intake import check_peer_rate
 from .state import EdgeState
 
-__all__ = ["HALTED_RETRY_S", "LeaseIssuer"]
+__all__ = ["ARREARS_WINDOWS", "HALTED_RETRY_S", "Arrears", "LeaseIssuer"]
 
 HALTED_RETRY_S = 2  # how soon a trainer refused for a paused experiment asks again: it resumes within a window
+ARREARS_WINDOWS = 8  # how long a lease that delivered nothing costs its holder its priority, in windows
+
+
+class Arrears:
+    """The holders of the leases that lapsed undelivered in the windows before ``window``
+    (``EdgeStore.lapsed_holders``): peers, principals and address groups."""
+
+    def __init__(self, holders: list[tuple[str, str | None, str]]) -> None:
+        self.peers = {peer for peer, _, _ in holders}
+        self.principals = {principal for _, principal, _ in holders if principal is not None}
+        self.addresses = {address for _, _, address in holders}
+
+    def owe(self, peer: str, principal: str | None = None) -> bool:
+        return peer in self.peers or principal in self.principals
 
 
 class LeaseIssuer:
@@ -78,6 +98,16 @@ class LeaseIssuer:
             homes = self._homes[experiment] = Homes.among(home_seed(experiment, dataset_id), peers, shard_ids)
         return homes
 
+    def _arrears(self, experiment: ExperimentKey) -> Arrears:
+        """Who owes for a lease that lapsed undelivered in the ``ARREARS_WINDOWS`` windows before the
+        last one closed (a lease of the window closed last may still deliver, one window late: record
+        0011)."""
+        head = self.state.store.current_head(experiment)
+        if head is None or head.window < 2:
+            return Arrears([])
+        last = head.window - 2
+        return Arrears(self.state.store.lapsed_holders(experiment, max(0, last - ARREARS_WINDOWS + 1), last))
+
     async def grant(
         self,
         experiment: ExperimentKey,
@@ -85,14 +115,16 @@ class LeaseIssuer:
         peer_kind: str,
         principal: str | None = None,
         *,
+        address: str = "",
         after: HeadId | None = None,
         shards: int | None = None,
         cache_bytes: int | None = None,
     ) -> LeaseGrant:
         """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
-        ``peer_id`` (its proof or its join): a trainer kind, a known experiment open to that kind
-        (``ExperimentSpec.refusal``: browser peers get no lease for a native-only one), the peer's rate
-        limit (``server.intake.check_peer_rate``), then ``issue``."""
+        ``peer_id`` (its proof or its join), asking from ``address`` (its client address): a trainer
+        kind, a known experiment open to that kind (``ExperimentSpec.refusal``: browser peers get no
+        lease for a native-only one), the peer's rate limit (``server.intake.check_peer_rate``), then
+        ``issue``."""
         if peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {peer_kind}")
         # before the rate limit: a made-up experiment, or one not for this kind, gets no budget of its own
@@ -107,7 +139,14 @@ class LeaseIssuer:
             )
         check_peer_rate(self.state, peer_id, experiment)
         return await self.issue(
-            experiment, peer_id, principal, peer_kind=peer_kind, after=after, shards=shards, cache_bytes=cache_bytes
+            experiment,
+            peer_id,
+            principal,
+            peer_kind=peer_kind,
+            address=address,
+            after=after,
+            shards=shards,
+            cache_bytes=cache_bytes,
         )
 
     async def issue(
@@ -117,6 +156,7 @@ class LeaseIssuer:
         principal: str | None = None,
         *,
         peer_kind: str | None = None,
+        address: str = "",
         after: HeadId | None = None,
         shards: int | None = None,
         cache_bytes: int | None = None,
@@ -127,17 +167,23 @@ class LeaseIssuer:
         for (``ExperimentSpec.lease_shards`` bounds it; fewer when fewer are free); a peer asking again
         in the same window gets its lease as granted. ``cache_bytes``: the bytes of shards the peer
         says it keeps (its home is ignored when they hold the whole split). ``peer_kind``: remember the peer as seen,
-        in the same write. The store's write runs in a worker thread: on a shared store it may wait for
+        in the same write. ``address``: the client address it asked from (its group is what a lapsed
+        lease costs). The store's write runs in a worker thread: on a shared store it may wait for
         other edges' writes, and the event loop must not wait with it."""
         spec = self.state.experiment(experiment)
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
         # caught up off the event loop (it reads the store); then only looked up in the store's thread below
         standings = await asyncio.to_thread(self.state.credit.standings, experiment)
+        arrears = await asyncio.to_thread(self._arrears, experiment)
+        group = address_group(address)
 
         def has_record(peer: PeerId) -> bool:
             standing = standings.get(peer)
-            return standing is not None and standing.recorded
+            return standing is not None and standing.recorded and not arrears.owe(peer)
+
+        asker_first = has_record(peer_id) and not arrears.owe(peer_id, principal)
+        asker_last = not asker_first and group in arrears.addresses  # after every expected peer
 
         def choose(head: HeadDescriptor | None, granted: list[Lease]) -> Lease:
             if head is None:
@@ -157,7 +203,7 @@ class LeaseIssuer:
                 len(manifest.shard_ids) - len(taken),
                 least=spec.shards_per_lease,
                 expected_peers=len(expected),
-                served_first=0 if has_record(peer_id) else sum(map(has_record, expected)),
+                served_first=0 if asker_first else len(expected) if asker_last else sum(map(has_record, expected)),
             )
             home: frozenset[ShardId] = frozenset()
             if keeps_home(cache_bytes, manifest.size_bytes):
@@ -184,7 +230,7 @@ class LeaseIssuer:
             ).signed(self.state.signer)
 
         seen = None if peer_kind is None else (peer_id, peer_kind)
-        lease, created = await asyncio.to_thread(self.state.store.grant_lease, experiment, now_ms, choose, seen)
+        lease, created = await asyncio.to_thread(self.state.store.grant_lease, experiment, now_ms, choose, seen, group)
         if created:
             self.state.metrics.leases.inc()
             self.state.hub.publish(experiment, "leases", lease.to_wire())

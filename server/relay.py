@@ -337,7 +337,7 @@ def _peer_handler(state: EdgeState, issuer: LeaseIssuer, connection: Connection,
                     orjson.dumps({"type": "candidate.ack", "candidate_id": candidate.candidate_id}).decode()
                 )
             else:
-                await _dispatch(state, issuer, connection, _decode(message))
+                await _dispatch(state, issuer, connection, address, _decode(message))
         except EdgeError as exc:
             connection.offer(_error(exc))
         except ProtocolError as exc:
@@ -368,7 +368,9 @@ def _error(exc: Exception) -> str:
     ).decode()
 
 
-async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connection, data: dict[str, Any]) -> None:
+async def _dispatch(
+    state: EdgeState, issuer: LeaseIssuer, connection: Connection, address: str, data: dict[str, Any]
+) -> None:
     kind = data.get("type")
     if kind == "ping":
         connection.offer('{"type":"pong"}')
@@ -395,6 +397,7 @@ async def _dispatch(state: EdgeState, issuer: LeaseIssuer, connection: Connectio
             PeerId(connection.peer_id),
             connection.kind,
             state.admission.principal(connection.token),
+            address=address,
             after=after,
             shards=shards,
             cache_bytes=cache_bytes,

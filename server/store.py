@@ -56,6 +56,10 @@ CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, peer_id TEXT NOT NULL, base_head TEXT NOT NULL,
     descriptor TEXT NOT NULL, expires_at_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS leases_by_window ON leases (experiment, base_head);
+CREATE TABLE IF NOT EXISTS lease_holders (
+    lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, "window" INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    principal TEXT, address TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS lease_holders_by_window ON lease_holders (experiment, "window");
 CREATE TABLE IF NOT EXISTS verdicts (
     experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, peer_id TEXT NOT NULL, accepted INTEGER NOT NULL,
     descriptor TEXT NOT NULL, examples INTEGER NOT NULL, PRIMARY KEY (experiment, candidate_id));
@@ -303,11 +307,13 @@ class EdgeStore:
         now_ms: int,
         choose: Callable[[HeadDescriptor | None, list[Lease]], Lease],
         seen: tuple[PeerId, str] | None = None,
+        address: str = "",
     ) -> tuple[Lease, bool]:
         """Lease in the current window of ``experiment`` or the one after it, atomically across every
         edge on this database: ``choose(current head, live leases granted on it or on its parent)``
         returns one of those leases (asking again) or a new one (or raises), and a new one is stored
-        before any other lease of the database is granted. Returns the lease and whether it is new.
+        before any other lease of the database is granted, with its holder (peer, principal and the
+        ``address`` group it asked from: ``lapsed_holders``). Returns the lease and whether it is new.
         ``seen``: the peer asking and its kind, remembered in the same transaction (``saw_peer``)."""
         with self._db.transaction() as run:
             if seen is not None:
@@ -338,7 +344,30 @@ class EdgeStore:
                 json.dumps(lease.to_wire()),
                 lease.expires_at_ms,
             )
+            run(
+                'INSERT INTO lease_holders (lease_id, experiment, "window", peer_id, principal, address)'
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                lease.lease_id,
+                lease.experiment,
+                lease.window,
+                lease.peer_id,
+                lease.principal,
+                address,
+            )
             return lease, True
+
+    def lapsed_holders(self, experiment: ExperimentKey, first: int, last: int) -> list[tuple[str, str | None, str]]:
+        """(peer id, principal, address group) of each lease of ``experiment``'s windows ``first`` to
+        ``last`` that delivered no candidate (leases granted before holders were recorded: none)."""
+        rows = self._db.query(
+            "SELECT peer_id, principal, address FROM lease_holders h"
+            ' WHERE h.experiment = ? AND h."window" BETWEEN ? AND ?'
+            " AND NOT EXISTS (SELECT 1 FROM candidates c WHERE c.lease_id = h.lease_id)",
+            experiment,
+            first,
+            last,
+        )
+        return [(str(r[0]), None if r[1] is None else str(r[1]), str(r[2])) for r in rows]
 
     def lease(self, lease_id: LeaseId) -> Lease | None:
         rows = self._db.query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)

@@ -82,9 +82,9 @@ def _certify(http: httpx.Client, parent: HeadDescriptor | None, merged: tuple[st
     return head
 
 
-def _upload(http: httpx.Client, trainer: PureSigner, seed: int, examples: int = 64) -> Candidate:
-    """A real candidate on a real lease of the current window."""
-    lease = grant_lease(http, trainer).lease
+def _upload(http: httpx.Client, trainer: PureSigner, seed: int, examples: int = 64, **headers: str) -> Candidate:
+    """A real candidate on a real lease of the current window (asked for with ``headers``)."""
+    lease = grant_lease(http, trainer, **headers).lease
     trained = init_params(SPEC, seed)
     zeros = {name: np.zeros_like(value) for name, value in trained.items()}
     artifact = encode_tensors(encode_update(SPEC, zeros, trained, "fp32", None)[0])
@@ -211,6 +211,63 @@ def test_peers_with_accepted_work_are_served_first_in_a_contended_window(edge: B
         granted = [len(grant_lease(http, peer).lease.shard_ids) for peer in (alice, bob)]
     assert squatted == total - 2 * least
     assert granted == [least, least]
+
+
+def test_a_lease_that_delivers_nothing_costs_its_holder_and_its_address_their_place(edge: BackgroundEdge) -> None:
+    """A lease that lapsed undelivered (``server.leasing.Arrears``): its peer, though it has accepted
+    work, is served as a newcomer (identities from a clean address take its least), and newcomers
+    from the address it was leased from are served after every expected peer, recorded or not."""
+    alice, bob, carol = (PureSigner(bytes([seed]) * 32) for seed in (0x52, 0x53, 0x54))
+    at = {signer: {"X-Forwarded-For": f"198.51.100.{i}"} for i, signer in enumerate((alice, bob, carol), 1)}
+    least = experiment_spec().shards_per_lease
+    with httpx.Client(base_url=edge.url) as http:
+        total = len(http.get("/v1/datasets/mnist/fetch-manifest.json").json()["shards"])
+
+        def squat(first_seed: int, address: str) -> int:
+            """Shards fresh identities from ``address`` take, asking until none is left for them."""
+            taken = 0
+            for seed in range(first_seed, first_seed + total):
+                response = http.post(
+                    f"{BASE}/leases",
+                    json=proof(PureSigner(bytes([seed]) * 32), "lease"),
+                    headers={"X-Forwarded-For": address},
+                )
+                if response.status_code == 409:
+                    return taken
+                assert response.status_code == 200, response.text
+                taken += len(response.json()["lease"]["shard_ids"])
+            raise AssertionError("more identities than shards were granted")
+
+        def lease(signer: PureSigner) -> httpx.Response:
+            return http.post(f"{BASE}/leases", json=proof(signer, "lease"), headers=at[signer])
+
+        head = _certify(http, None, (), 0)
+        merged = (_upload(http, alice, 1), _upload(http, bob, 2))
+        head = _certify(http, head, tuple(c.candidate_id for c in merged), 1)
+        for candidate in merged:
+            assert [_post(http, _verdict(v, candidate, head)).status_code for v in HONEST] == [202, 201]
+        assert lease(alice).status_code == 200  # window 1: alice's lease delivers nothing
+        head = _certify(http, head, (), 2)
+        for seed, signer in enumerate((alice, bob, carol), 3):  # window 2: all three deliver
+            _upload(http, signer, seed, **at[signer])
+        head = _certify(http, head, (), 3)
+        # window 3: window 1 is behind the window that may still deliver late; alice owes for it
+        squatted = squat(0x60, "203.0.113.7")
+        refused, granted = lease(alice), grant_lease(http, bob, **at[bob])
+        _upload(http, bob, 6, **at[bob])  # on that lease
+        head = _certify(http, head, (), 4)
+        for seed, signer in enumerate((bob, carol), 7):  # window 4: the expected peers of window 5
+            _upload(http, signer, seed, **at[signer])
+        head = _certify(http, head, (), 5)
+        from_alices = squat(0x90, "198.51.100.1")  # window 5: newcomers from where alice's lease came
+        clean = http.post(f"{BASE}/leases", json=proof(PureSigner(b"\xc0" * 32), "lease"),
+                          headers={"X-Forwarded-For": "203.0.113.9"})  # fmt: skip
+        bobs = grant_lease(http, bob, **at[bob])
+    assert squatted == total - least  # only bob's least kept: alice's went to the squatters
+    assert refused.status_code == 409 and len(granted.lease.shard_ids) == least
+    assert from_alices == total - 2 * least  # bob's and carol's least kept from them
+    assert clean.status_code == 200 and len(clean.json()["lease"]["shard_ids"]) == least  # carol's, not bob's
+    assert len(bobs.lease.shard_ids) == least
 
 
 def test_the_settling_rule_is_pure_and_credits_what_the_lease_covers(train_manifest: FetchManifest) -> None:
