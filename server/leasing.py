@@ -76,6 +76,7 @@ class LeaseIssuer:
         self.state = state
         self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
         self._homes: dict[ExperimentKey, Homes] = {}  # the latest homes per experiment
+        self._arrears_on: dict[ExperimentKey, tuple[HeadId, Arrears]] = {}  # read once per head
 
     def secret(self, lease_id: LeaseId) -> str:
         return hmac.new(self._secret_key, lease_id.encode(), hashlib.sha256).hexdigest()
@@ -105,8 +106,13 @@ class LeaseIssuer:
         head = self.state.store.current_head(experiment)
         if head is None or head.window < 2:
             return Arrears([])
+        cached = self._arrears_on.get(experiment)
+        if cached is not None and cached[0] == head.head_id:  # those windows are closed: read once a head
+            return cached[1]
         last = head.window - 2
-        return Arrears(self.state.store.lapsed_holders(experiment, max(0, last - ARREARS_WINDOWS + 1), last))
+        arrears = Arrears(self.state.store.lapsed_holders(experiment, max(0, last - ARREARS_WINDOWS + 1), last))
+        self._arrears_on[experiment] = (head.head_id, arrears)
+        return arrears
 
     async def grant(
         self,
