@@ -53,7 +53,8 @@ Retention: when a head is promoted, artifacts of candidates whose window is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -94,8 +95,20 @@ __all__ = [
     "accept_verdicts",
     "applied_order",
     "check_peer_rate",
+    "counting_rejections",
     "head_taken",
 ]
+
+
+@contextmanager
+def counting_rejections(state: EdgeState) -> Iterator[None]:
+    """An upload's intake: whatever it raises is counted as a refused upload, by error class
+    (``dtn_rejected_uploads_total``), and raised on."""
+    try:
+        yield
+    except Exception as exc:
+        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
+        raise
 
 
 def check_peer_rate(state: EdgeState, peer_id: str, experiment: ExperimentKey) -> None:
@@ -153,7 +166,7 @@ async def accept_candidate(
 ) -> tuple[Candidate, bool]:
     """Store a trainer's signed candidate, sent from client ``address`` with admission ``token`` (its
     role already checked by the caller); returns it and whether it was new."""
-    try:
+    with counting_rejections(state):
         descriptor, inline = _open(state, body)
         candidate = Candidate.from_wire(descriptor)
         _same_experiment(candidate.experiment, route)
@@ -177,9 +190,6 @@ async def accept_candidate(
         if delivered is None and used + len(artifact) > state.settings.window_quota_bytes:
             raise QuotaExceeded(f"this window's candidate storage is full ({used} bytes stored)")
         await _store_artifact(state, artifact, candidate.candidate_id, spec, spec.codec)
-    except Exception as exc:
-        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
-        raise
     created = state.store.add_candidate(candidate, len(artifact), state.clock.now_ms())
     if created:
         state.metrics.candidates.labels(via).inc()
@@ -201,7 +211,7 @@ async def accept_outer_state(state: EdgeState, body: bytes, *, route: Experiment
     """Store the outer optimizer state a validator's proposed head names (``protocol.outer``), before
     the head itself: the envelope of that signed head and the state artifact, exactly the model's
     float32 tensors under the id the head names."""
-    try:
+    with counting_rejections(state):
         head, inline = _proposed_head(state, body, route)
         spec = state.experiment(head.experiment)
         if head.outer_state is None:
@@ -212,9 +222,6 @@ async def accept_outer_state(state: EdgeState, body: bytes, *, route: Experiment
             artifact = await _artifact(state, inline, head.experiment, head.outer_state)
             _charge(state, head, head.outer_state, len(artifact))
             await _store_artifact(state, artifact, head.outer_state, spec)
-    except Exception as exc:
-        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
-        raise
     return head.outer_state
 
 
@@ -225,7 +232,7 @@ async def accept_head(
     certificate gathered so far) and whether it is canonical now (``NetworkManifest.quorum``
     validators vouch for it: with a quorum of 1, at once). The outer state it names must be stored
     first (``accept_outer_state``)."""
-    try:
+    with counting_rejections(state):
         head, inline = _proposed_head(state, body, route)
         spec = state.experiment(head.experiment)
         current = state.store.current_head(head.experiment)
@@ -239,9 +246,6 @@ async def accept_head(
             artifact = await _artifact(state, inline, head.experiment, head.head_id)
             _charge(state, head, head.head_id, len(artifact))
             await _store_artifact(state, artifact, head.head_id, spec)
-    except Exception as exc:
-        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
-        raise
     added = state.store.add_proposal(
         replace(head, certificate=()), state.clock.now_ms(), state.settings.validator_proposals_per_window
     )

@@ -18,6 +18,7 @@ from protocol.uploads import OFFSET_HEADER, parse_content_range
 from .deps import Experiment, State, body_doc, client_address, read_body
 from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unauthorized, documented
 from .experiment_routes import EXPERIMENT
+from .intake import counting_rejections
 from .responses import JSON
 
 router = APIRouter(prefix="/v1", tags=["experiments"])
@@ -43,7 +44,7 @@ async def put_chunk(key: Experiment, cid: ContentPath, state: State, request: Re
     over the limits, 507 past the staging budgets; when the last byte arrives, 422 if the artifact
     does not hash to ``cid`` (the stage is discarded). Publish it with an envelope without artifact
     bytes."""
-    try:
+    with counting_rejections(state):
         state.admission.check_header(request.headers.get("authorization"), "candidate")
         content = ContentId(cid)
         limit = state.artifact_limit(key)
@@ -55,9 +56,6 @@ async def put_chunk(key: Experiment, cid: ContentPath, state: State, request: Re
         if len(chunk) != end - start:
             raise InvalidMessage(f"Content-Range names {end - start} bytes, the body has {len(chunk)}")
         offset = await state.uploads.append(key, content, start, chunk)
-    except Exception as exc:
-        state.metrics.rejected_uploads.labels(type(exc).__name__).inc()
-        raise
     return _offset(offset, total, state.settings.upload_chunk_bytes)
 
 
