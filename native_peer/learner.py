@@ -150,7 +150,7 @@ class TrainEngine:
             return params, opt_state, losses.mean()
 
         self._epoch = epoch
-        self._warm = False
+        self.warmed = False  # whether ``warm`` ran
         self.evaluate = Evaluator(learner)
 
     def init_optimizer(self, params: PyTree) -> PyTree:
@@ -162,7 +162,7 @@ class TrainEngine:
         ``learning_rate``; once per engine, and nothing of it is kept. A trainer calls it before it
         holds a lease, so that its first window trains instead of compiling (the compiled programs
         are what ``native_peer.compile_cache`` keeps across processes)."""
-        if self._warm:
+        if self.warmed:
             return
         model = self.learner.model
         labels = tuple(model.input_shape) if model.objective == "next-token" else ()
@@ -170,7 +170,7 @@ class TrainEngine:
         for length in SCAN_LENGTHS:
             xb = jnp.zeros((length, batch_size, *model.input_shape), jnp.uint8)
             jax.block_until_ready(self._epoch(params, state, xb, jnp.zeros((length, batch_size, *labels), jnp.uint8)))
-        self._warm = True
+        self.warmed = True
 
     def train_epoch(
         self, params: PyTree, opt_state: PyTree, xb: np.ndarray, yb: np.ndarray

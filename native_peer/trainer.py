@@ -499,11 +499,10 @@ class Trainer:
         started = time.perf_counter()
         followed = self._head_to_train(experiment, wait_s, refresh)
         head = followed.head
-        self._engine(experiment).warm(  # compiled before a lease is held, not while the window waits on it
-            self.project.learner.from_tensors(followed.tensors),
-            experiment.spec.batch_size,
-            experiment.spec.learning_rate_at(head.window),
-        )
+        engine = self._engine(experiment)
+        if not engine.warmed:  # compiled before a lease is held, not while the window waits on it
+            params = self.project.learner.from_tensors(followed.tensors)
+            engine.warm(params, experiment.spec.batch_size, experiment.spec.learning_rate_at(head.window))
         carried = self._carry.pop(experiment.key, None)
         ahead = self._next_lease(carried) if carried is not None else None
         if carried is not None and carried.published is not None and carried.published not in head.merged:
@@ -524,7 +523,6 @@ class Trainer:
         )
         if ahead is None:
             x, y = ShardCache.assemble(pending)
-        engine = self._engine(experiment)
         loader = self._loader(experiment)
         train_started = time.perf_counter()
         steps, loss = 0, done.loss

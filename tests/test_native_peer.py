@@ -126,7 +126,7 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
     assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
     for trainer in trainers:  # compiled before the first lease (TrainEngine.warm), and nothing since
         engine = trainer._engines[BASELINE]
-        assert engine._warm and engine._epoch._cache_size() == len(SCAN_LENGTHS)
+        assert engine.warmed and engine._epoch._cache_size() == len(SCAN_LENGTHS)
     # credit: tallied by the edge from the verdicts, each signed by the validator
     board = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/credit").json()
     assert {(s["peer_id"], s["accepted"], s["rejected"], s["examples"]) for s in board} == {
