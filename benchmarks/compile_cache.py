@@ -44,6 +44,7 @@ def peer() -> None:
     from native_peer.models import builtin_model
     from protocol.ids import DatasetId, ExperimentKey
     from protocol.manifests import ExperimentSpec
+    from protocol.shards import PIXEL_SCALE
 
     events: list[str] = []
     jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
@@ -56,7 +57,7 @@ def peer() -> None:
             ExperimentKey.parse("bench/mnist/rev-1"), DatasetId("mnist"), builtin_model("mnist-mlp"), lr, BATCH, 1, 4
         )
         learner = spec_learner(spec.model)
-        engine = TrainEngine(learner, learner.make_optimizer(spec), feature_scale=1 / 255)
+        engine = TrainEngine(learner, learner.make_optimizer(spec), feature_scale=PIXEL_SCALE)
         params = learner.init(jax.random.PRNGKey(0))
         state = engine.init_optimizer(params)
         events.clear()

@@ -5,12 +5,11 @@ scan length (``native_peer.learner.SCAN_LENGTHS``) and its evaluation. Two exper
 and optimizer compile to the same programs (the learning rate lives in the optimizer's state), and a
 restarted peer compiles what it compiled before. With the cache on, JAX keeps each compiled program
 in a folder, keyed by the program, its options and the platform, and a process that needs it again
-loads it instead of compiling. Measured for the MNIST MLP's epoch on this machine: 2.2 s to compile,
-0.3 s for a second experiment in the same process, 0.5 s in a new process (``docs/native-peers.md``).
+loads it instead of compiling (what that saves: ``python -m benchmarks.compile_cache``).
 
 The folder holds only what this machine's own processes compiled; nothing in it comes from the
-network. Reads and writes take a file lock (``filelock``), so peers starting together never read a half-written
-entry, and the least recently used entries go past ``MAX_BYTES``.
+network. Reads and writes take a file lock (``filelock``), so peers starting together never read a
+half-written entry, and the least recently used entries go past ``MAX_BYTES``.
 """
 
 from __future__ import annotations

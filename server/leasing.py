@@ -59,8 +59,8 @@ ARREARS_WINDOWS = 8  # how long a lease that delivered nothing costs its holder 
 
 
 class Arrears:
-    """The holders of the leases that lapsed undelivered in the windows before ``window``
-    (``EdgeStore.lapsed_holders``): peers, principals and address groups."""
+    """The holders of an experiment's leases that lapsed undelivered in the windows ``LeaseIssuer``
+    reads them for (``EdgeStore.lapsed_holders``): peers, principals and address groups."""
 
     def __init__(self, holders: list[tuple[str, str | None, str]]) -> None:
         self.peers = {peer for peer, _, _ in holders}
