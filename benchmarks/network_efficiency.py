@@ -163,7 +163,8 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             while time.monotonic() - started < max_s:
                 fleet.check_alive()
                 heads = edge.heads(BENCH_EXPERIMENT)
-                accuracy = heads[-1].metrics["test_accuracy"] if heads else 0.0
+                tests = edge.evaluated(BENCH_EXPERIMENT, local.network.validator_key_set)
+                accuracy = max((m["test_accuracy"] for m in tests.values()), default=0.0)
                 print(f"\r  {config.name}: {len(heads)} heads, test acc {accuracy:.4f}, "
                       f"{time.monotonic() - started:.0f} s ", end="", flush=True)  # fmt: skip
                 if accuracy >= target:
@@ -171,13 +172,15 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
                 time.sleep(1.0)
             print()
             fleet.stop_all(keep=("edge",))
+            tests = edge.evaluated(BENCH_EXPERIMENT, local.network.validator_key_set)
             candidates = edge.candidates(BENCH_EXPERIMENT)
             verdicts = edge.verdicts(BENCH_EXPERIMENT)
             spec = local.network.experiments[0]
             per_anchor = validator_examples(spec, edge.fetch_manifest(spec.dataset_id))
     finally:
         edge.close()
-    reached = next((h for h in heads if h.metrics["test_accuracy"] >= target), None)
+    accuracies = {h.head_id: tests[h.head_id]["test_accuracy"] for h in heads if h.head_id in tests}
+    reached = next((h for h in heads if accuracies.get(h.head_id, 0.0) >= target), None)
     outcomes = [StorageConfig(root / name).outcomes() for name in names]
     sizes = [o["candidate_bytes"] for records in outcomes for o in records]
     until = reached or (heads[-1] if heads else None)
@@ -191,7 +194,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "config": config.name,
         "reached": reached is not None,
         "target_window": reached.window if reached else None,
-        "best_test_accuracy": max((h.metrics["test_accuracy"] for h in heads), default=0.0),
+        "best_test_accuracy": max(accuracies.values(), default=0.0),
         "samples": max(trained, samples_until(candidates, heads, window, BATCH))
         + validator_samples(heads, window, per_anchor, spec.anchor_every),
         "validator_samples": validator_samples(heads, window, per_anchor, spec.anchor_every),

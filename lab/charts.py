@@ -32,7 +32,7 @@ def accuracy_svg(lineage: dict[str, list[dict[str, Any]]], target: float, width:
     )
     for i, (key, heads) in enumerate(sorted(lineage.items())):
         colour = _COLOURS[i % len(_COLOURS)]
-        points = " ".join(f"{x(h['window']):.1f},{y(h.get('test_accuracy', 0.0)):.1f}" for h in heads)
+        points = " ".join(f"{x(h['window']):.1f},{y(h['test_accuracy']):.1f}" for h in heads if "test_accuracy" in h)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
         parts.append(f'<text x="{left + 10}" y="{top + 16 + 16 * i}" fill="{colour}">{escape(key)}</text>')
     parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">window (head)</text>')

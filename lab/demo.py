@@ -27,7 +27,7 @@ from protocol.hashing import content_id
 from protocol.ids import ExperimentKey
 from protocol.judging import validator_examples
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import Candidate, HeadDescriptor
+from protocol.messages import Candidate, HeadDescriptor, evaluated_metrics
 from tools.networks import BASELINE, LOW_LR
 
 from .charts import accuracy_svg
@@ -200,9 +200,9 @@ def _supervise(
         while time.monotonic() < deadline:
             fleet.check_alive()
             snapshot = edge.portal_snapshot()
-            heads = {e["key"]: e["head"] for e in snapshot["experiments"]}
-            baseline = heads.get(BASELINE) or {"window": 0, "metrics": {}}
-            window = baseline["window"]
+            experiments = {e["key"]: e for e in snapshot["experiments"]}
+            baseline = experiments.get(BASELINE, {"head": None, "lineage": []})
+            window = baseline["head"]["window"] if baseline["head"] else 0
             if not restart and len(StorageConfig(out / "trainer-2").outcomes()) >= RESTART_AFTER_WINDOWS:
                 fleet.stop("trainer-2")
                 before = StorageConfig(out / "trainer-2").outcomes()
@@ -217,7 +217,7 @@ def _supervise(
                 late_started = True
             _print_status(started, snapshot)
             done = (
-                baseline["metrics"].get("test_accuracy", 0.0) >= target_accuracy
+                any(h["metrics"].get("test_accuracy", 0.0) >= target_accuracy for h in baseline["lineage"])
                 and late_started
                 and restart
                 and len(StorageConfig(out / "late-joiner").outcomes()) >= 2
@@ -251,8 +251,12 @@ def show_progress(line: str) -> None:
 def _print_status(started: float, snapshot: dict[str, Any]) -> None:
     parts = [f"{time.monotonic() - started:6.0f}s"]
     for experiment in snapshot["experiments"]:
-        head = experiment["head"] or {"window": "-", "metrics": {}}
-        accuracy = head["metrics"].get("test_accuracy")
+        head = experiment["head"] or {"window": "-"}
+        # the newest head measured on the test split so far (a head's evaluation follows it)
+        accuracy = next(
+            (h["metrics"]["test_accuracy"] for h in reversed(experiment["lineage"]) if "test_accuracy" in h["metrics"]),
+            None,
+        )
         name = experiment["key"].split("/")[1]
         parts.append(f"{name}: window {head['window']} test acc {accuracy if accuracy is None else f'{accuracy:.4f}'}")
         parts.append(f"({experiment['verdicts']['accepted']} ok/{experiment['verdicts']['rejected']} rej)")
@@ -277,6 +281,7 @@ def _summarize(
     distinct_ok = True
     for spec in network.experiments:
         heads = descriptors[spec.key] = edge.heads(spec.key)
+        tests = evaluated_metrics(edge.evaluations(spec.key), validators)  # each head's test-split metrics
         previous = None
         for head in heads:
             head.verify_trusted(validators, network.quorum)
@@ -295,12 +300,16 @@ def _summarize(
                 "merged": len(h.merged),
                 "created_at_ms": h.created_at_ms,
                 **h.metrics,
+                **tests.get(h.head_id, {}),
             }
             for h in heads
         ]
-    final = {key: heads[-1] for key, heads in lineage.items() if heads}
+    # the newest head measured on the test split (the newest head's evaluation may not have come yet)
+    final = {
+        key: measured[-1] for key, heads in lineage.items() if (measured := [h for h in heads if "test_accuracy" in h])
+    }
     # the head that reached the target is the one judged, not whichever head came after it
-    reached = next((h for h in lineage[BASELINE] if h["test_accuracy"] >= target_accuracy), None)
+    reached = next((h for h in lineage[BASELINE] if h.get("test_accuracy", 0.0) >= target_accuracy), None)
     verdicts = {spec.key: edge.verdicts(spec.key) for spec in network.experiments}
     candidates = {spec.key: edge.candidates(spec.key) for spec in network.experiments}
     # every candidate decided, with a reason that matches the decision (``Verdict`` refuses

@@ -127,11 +127,15 @@ def _supervise(
     try:
         while time.monotonic() < started + max_minutes * 60:
             fleet.check_alive()
-            heads = {e["key"]: e["head"] or {"window": 0, "metrics": {}} for e in edge.portal_snapshot()["experiments"]}
+            snapshot = {e["key"]: e for e in edge.portal_snapshot()["experiments"]}
+            heads = {key: e["head"] or {"window": 0, "metrics": {}} for key, e in snapshot.items()}
             line = [f"{time.monotonic() - started:6.0f}s"]
+            # the best test accuracy of the heads measured so far (a head's evaluation follows it)
+            cnn_accuracy = max(
+                (h["metrics"].get("test_accuracy", 0.0) for h in snapshot.get(CNN, {}).get("lineage", [])), default=0.0
+            )
             if CNN in keys:
-                cnn = heads[CNN]
-                line.append(f"cnn: window {cnn['window']} test acc {cnn['metrics'].get('test_accuracy', 0):.4f}")
+                line.append(f"cnn: window {heads[CNN]['window']} test acc {cnn_accuracy:.4f}")
             if LM in keys:
                 lm = heads[LM]
                 bits = lm["metrics"].get("val_bits_per_char", float("nan"))
@@ -141,7 +145,7 @@ def _supervise(
             if (
                 not keep_going
                 and CNN in keys
-                and heads[CNN]["metrics"].get("test_accuracy", 0) >= target_accuracy
+                and cnn_accuracy >= target_accuracy
                 and (LM not in keys or heads[LM]["window"] >= heads[CNN]["window"])
                 and browsers_in
             ):
@@ -160,13 +164,17 @@ def _summarize(edge: EdgeClient, out: Path, wall_s: float, target: float, browse
     lineage: dict[str, list[dict[str, Any]]] = {}
     for spec in network.experiments:
         heads = edge.heads(spec.key)
-        lineage[str(spec.key)] = [{"window": h.window, **h.metrics} for h in heads]
+        tests = edge.evaluated(spec.key, network.validator_key_set)
+        lineage[str(spec.key)] = [{"window": h.window, **h.metrics, **tests.get(h.head_id, {})} for h in heads]
         verdicts = edge.verdicts(spec.key)
         experiments[str(spec.key)] = {
             "model": spec.model.name,
             "params": spec.model.num_params,
             "windows": heads[-1].window,
-            "final": heads[-1].metrics,
+            # the newest head measured on the test split (the newest head's evaluation may not have come yet)
+            "final": next(
+                (h for h in reversed(lineage[str(spec.key)]) if "test_loss" in h), lineage[str(spec.key)][-1]
+            ),
             "accepted": sum(v.accepted for v in verdicts),
             "rejected": sum(not v.accepted for v in verdicts),
             "rejected_by_reason": dict(Counter(str(v.reason) for v in verdicts if not v.accepted).most_common()),
@@ -218,7 +226,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     for key, e in summary["experiments"].items():
         m = e["final"]
         final = (
-            f"test accuracy {m['test_accuracy']:.4f}"
+            f"test accuracy {m.get('test_accuracy', float('nan')):.4f}"
             if "val_bits_per_char" not in m
             else f"val {m['val_bits_per_char']:.3f} / test {m.get('test_bits_per_char', float('nan')):.3f} bits per char"
         )

@@ -36,17 +36,20 @@ from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
 from protocol.messages import (
+    EVALUATION_PAGE,
     LEASE_SECRET_HEADER,
     NEXT_SINCE_HEADER,
     READ_PROOF_HEADER,
     VERDICT_BATCH,
     Attestation,
     Candidate,
+    Evaluation,
     HeadDescriptor,
     Lease,
     LeaseGrant,
     PeerProof,
     Verdict,
+    evaluated_metrics,
 )
 from protocol.network_pins import NetworkSignature, served_by
 from protocol.run_control import MAX_ORDERS, SignedRunControl
@@ -260,6 +263,32 @@ class EdgeClient:
     def heads(self, key: ExperimentKey) -> list[HeadDescriptor]:
         return [HeadDescriptor.from_wire(h) for h in self._request("GET", f"{self._experiment_path(key)}/heads").json()]
 
+    def evaluations(self, key: ExperimentKey) -> list[Evaluation]:
+        """Every evaluation the edge holds of ``key``'s heads, by window (unchecked: read them through
+        ``protocol.messages.evaluated_metrics``)."""
+        found: list[Evaluation] = []
+        since = 0
+        while True:
+            params = {"since_window": since, "limit": EVALUATION_PAGE}
+            page = [
+                Evaluation.from_wire(e)
+                for e in self._request("GET", f"{self._experiment_path(key)}/evaluations", params=params).json()
+            ]
+            if len(page) < EVALUATION_PAGE:
+                return found + page
+            last = page[-1].window
+            if page[0].window == last:  # one window fills a page: take it, read on after it
+                found += page
+                since = last + 1
+            else:  # the page may end inside its last window: read that window again
+                found += [e for e in page if e.window < last]
+                since = last
+
+    def evaluated(self, key: ExperimentKey, validator_keys: frozenset[bytes]) -> dict[HeadId, dict[str, float]]:
+        """Each of ``key``'s heads' evaluated metrics (``test_accuracy`` ...) that validators in
+        ``validator_keys`` signed (``protocol.messages.evaluated_metrics``); a head not measured yet has none."""
+        return evaluated_metrics(self.evaluations(key), validator_keys)
+
     def run_orders(self, key: ExperimentKey) -> list[SignedRunControl]:
         """The run-control orders the edge applied to ``key``, in sequence, as it serves them
         (unchecked: ``RunState.of`` checks each)."""
@@ -470,6 +499,9 @@ class EdgeClient:
     def publish_attestation(self, attestation: Attestation) -> None:
         path = f"{self._experiment_path(attestation.experiment)}/attestations"
         self._request("POST", path, json=attestation.to_wire())
+
+    def publish_evaluation(self, evaluation: Evaluation) -> None:
+        self._request("POST", f"{self._experiment_path(evaluation.experiment)}/evaluations", json=evaluation.to_wire())
 
     def publish_verdict(self, verdict: Verdict) -> None:
         self._request("POST", f"{self._experiment_path(verdict.experiment)}/verdicts", json=verdict.to_wire())

@@ -119,7 +119,7 @@ from protocol.judging import (
     staleness,
 )
 from protocol.manifests import ExperimentSpec, NetworkManifest
-from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, Evaluation, HeadDescriptor, Lease, Verdict
 from protocol.network_pins import NetworkSignature
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
@@ -382,6 +382,10 @@ class Validator:
         self._followed: dict[str, tuple[int, dict[str, Candidate]]] = {}
         self._journals: dict[str, LineageJournal] = {}  # experiment -> the canonical lineage held here
         self._failovers = 0  # the edge client's moves to another edge, as last followed (``_edge_head``)
+        # experiment -> the window of its last head queued for its test-split evaluation (``evaluate``), and
+        # the heads queued: those this validator proposed that became canonical, not yet measured
+        self._evaluated: dict[str, int] = {}
+        self._to_evaluate: dict[str, list[HeadDescriptor]] = {}
 
     @property
     def trust(self) -> TrustBook:
@@ -424,7 +428,8 @@ class Validator:
     ) -> tuple[HeadDescriptor, bytes]:
         """The signed head for ``params``; ``validation`` is their already measured validation result,
         ``outer_state`` the id of the outer optimizer's state after it (stored by the caller),
-        ``update_norm`` the lineage's step size after it (``WindowDecision.update_norm``)."""
+        ``update_norm`` the lineage's step size after it (``WindowDecision.update_norm``). It holds only
+        what decides the lineage: its test-split metrics follow once it is published (``evaluate``)."""
         window = 0 if parent is None else parent.window + 1
         artifact = encode_tensors(
             self.learner(spec).to_tensors(params),
@@ -439,9 +444,7 @@ class Validator:
             merged=tuple(sorted(merged)),  # type: ignore[arg-type]
             validator_key=self.identity.public_key,
             created_at_ms=self.clock.now_ms(),
-            metrics=_named("val", validation)
-            | _named("test", self._evaluate(spec, params, "test"))
-            | ({} if update_norm is None else {"update_norm": update_norm}),
+            metrics=_named("val", validation) | ({} if update_norm is None else {"update_norm": update_norm}),
             outer_state=outer_state,
         ).signed(self.identity)
         return head, artifact
@@ -807,20 +810,50 @@ class Validator:
         at = self._anchor_head(spec, head)
         self._anchor(spec).prepare(at.head_id, lambda: self._head_params(at), spec.learning_rate_at(at.window))
 
+    def evaluate(self, spec: ExperimentSpec) -> list[Evaluation]:
+        """Measure on the test split each head of ``spec`` this validator proposed that became canonical
+        since the last call, and publish what it measured (``protocol.messages.Evaluation``): work that
+        decides nothing, so it follows the head's publication instead of delaying it. Returns the
+        evaluations published; one the edge refuses (its head not in the edge's lineage) is dropped."""
+        published, pending = [], self._to_evaluate.get(spec.key, [])
+        while pending:  # each head leaves the queue once the edge answered (an unavailable edge: next round)
+            head = pending[0]
+            params = self.learner(spec).from_tensors(self._head_params(head))
+            evaluation = Evaluation.of(
+                head, "test", self._evaluate(spec, params, "test"), self.identity, self.clock.now_ms()
+            )
+            try:
+                self.edge.publish_evaluation(evaluation)
+            except EdgeRequestError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                log.warning("evaluation of head %s not taken: %s", head.head_id[:19], exc)
+                pending.pop(0)
+                continue
+            pending.pop(0)
+            published.append(evaluation)
+            log.info(
+                "%s: head %s of window %d: test acc %.4f",
+                spec.key,
+                head.head_id[:19],
+                head.window,
+                evaluation.metrics.get("test_accuracy", float("nan")),
+            )
+        return published
+
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
         promoted, artifact, decision = self._judge(spec, head, window)
         write_atomic(self.storage.head_path(promoted.head_id), artifact)
         verdicts = self._verdicts(window, decision, promoted)
         self._decide_on(spec, promoted, [c.candidate_id for c in window], decision.trust, verdicts)
         log.info(
-            "%s: window %d closed, %d/%d accepted, head %s val acc %.4f test acc %.4f",
+            "%s: window %d closed, %d/%d accepted, head %s val acc %.4f",
             spec.key,
             promoted.window,
             len(decision.accepted),
             len(window),
             promoted.head_id[:19],
             promoted.metrics["val_accuracy"],
-            promoted.metrics["test_accuracy"],
         )
         return WindowReport(spec.key, head.window, promoted, tuple(verdicts))
 
@@ -901,6 +934,11 @@ class Validator:
         """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are
         published, its trust book kept, its candidates' downloaded artifacts deleted: a decided
         candidate is never judged again); decisions about windows now closed are dropped."""
+        if current.validator_key == self.identity.public_key and current.window > self._evaluated.get(
+            current.experiment, -1
+        ):  # canonical now: its test-split evaluation follows (``evaluate``)
+            self._evaluated[current.experiment] = current.window
+            self._to_evaluate.setdefault(current.experiment, []).append(current)
         rollback = self.state.rollbacks.get(current.experiment)
         if rollback is not None and rollback[0] != current.head_id:  # its window is closed
             del self.state.rollbacks[current.experiment]
@@ -1161,8 +1199,10 @@ class Validator:
                 since = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
                 for spec in specs:
                     self.poll(spec)
-                for spec in specs:
+                for spec in specs:  # after every head is published: what only its own window needs,
                     self.warm(spec)
+                for spec in specs:  # then what decides nothing
+                    self.evaluate(spec)
                 backoff.reset()
             except (httpx.TransportError, EdgeRequestError) as exc:
                 delay_s = backoff.next_delay_s()

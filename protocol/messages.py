@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -29,6 +29,8 @@ from .reasons import Reason
 from .signing import Signer, b64decode, b64encode, canonical_json, peer_id_from_public_key, require_signature
 
 __all__ = [
+    "EVALUATION_PAGE",
+    "EVALUATION_SPLITS",
     "LEASE_SECRET_HEADER",
     "MAX_WINDOW_CANDIDATES",
     "NEXT_SINCE_HEADER",
@@ -38,16 +40,21 @@ __all__ = [
     "VERDICT_BATCH",
     "Attestation",
     "Candidate",
+    "Evaluation",
     "HeadDescriptor",
     "Lease",
     "LeaseGrant",
     "PeerProof",
     "Verdict",
+    "evaluated_metrics",
+    "merged_evaluations",
 ]
 
 LEASE_SECRET_HEADER = "dtn-lease-secret"
 READ_PROOF_HEADER = "dtn-read-proof"  # a PeerProof(purpose="read", nonce=<request path>#<fresh>), base64url JSON
 READ_NONCE_MIN_CHARS = 16  # the fresh part of a read proof's nonce (PeerProof.for_read makes 16)
+EVALUATION_PAGE = 1000  # evaluations one listing answers at most
+EVALUATION_SPLITS = ("test",)  # what validators measure heads on apart from the heads themselves
 NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from
 VERDICT_BATCH = 1024  # the most verdicts one request publishes
 MAX_WINDOW_CANDIDATES = 4096  # the most candidates a head merges and an attestation lists as considered
@@ -499,6 +506,99 @@ class Verdict(_Signed):
             metrics=_metrics(d),
             signature=_signature(d),
         )
+
+
+@dataclass(frozen=True)
+class Evaluation(_Signed):
+    """A validator's measurement of a published head on one of its own splits (``"test"``): what the
+    head scores on data that decides nothing, signed apart from the head so the head is published
+    before it is measured there. Anyone can check it against the network's validator keys; readers
+    take the first evaluation a listed validator signed for a head (``evaluated_metrics``)."""
+
+    DOMAIN: ClassVar[bytes] = b"dtn/evaluation/v1\n"
+
+    experiment: ExperimentKey
+    head_id: HeadId
+    window: int
+    split: str
+    metrics: dict[str, float]
+    validator_key: bytes
+    created_at_ms: int
+    signature: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.split not in EVALUATION_SPLITS:
+            raise InvalidMessage(f"an evaluation of split {self.split!r}; splits evaluated: {EVALUATION_SPLITS}")
+
+    @classmethod
+    def of(
+        cls, head: HeadDescriptor, split: str, metrics: Mapping[str, float], signer: Signer, created_at_ms: int
+    ) -> Evaluation:
+        """The signed evaluation of ``head`` on ``split``, its metrics named ``<split>_<metric>``."""
+        return cls(
+            experiment=head.experiment,
+            head_id=head.head_id,
+            window=head.window,
+            split=split,
+            metrics={f"{split}_{name}": float(value) for name, value in metrics.items()},
+            validator_key=signer.public_key,
+            created_at_ms=created_at_ms,
+        ).signed(signer)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "head_id": self.head_id,
+            "window": self.window,
+            "split": self.split,
+            "metrics": self.metrics,
+            "validator_key": b64encode(self.validator_key),
+            "created_at_ms": self.created_at_ms,
+        }
+
+    @classmethod
+    def from_wire(cls, value: object) -> Evaluation:
+        d = read_object(value, "evaluation")
+        return cls(
+            experiment=ExperimentKey.parse(d.get("experiment")),
+            head_id=HeadId(d.get("head_id")),
+            window=read_int(d, "window"),
+            split=read_str(d, "split", max_len=16),
+            metrics=_metrics(d),
+            validator_key=_key(d, "validator_key"),
+            created_at_ms=read_int(d, "created_at_ms"),
+            signature=_signature(d),
+        )
+
+
+def merged_evaluations(evaluations: Iterable[Evaluation]) -> dict[HeadId, dict[str, float]]:
+    """Each head's evaluated metrics from ``evaluations`` already checked (the edge checks each as it
+    takes it): the first evaluation per head and split counts."""
+    metrics: dict[HeadId, dict[str, float]] = {}
+    seen: set[tuple[str, str]] = set()
+    for evaluation in evaluations:
+        if (evaluation.head_id, evaluation.split) not in seen:
+            seen.add((evaluation.head_id, evaluation.split))
+            metrics.setdefault(evaluation.head_id, {}).update(evaluation.metrics)
+    return metrics
+
+
+def evaluated_metrics(
+    evaluations: Iterable[Evaluation], validator_keys: frozenset[bytes] | set[bytes]
+) -> dict[HeadId, dict[str, float]]:
+    """``merged_evaluations`` of those ``evaluations`` a validator in ``validator_keys`` signed: what a
+    reader of an edge's evaluations keeps (one by anyone else, or whose signature fails, is left out)."""
+
+    def signed(evaluation: Evaluation) -> bool:
+        if evaluation.validator_key not in validator_keys:
+            return False
+        try:
+            evaluation.verify(evaluation.validator_key)
+        except SignatureError:
+            return False
+        return True
+
+    return merged_evaluations(e for e in evaluations if signed(e))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.leases import MAX_CACHE_BYTES
-from protocol.messages import NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
+from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
 
 from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
@@ -26,6 +26,7 @@ from .errors import Conflict, Forbidden, NotFound, QuotaExceeded, RateLimited, U
 from .intake import (
     accept_attestation,
     accept_candidate,
+    accept_evaluation,
     accept_head,
     accept_outer_state,
     accept_verdict,
@@ -43,6 +44,7 @@ ENVELOPE = (
     "then the safetensors artifact it names by content id"
 )
 _READ = documented(InvalidMessage, NotFound)
+MAX_EVALUATION_BYTES = 16 << 10
 _GUARDED_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden)
 _PROVEN_READ = documented(InvalidMessage, NotFound, Unauthorized, Forbidden, RateLimited)  # read proofs: replay.Once
 _UPLOAD = (InvalidMessage, CodecError, IntegrityError, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound)
@@ -184,6 +186,36 @@ async def publish_attestation(key: Experiment, state: State, request: Request) -
     state.admission.check_header(request.headers.get("authorization"), "head")
     head, canonical = accept_attestation(state, await read_json(request, 1 << 20), route=key)
     return JSON(head.to_wire(), status_code=201 if canonical else 202)
+
+
+@router.post(
+    f"{EXPERIMENT}/evaluations",
+    status_code=201,
+    responses=documented(InvalidMessage, SignatureError, TooLarge, Unauthorized, Forbidden, NotFound),
+    openapi_extra=body_doc("application/json", "an Evaluation of a head, signed by a validator of the network"),
+)
+async def publish_evaluation(key: Experiment, state: State, request: Request) -> JSON:
+    """Add a validator's evaluation of a head of the lineage (its test-split metrics, measured after
+    the head was published): 201 when new, 200 when that validator's evaluation of the head and split
+    was there already (the first copy stays); 404 for a head not in the lineage."""
+    state.admission.check_header(request.headers.get("authorization"), "head")
+    evaluation, created = accept_evaluation(state, await read_json(request, MAX_EVALUATION_BYTES), route=key)
+    return JSON(evaluation.to_wire(), status_code=201 if created else 200)
+
+
+@router.get(f"{EXPERIMENT}/evaluations", responses=_READ)
+async def list_evaluations(
+    key: Experiment,
+    state: State,
+    since_window: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=EVALUATION_PAGE)] = EVALUATION_PAGE,
+) -> JSON:
+    """Validators' evaluations of the experiment's heads of window ``since_window`` or later, by window,
+    ``limit`` at most (``EVALUATION_PAGE``): continue from the last one's window to read on (a page
+    may repeat the window it ends in). Each is signed: check it against the network's validator keys
+    (``protocol.messages.evaluated_metrics``)."""
+    state.experiment(key)
+    return JSON([e.to_wire() for e in state.store.evaluations(key, since_window, limit)])
 
 
 @router.get(f"{EXPERIMENT}/proposals", responses=_READ)

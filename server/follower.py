@@ -14,6 +14,9 @@ change mirrors, for every experiment of this edge's network:
 - the verdicts that count upstream, each taken through this edge's own verdict intake
   (``server.intake.accept_verdicts``: a validator's signature, a candidate held here, not
   contradicted by the lineage); one refused is left out with a warning.
+- the validators' evaluations of mirrored heads (``protocol.messages.Evaluation``), each through this
+  edge's own intake (``server.intake.accept_evaluation``: a validator's signature, a head held here);
+  one of a head not mirrored yet waits, with those after it, for the next round.
 - the run-control orders applied upstream past this edge's last one, in sequence, each through this
   edge's own order intake (``server.intake.accept_order``: the quorum's signatures, a rollback's head
   canonical here), so an experiment paused or stopped upstream is paused or stopped here too and
@@ -43,11 +46,11 @@ from protocol.errors import InvalidMessage, ProtocolError, TooLarge
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.lineage import Lineage
 from protocol.manifests import ExperimentSpec
-from protocol.messages import NEXT_SINCE_HEADER, Candidate, HeadDescriptor, Verdict
+from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, Candidate, Evaluation, HeadDescriptor, Verdict
 from protocol.run_control import MAX_ORDERS, SignedRunControl
 
 from .errors import Conflict, NotFound
-from .intake import accept_order, accept_verdicts, head_taken
+from .intake import accept_evaluation, accept_order, accept_verdicts, head_taken
 from .lineage import import_lineage
 from .state import EdgeState
 
@@ -141,6 +144,12 @@ class Upstream:
         status, _, body = await self.get(f"/v1/experiments/{key}/verdicts", MAX_LIST_BYTES)
         return [Verdict.from_wire(v) for v in _json_list(body)] if status == 200 else []
 
+    async def evaluations(self, key: ExperimentKey, since_window: int) -> list[Evaluation]:
+        """One page of the evaluations of ``key``'s heads of window ``since_window`` or later."""
+        path = f"/v1/experiments/{key}/evaluations"
+        status, _, body = await self.get(path, MAX_LIST_BYTES, since_window=since_window, limit=EVALUATION_PAGE)
+        return [Evaluation.from_wire(e) for e in _json_list(body)] if status == 200 else []
+
     async def orders(self, key: ExperimentKey) -> list[SignedRunControl]:
         """The run-control orders applied upstream, in sequence (at most ``MAX_ORDERS``)."""
         status, answer = await self.json(f"/v1/experiments/{key}/control", MAX_LIST_BYTES)
@@ -168,6 +177,7 @@ class _Cursors:
     def __init__(self) -> None:
         self.candidates: dict[tuple[str, str], int] = {}
         self.verdicts: set[tuple[str, bytes]] = set()
+        self.evaluations: dict[tuple[str, str], int] = {}  # the window of the last evaluation taken
 
 
 async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | None = None) -> int:
@@ -179,6 +189,7 @@ async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | 
     for spec in state.network.experiments:
         taken += await _mirror_heads(state, upstream, spec, cursors)
         await _mirror_verdicts(state, upstream, spec.key, cursors)
+        await _mirror_evaluations(state, upstream, spec.key, cursors)
         await _mirror_orders(state, upstream, spec.key)
     return taken
 
@@ -241,6 +252,18 @@ async def _mirror_verdicts(state: EdgeState, upstream: Upstream, key: Experiment
         if len(cursors.verdicts) >= MAX_SEEN_VERDICTS:
             cursors.verdicts.clear()
         cursors.verdicts.add(seen)
+
+
+async def _mirror_evaluations(state: EdgeState, upstream: Upstream, key: ExperimentKey, cursors: _Cursors) -> None:
+    at = (upstream.url, key)
+    for evaluation in await upstream.evaluations(key, cursors.evaluations.get(at, 0)):
+        try:
+            accept_evaluation(state, evaluation.to_wire(), route=key)
+        except NotFound:
+            return  # its head is not mirrored yet: it and those after it wait for the next round
+        except ProtocolError as exc:
+            log.warning("%s: an evaluation from %s refused: %s", key, upstream.url, exc)
+        cursors.evaluations[at] = evaluation.window
 
 
 async def _mirror_orders(state: EdgeState, upstream: Upstream, key: ExperimentKey) -> None:

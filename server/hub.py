@@ -53,7 +53,9 @@ __all__ = [
     "public_event",
 ]
 
-TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers", "control"})
+TOPICS = frozenset(
+    {"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers", "control", "evaluations"}
+)
 # what a subscription or an event names instead of an experiment key when it is about the whole
 # network (peers joining the relay): ``_`` keeps it apart from every key (study/experiment/revision)
 NETWORK_SCOPE = "_network"

@@ -46,6 +46,11 @@ A run-control order (``protocol.run_control``) is taken once a quorum of the net
 signed it, for the experiment it is submitted to, a rollback only to a head made canonical here, and
 in sequence (``EdgeStore.apply_run_control``); it is published on the ``control`` topic.
 
+An evaluation of a head (``protocol.messages.Evaluation``: a validator's test-split metrics, measured
+after the head was published) is kept when a listed validator signed it for a head of this edge's
+lineage (else 404), its window that head's; the first copy per validator, head and split stays. It is
+published on the ``evaluations`` topic.
+
 Retention: when a head is promoted, artifacts of candidates whose window is
 ``candidate_retention_windows`` heads behind are deleted (descriptors, verdicts and heads stay).
 """
@@ -75,7 +80,7 @@ from protocol.errors import InvalidMessage, SignatureError, TooLarge
 from protocol.hashing import verify_content
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
-from protocol.messages import TRAINER_KINDS, Attestation, Candidate, HeadDescriptor, Verdict
+from protocol.messages import TRAINER_KINDS, Attestation, Candidate, Evaluation, HeadDescriptor, Verdict
 from protocol.network_pins import fingerprint
 from protocol.run_control import SignedRunControl
 from protocol.signing import b64encode
@@ -284,6 +289,24 @@ def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey)
     return _promote_if_certified(state, head.experiment, head.head_id)
 
 
+def accept_evaluation(state: EdgeState, value: object, *, route: ExperimentKey) -> tuple[Evaluation, bool]:
+    """Keep a validator's evaluation of a head of this edge's lineage; returns it and whether it was
+    new (the first copy per validator, head and split stays)."""
+    evaluation = Evaluation.from_wire(value)
+    _same_experiment(evaluation.experiment, route)
+    state.experiment(evaluation.experiment)
+    _signed_by_validator(state, evaluation, "evaluation")
+    head = state.store.head(evaluation.experiment, evaluation.head_id)
+    if head is None:
+        raise NotFound(f"no head {evaluation.head_id} in the lineage of {evaluation.experiment}")
+    if head.window != evaluation.window:
+        raise InvalidMessage(f"head {head.head_id} is of window {head.window}, not {evaluation.window}")
+    created = state.store.add_evaluation(evaluation)
+    if created:
+        state.hub.publish(evaluation.experiment, "evaluations", evaluation.to_wire())
+    return evaluation, created
+
+
 def _within_proposals(state: EdgeState, head: HeadDescriptor) -> None:
     """``RateLimited`` when ``head`` is a new proposal past its proposer's budget of heads for the
     window on its parent (``validator_proposals_per_window``): one validator key cannot flood a window
@@ -315,7 +338,7 @@ def _charge(state: EdgeState, head: HeadDescriptor, cid: ContentId, size: int) -
         )
 
 
-def _signed_by_validator(state: EdgeState, message: Attestation | Verdict, what: str) -> None:
+def _signed_by_validator(state: EdgeState, message: Attestation | Evaluation | Verdict, what: str) -> None:
     """Raise ``SignatureError`` unless a validator listed in the network manifest signed ``message``."""
     if message.validator_key not in state.network.validator_key_set:
         raise SignatureError(f"{what} is not signed by a validator of this network")

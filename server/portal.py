@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from protocol.errors import InvalidMessage
+from protocol.messages import merged_evaluations
 from protocol.network_pins import NetworkSignature
 
 from .control_routes import control_view
@@ -94,6 +95,7 @@ async def snapshot(state: State) -> JSON:
     experiments = []
     for spec in state.network.experiments:
         lineage = state.store.heads(spec.key)
+        tests = merged_evaluations(state.store.evaluations(spec.key))
         experiments.append(
             {
                 "key": spec.key,
@@ -105,7 +107,7 @@ async def snapshot(state: State) -> JSON:
                         "parent": h.parent,
                         "window": h.window,
                         "merged": len(h.merged),
-                        "metrics": h.metrics,
+                        "metrics": h.metrics | tests.get(h.head_id, {}),  # with its test-split evaluation
                         "created_at_ms": h.created_at_ms,
                     }
                     for h in lineage

@@ -1,5 +1,5 @@
-"""The edge's durable state: heads (canonical, and proposed ones with their attestations),
-candidates, leases, verdicts, tokens, peers, its own key.
+"""The edge's durable state: heads (canonical, and proposed ones with their attestations), the
+validators' evaluations of heads, candidates, leases, verdicts, tokens, peers, its own key.
 
 Everything a peer needs after an edge restart lives here or in the blob store. ``EdgeStore`` holds
 every query, written once in the SQL that SQLite and PostgreSQL share, over a ``Database``: the
@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
-from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.messages import Attestation, Candidate, Evaluation, HeadDescriptor, Lease, Verdict
 from protocol.run_control import RunState, SignedRunControl
 from protocol.signing import b64encode
 
@@ -79,6 +79,10 @@ CREATE TABLE IF NOT EXISTS validator_uploads (
 CREATE TABLE IF NOT EXISTS attestations (
     experiment TEXT NOT NULL, head_id TEXT NOT NULL, validator_key TEXT NOT NULL, descriptor TEXT NOT NULL,
     PRIMARY KEY (experiment, head_id, validator_key));
+CREATE TABLE IF NOT EXISTS evaluations (
+    experiment TEXT NOT NULL, head_id TEXT NOT NULL, validator_key TEXT NOT NULL, split TEXT NOT NULL,
+    "window" INTEGER NOT NULL, descriptor TEXT NOT NULL, PRIMARY KEY (experiment, head_id, validator_key, split));
+CREATE INDEX IF NOT EXISTS evaluations_by_window ON evaluations (experiment, "window");
 CREATE TABLE IF NOT EXISTS token_keys (
     digest TEXT NOT NULL, peer_id TEXT NOT NULL, bound_at_ms INTEGER NOT NULL, PRIMARY KEY (digest, peer_id));
 CREATE TABLE IF NOT EXISTS token_limits (digest TEXT PRIMARY KEY, max_keys INTEGER NOT NULL);
@@ -483,6 +487,31 @@ class EdgeStore:
             head_id,
         )
         return [Attestation.from_wire(json.loads(str(r[0]))) for r in rows]
+
+    # -- evaluations ------------------------------------------------------------------------
+    def add_evaluation(self, evaluation: Evaluation) -> bool:
+        """Keep ``evaluation`` unless its validator evaluated that head on that split already (the first
+        copy stays); True when it was new."""
+        return self._insert_new(
+            "evaluations",
+            'experiment, head_id, validator_key, split, "window", descriptor',
+            *(evaluation.experiment, evaluation.head_id, b64encode(evaluation.validator_key), evaluation.split),
+            *(evaluation.window, json.dumps(evaluation.to_wire())),
+        )
+
+    def evaluations(
+        self, experiment: ExperimentKey, since_window: int = 0, limit: int | None = None
+    ) -> list[Evaluation]:
+        """``experiment``'s evaluations of heads of window ``since_window`` or later, by window then
+        arrival; ``limit`` at most when given."""
+        rows = self._db.query(
+            'SELECT descriptor FROM evaluations WHERE experiment = ? AND "window" >= ? ORDER BY "window", rowid'
+            + ("" if limit is None else " LIMIT ?"),
+            experiment,
+            since_window,
+            *(() if limit is None else (limit,)),
+        )
+        return [Evaluation.from_wire(json.loads(str(r[0]))) for r in rows]
 
     # -- verdicts --------------------------------------------------------------------------
     def add_verdict(self, verdict: Verdict, examples: int) -> bool:

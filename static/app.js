@@ -216,15 +216,16 @@ function drawChart(experiments) {
     ctx.strokeStyle = COLOURS[i % COLOURS.length];
     ctx.lineWidth = 2;
     ctx.beginPath();
-    experiment.lineage.forEach((head, j) => {
-      const acc = head.metrics.test_accuracy ?? 0;
+    const measured = experiment.lineage.filter((head) => head.metrics.test_accuracy !== undefined);
+    measured.forEach((head, j) => {
+      const acc = head.metrics.test_accuracy;
       j === 0 ? ctx.moveTo(x(head.window), y(acc)) : ctx.lineTo(x(head.window), y(acc));
     });
     ctx.stroke();
     ctx.fillStyle = COLOURS[i % COLOURS.length];
-    for (const head of experiment.lineage) {
+    for (const head of measured) {
       ctx.beginPath();
-      ctx.arc(x(head.window), y(head.metrics.test_accuracy ?? 0), 2.5, 0, 2 * Math.PI);
+      ctx.arc(x(head.window), y(head.metrics.test_accuracy), 2.5, 0, 2 * Math.PI);
       ctx.fill();
     }
     ctx.fillText(experiment.key, left + 8, top + 14 + 14 * i);
@@ -248,11 +249,12 @@ function renderSnapshot(snapshot) {
       card.className = "head";
       card.dataset.experiment = experiment.key;
       const head = experiment.head;
-      const acc = head?.metrics.test_accuracy;
+      // a head's test-split evaluation follows it: the newest head measured so far
+      const acc = experiment.lineage.findLast((h) => h.metrics.test_accuracy !== undefined)?.metrics.test_accuracy;
       card.innerHTML = `<div class="muted small"></div><div class="big"></div>
         <div class="small"></div><code></code>`;
       card.children[0].textContent = experiment.key;
-      card.children[1].textContent = acc === undefined ? "no head yet" : `${(acc * 100).toFixed(2)} %`;
+      card.children[1].textContent = acc !== undefined ? `${(acc * 100).toFixed(2)} %` : head ? "measuring" : "no head yet";
       const run = experiment.control.state; // run control (protocol/run_control.py): validators' orders
       const halted = run.stopped ? " · stopped by its validators" : run.paused ? " · paused by its validators" : "";
       card.children[2].textContent = head
@@ -294,7 +296,8 @@ function eventItem(event) {
   const d = event.data;
   const time = new Date(event.at_ms ?? Date.now()).toLocaleTimeString();
   let text = `${event.topic}`;
-  if (event.topic === "heads") text = `new head, window ${d.window}, test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
+  if (event.topic === "heads") text = `new head, window ${d.window}, validation acc ${(d.metrics.val_accuracy ?? 0).toFixed(4)}`;
+  else if (event.topic === "evaluations") text = `head of window ${d.window} measured: test acc ${(d.metrics.test_accuracy ?? 0).toFixed(4)}`;
   else if (event.topic === "verdicts") {
     text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected: ${d.reason}${d.detail ? ` (${d.detail})` : ""}`;
     li.className = d.accepted ? "ok" : "bad";
@@ -333,7 +336,7 @@ function streamEvents(delay = 500) {
     const list = $("events");
     list.prepend(eventItem(event));
     while (list.children.length > 30) list.lastChild.remove();
-    if (event.topic === "heads" || event.topic === "verdicts" || event.topic === "control") refresh();
+    if (["heads", "evaluations", "verdicts", "control"].includes(event.topic)) refresh();
   };
   socket.onclose = () => {
     state.streaming = false;

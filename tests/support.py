@@ -17,6 +17,7 @@ import pytest
 
 from lab.stack import Fleet, LocalNetwork
 from native_peer import Project, StorageConfig, Validator
+from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
@@ -301,3 +302,17 @@ def until(
         assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
         time.sleep(poll_s)
     return value
+
+
+def measured_accuracies(
+    client: EdgeClient, network: NetworkManifest, heads: list[HeadDescriptor], timeout_s: float = 60.0
+) -> list[float]:
+    """The test accuracy of each of ``heads`` as the network's validators measured it (a head's
+    ``Evaluation`` follows its publication), waiting up to ``timeout_s`` for the last ones."""
+
+    def measured() -> dict[HeadId, dict[str, float]] | None:
+        found = client.evaluated(heads[0].experiment, network.validator_key_set)
+        return found if all(h.head_id in found for h in heads) else None
+
+    found = until(f"test-split evaluations of windows {[h.window for h in heads]}", measured, timeout_s)
+    return [found[h.head_id]["test_accuracy"] for h in heads]

@@ -19,7 +19,7 @@ from protocol.edge_urls import MAX_EDGE_URLS, edge_urls
 from protocol.errors import IntegrityError, InvalidMessage, SignatureError
 from protocol.ids import ContentId
 from protocol.lineage import Lineage, write_archive
-from protocol.messages import HeadDescriptor
+from protocol.messages import Evaluation, HeadDescriptor
 from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner
 from server.follower import Upstream, mirror_once
@@ -53,6 +53,13 @@ def test_a_following_edge_serves_the_upstreams_lineage_verified_and_continues_it
     lineage: Lineage, tmp_path: Path, dataset_root: Path
 ) -> None:
     upstream = _upstream(tmp_path / "a", dataset_root, lineage)
+    evaluations = [  # measured after their heads were published; one of a head the follower holds already
+        Evaluation.of(head, "test", {"accuracy": 0.5 + head.window / 10}, VALIDATORS[head.window], 1)
+        for head in lineage.heads[1:]
+    ]
+    for evaluation in evaluations:
+        posted = httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/evaluations", json=evaluation.to_wire())
+        assert posted.status_code == 201, posted.text
     follower_root = tmp_path / "b"
     follower_root.mkdir()
     (follower_root / "start.tar").write_bytes(
@@ -72,12 +79,14 @@ def test_a_following_edge_serves_the_upstreams_lineage_verified_and_continues_it
             artifacts = [http.get(f"/v1/artifacts/{h.head_id}").content for h in lineage.heads[2:]]
             candidates = http.get(f"/v1/experiments/{EXPERIMENT}/candidates").json()
             edge_keys = {httpx.get(f"{url}/v1/network").json()["edge_key"] for url in (upstream.url, follower.url)}
+            mirrored = [Evaluation.from_wire(e) for e in http.get(f"/v1/experiments/{EXPERIMENT}/evaluations").json()]
     finally:
         follower.stop()
         upstream.stop()
     assert served == list(lineage.heads)  # certificates included; none lost, one genesis
     assert artifacts == [lineage.blobs[h.head_id] for h in lineage.heads[2:]]
     assert {c["candidate_id"] for c in candidates} == {c.candidate_id for c in lineage.candidates}
+    assert mirrored == evaluations
     store = Store(follower_root / "edge" / "edge.sqlite3")
     try:  # one validator's verdict is all the upstream lists: held as its vote until a quorum (decision 0022)
         held = [store.votes(EXPERIMENT, ContentId(v.candidate_id)) for v in lineage.verdicts]

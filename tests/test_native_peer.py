@@ -104,6 +104,7 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
     edge, validator, root = network_env
     spec = validator.network.experiment(BASELINE)
     genesis = validator.ensure_genesis(spec)
+    assert [e.head_id for e in validator.evaluate(spec)] == [genesis.head_id]
     trainers = [_trainer(edge, root, f"t{i}") for i in range(2)]
     experiment = trainers[0].experiment(*BASELINE.parts)
     heads = [genesis]
@@ -122,8 +123,15 @@ def test_windows_promote_heads_and_accuracy_rises(network_env: tuple[BackgroundE
             examples[str(trainer.peer_id)] += outcome.examples if evidence else 0
         assert report.head.parent == heads[-1].head_id
         assert set(report.head.merged) == {o.candidate_id for o in outcomes}
+        # published before it is measured on the test split, which decides nothing: that follows
+        assert not any(name.startswith("test_") for name in report.head.metrics)
+        assert report.head.head_id not in validator.edge.evaluated(spec.key, validator.network.validator_key_set)
+        [evaluation] = validator.evaluate(spec)
+        assert evaluation.head_id == report.head.head_id and evaluation.window == window + 1
         heads.append(report.head)
-    assert heads[-1].metrics["test_accuracy"] > genesis.metrics["test_accuracy"] + 0.5
+    tests = validator.edge.evaluated(spec.key, validator.network.validator_key_set)
+    assert tests.keys() == {h.head_id for h in heads}  # genesis's too, and each one once
+    assert tests[heads[-1].head_id]["test_accuracy"] > tests[genesis.head_id]["test_accuracy"] + 0.5
     for trainer in trainers:  # compiled before the first lease (TrainEngine.warm), and nothing since
         engine = trainer._engines[BASELINE]
         assert engine.warmed and engine._epoch._cache_size() == len(SCAN_LENGTHS)

@@ -17,7 +17,7 @@ import pytest
 
 from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
 from protocol.leases import assign_shards
-from protocol.messages import Attestation, Candidate, HeadDescriptor, Lease, Verdict
+from protocol.messages import Attestation, Candidate, Evaluation, HeadDescriptor, Lease, Verdict
 from protocol.reasons import Reason
 from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -235,6 +235,19 @@ def test_proposals_keep_their_attestations_as_certificates(store: EdgeStore) -> 
     assert proposal is not None and proposal.certificate == (attestation,)
     assert store.attestations(EXPERIMENT, child.head_id) == [attestation]
     assert store.proposal(EXPERIMENT, HeadId("sha256:" + "2" * 64)) is None
+
+
+def test_evaluations_keep_the_first_copy_per_validator_head_and_split_listed_by_window(store: EdgeStore) -> None:
+    genesis, _ = head_envelope()
+    child, _ = head_envelope(parent=genesis.head_id, window=1)
+    later = Evaluation.of(child, "test", {"accuracy": 0.9}, VALIDATOR, 2)
+    first = Evaluation.of(genesis, "test", {"accuracy": 0.1}, VALIDATOR, 3)
+    other = Evaluation.of(child, "test", {"accuracy": 0.8}, PureSigner(b"\x12" * 32), 4)
+    assert store.add_evaluation(later) and store.add_evaluation(first) and store.add_evaluation(other)
+    assert not store.add_evaluation(Evaluation.of(child, "test", {"accuracy": 0.2}, VALIDATOR, 5))
+    assert store.evaluations(EXPERIMENT) == [first, later, other]  # by window, then as they came
+    assert store.evaluations(EXPERIMENT, since_window=1) == [later, other]
+    assert store.evaluations(EXPERIMENT, limit=2) == [first, later]
 
 
 def test_a_proposers_budget_holds_for_requests_in_flight_at_once(opener: Opener) -> None:
