@@ -585,10 +585,19 @@ class Validator:
         elapsed_s = self.clock.monotonic_s() - opened
         recent_s = self.state.durations.get(spec.key, [])
         deadline_s = window_deadline_s(recent_s, spec.window_timeout_s, self.config.deadline)
-        grace_s = window_grace_s(recent_s, spec.window_timeout_s, self.config.deadline)
+        ready = self._ready.get(spec.key)
+        if ready is not None and ready[0] != head.head_id:
+            ready = None  # of an earlier window
         turn = self._turn(head)  # later proposers step in only when earlier ones did not
-        due = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
-        self._due[spec.key] = tuple(t for t in due if t > opened + elapsed_s)  # what is still to come
+
+        def newcomers_grace_s() -> float:  # and when the window may close without activity
+            first_s = None if ready is None else ready[1]  # no history yet: the window's own pace (its first)
+            grace_s = window_grace_s(recent_s, spec.window_timeout_s, self.config.deadline, first_s)
+            due = (opened + grace_s + deadline_s * turn, opened + deadline_s * (turn + 1))
+            self._due[spec.key] = tuple(t for t in due if t > opened + elapsed_s)  # what is still to come
+            return grace_s
+
+        grace_s = newcomers_grace_s()
         if any(d.head.parent == head.head_id for d in self.state.decisions.values()):
             return None  # this validator already proposed or attested a head for this window
         if len(window) < spec.min_candidates and elapsed_s < deadline_s + turn * deadline_s:
@@ -605,19 +614,17 @@ class Validator:
         out = [lease for lease in leases if lease.expires_at_ms > now_ms and lease.lease_id not in delivered]
         unproven = sum(1 for lease in out if lease.peer_id not in self._delivered)
         progress = WindowProgress(len(window), len(leases), len(out) - unproven, elapsed_s, unproven)
-        ready = self._ready.get(spec.key)
-        if ready is None or ready[0] != head.head_id:
-            ready = None  # of an earlier window
-            if progress.outstanding == 0 and len(window) >= spec.min_candidates:  # only newcomers are out
-                self._ready[spec.key] = ready = (head.head_id, elapsed_s)
+        if ready is None and progress.outstanding == 0 and len(window) >= spec.min_candidates:  # only newcomers are out
+            self._ready[spec.key] = ready = (head.head_id, elapsed_s)
+            grace_s = newcomers_grace_s()
         if not window_closes(
             progress, min_candidates=spec.min_candidates, deadline_s=deadline_s, grace_s=grace_s, turn=turn
         ):
             return None
         if window and turn == 0 and ready is not None:
             # how long the peers with a record took, newcomers' grace aside (a close at the deadline
-            # too: with no history yet the grace is the deadline): the history the deadline and the
-            # grace follow keeps the honest pace while squatters hold leases in every window
+            # too): the history the deadline and the grace follow keeps the honest pace while squatters
+            # hold leases in every window
             self.state.add_duration(spec.key, ready[1], self.config.deadline.history)
         for lease in out:
             self._delivered.missed(lease.peer_id)

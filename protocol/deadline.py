@@ -10,7 +10,8 @@ stop the experiment. A window nobody leased waits for its first trainer instead 
 With a quorum, the validator ``turn`` places after the first proposer closes ``turn`` deadlines later
 (``window_closes``).
 
-The grace (``window_grace_s``: ``grace_factor`` × the same median, the deadline with no history) is what
+The grace (``window_grace_s``: ``grace_factor`` × the same median; with no history, as long again as
+the window took to hold its ``min_candidates``, the deadline until it does) is what
 a lease of a peer without a record costs the window: fresh identities that lease and never deliver (a
 squatter taking a new one every window) would otherwise hold every window to its deadline, many times
 its usual length. A peer has a record (``DeliveryRecord``) while its last judged candidate was accepted
@@ -56,12 +57,24 @@ def window_deadline_s(recent_s: Sequence[float], max_s: float, policy: DeadlineP
     return min(max(policy.factor * statistics.median(recent), policy.min_s), max_s)
 
 
-def window_grace_s(recent_s: Sequence[float], max_s: float, policy: DeadlinePolicy = DEFAULT_DEADLINE) -> float:
+def window_grace_s(
+    recent_s: Sequence[float],
+    max_s: float,
+    policy: DeadlinePolicy = DEFAULT_DEADLINE,
+    first_s: float | None = None,
+) -> float:
     """How long after its head a window waits for the leases of peers without a record, once the others
-    delivered: ``grace_factor`` × the median recent duration, never past the deadline."""
+    delivered: ``grace_factor`` × the median recent duration, never past the deadline. With no history
+    yet (an experiment's first window, where no peer has a record either) the window's own pace stands in
+    for it once known: ``first_s``, how long after the head the window held its ``min_candidates``; the
+    grace is then as long again, ``(1 + grace_factor)`` × ``first_s``, so the slowest first window (a tab
+    still starting its runtime) does not hold everyone else's: its work comes one window late, a delayed
+    update. Unknown (``None``): the deadline."""
     recent = list(recent_s)[-policy.history :]
     deadline_s = window_deadline_s(recent, max_s, policy)
-    return deadline_s if not recent else min(policy.grace_factor * statistics.median(recent), deadline_s)
+    if recent:
+        return min(policy.grace_factor * statistics.median(recent), deadline_s)
+    return deadline_s if first_s is None else min((1.0 + policy.grace_factor) * first_s, deadline_s)
 
 
 @dataclass(frozen=True)

@@ -400,8 +400,9 @@ def test_a_lease_of_an_identity_without_a_record_holds_a_window_only_for_the_new
 def test_a_squatter_from_the_first_window_on_holds_up_only_that_window(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
-    """With no history the grace is the deadline: the first squatted window waits for it, and keeps
-    the honest pace as history, so the squatter's next leases hold nothing up."""
+    """With no history a first window waits for newcomers as long again as it took to hold its first
+    candidate (``protocol.deadline.window_grace_s``), not to its deadline, and keeps the honest pace as
+    history, so the squatter's next leases hold up the next window only that long."""
     edge, fixture_validator, root = network_env
     validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
@@ -409,16 +410,18 @@ def test_a_squatter_from_the_first_window_on_holds_up_only_that_window(
     worker = _trainer(edge, root, "worker")
     experiment = worker.experiment(*spec.key.parts)
     for window in range(2):
+        assert validator.poll(spec) is None  # the window opens as its head is published: nothing leased yet
+        clock.advance(2.0)  # the worker's pace: its candidate 2 s into each window
         worker.train_window_once(experiment)
         validator.edge.request_lease(BASELINE, NodeIdentity.load_or_create(root / f"squat-{window}.key"), "native")
-        if window == 0:
+        if window == 0:  # no history: a grace of as long again as its first candidate took
             assert validator.poll(spec) is None  # the squatter's lease is out
-            clock.advance(spec.window_timeout_s - 0.5)
-            assert validator.poll(spec) is None  # no history: the grace is the deadline
-            clock.advance(1.0)
-        report = validator.poll(spec)  # the next window: its grace is the worker's pace, over at once
-        assert report is not None and report.merged
-        assert validator.state.durations[spec.key] == [0.0] * (window + 1)
+            clock.advance(1.9)
+            assert validator.poll(spec) is None  # within the grace
+            clock.advance(0.2)
+        report = validator.poll(spec)  # the next window: its grace, the median window, is over already
+        assert report is not None and report.merged, window  # the squatter held it up 2 s, not to its deadline
+        assert validator.state.durations[spec.key] == [2.0] * (window + 1)
     worker.close()
     validator.close()
 

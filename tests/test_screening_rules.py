@@ -521,6 +521,21 @@ def test_the_newcomers_grace_is_the_median_window(recent_s: list[float], expecte
     assert window_grace_s(recent_s, 30.0, DeadlinePolicy(factor=3.0, min_s=5.0, history=10)) == expected_s
 
 
+@pytest.mark.parametrize(
+    ("recent_s", "first_s", "expected_s"),
+    [
+        ([], 4.0, 8.0),  # a first window: as long again as it took to hold its min_candidates
+        ([], 0.5, 1.0),
+        ([], 20.0, 30.0),  # never past the deadline
+        ([4.0, 2.0, 3.0], 10.0, 3.0),  # with a history, the history's median: the window's own pace aside
+    ],
+)
+def test_a_first_windows_newcomers_are_waited_for_as_long_again_as_it_took_to_fill(
+    recent_s: list[float], first_s: float, expected_s: float
+) -> None:
+    assert window_grace_s(recent_s, 30.0, DeadlinePolicy(factor=3.0, min_s=5.0, history=10), first_s) == expected_s
+
+
 def test_a_peer_has_a_record_while_its_last_candidate_was_accepted_and_it_missed_no_window() -> None:
     record = DeliveryRecord(capacity=2)
     assert "a" not in record  # a newcomer
