@@ -534,6 +534,7 @@ def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     validator, clock = _validator_with(fixture_validator, edge, dataset_root)
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
+    assert validator.poll(spec) is None  # the window opens as its head is published
     shards = len(json.loads((dataset_root / "mnist" / "train" / "fetch-manifest.json").read_text())["shards"])
     squatters = [_trainer(edge, root, f"squatter-{i}") for i in range(-(-shards // spec.shards_per_lease))]
     for squatter in squatters:
@@ -544,9 +545,12 @@ def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
         late.train_window_once(experiment)
     with pytest.raises(WindowUnavailable):  # it waits for the next head rather than asking again
         late.train_window_once(experiment)
+    clock.advance(1.0)
     squatters[0].train_window_once(squatters[0].experiment(*BASELINE.parts))
-    assert validator.poll(spec) is None  # the other squatters' leases keep the window open until its deadline
-    clock.advance(spec.window_timeout_s)
+    # the other squatters' leases keep the first window open for its grace: as long again as its first
+    # candidate took (``protocol.deadline.window_grace_s``)
+    assert validator.poll(spec) is None
+    clock.advance(1.1)
     report = validator.poll(spec)
     assert report is not None and report.merged
     assert late.train_window_once(experiment).base_head_id == report.head.head_id
