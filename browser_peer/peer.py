@@ -48,6 +48,7 @@ from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
 from protocol.ice import NO_ICE, IceConfig
 from protocol.ids import ExperimentKey, HeadId, ShardId
+from protocol.lease_work import lease_work
 from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import ModelSpec, Params
@@ -484,7 +485,7 @@ class BrowserPeer:
         else:
             self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
             try:
-                grant = await self._lease(socket, reader, head.window)
+                grant = await self._lease(socket, reader, spec, head, ahead=False)
             except Halted:
                 raise  # ask again on this head: resumed, the experiment goes on from it
             except NoWindow:
@@ -537,16 +538,22 @@ class BrowserPeer:
             await self._wait_for_head(60.0, reader)
 
     async def _lease(
-        self, socket: Socket, reader: asyncio.Task[None], window: int, after: HeadId | None = None
+        self, socket: Socket, reader: asyncio.Task[None], spec: ExperimentSpec, head: HeadDescriptor, ahead: bool
     ) -> LeaseGrant:
-        """A lease for ``window`` over the relay (``after``: the head it follows, before the next exists)."""
-        request = {
+        """A lease over the relay for the window on ``head`` (``ahead``: the window after it, before the
+        next head exists), with its proof of work where ``spec`` asks for one (``protocol.lease_work``)."""
+        request: dict[str, object] = {
             "type": "lease.request",
             "experiment": self.key,
-            "request_id": window,
+            "request_id": head.window + ahead,
             "cache_bytes": self._shards.index.capacity,  # no home when it holds the split
         }
-        await socket.send_text(json.dumps(request if after is None else {**request, "after": after}))
+        if ahead:
+            request["after"] = head.head_id
+        work = lease_work(spec.lease_work_bits, self.key, self.peer_id, head.head_id)
+        if work is not None:
+            request["work"] = work
+        await socket.send_text(json.dumps(request))
         return LeaseGrant.from_wire(await self._reply(reader, "lease"))
 
     async def _base(
@@ -570,7 +577,7 @@ class BrowserPeer:
         assert self._network is not None
         self._report(phase=f"leasing window {head.window + 1} ahead")
         try:
-            grant = await self._lease(socket, reader, head.window + 1, after=head.head_id)
+            grant = await self._lease(socket, reader, spec, head, ahead=True)
         except NoWindow:
             return None
         check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key, ahead=True)

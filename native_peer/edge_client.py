@@ -456,16 +456,20 @@ class EdgeClient:
         after: HeadId | None = None,
         shards: int | None = None,
         cache_bytes: int | None = None,
+        work: int | None = None,
     ) -> LeaseGrant:
         """A lease in the current window, or ``after`` the current head: in the next (``server.leasing``);
         of ``shards`` shards when given (the edge bounds it by the experiment's); ``cache_bytes``: the
-        bytes of shards this peer keeps (``protocol.leases.keeps_home``)."""
+        bytes of shards this peer keeps (``protocol.leases.keeps_home``); ``work``: its proof of work,
+        where the experiment asks for one (``protocol.lease_work.lease_work``)."""
         proof = PeerProof("lease", signer.public_key, peer_kind, "-", self._clock.now_ms()).signed(signer)
         params: dict[str, str | int] = {} if after is None else {"after": after}
         if shards is not None:
             params["shards"] = shards
         if cache_bytes is not None:
             params["cache_bytes"] = cache_bytes
+        if work is not None:
+            params["work"] = work
         return LeaseGrant.from_wire(
             self._request("POST", f"{self._experiment_path(key)}/leases", json=proof.to_wire(), params=params).json()
         )

@@ -64,6 +64,7 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import SignatureError
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.lease_size import next_lease_shards
+from protocol.lease_work import lease_work
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor, LeaseGrant
 from protocol.shards import feature_scale
@@ -432,6 +433,7 @@ class Trainer:
                 self.peer_kind,
                 shards=self._lease_shards.get(experiment.key),
                 cache_bytes=self.shards.capacity_bytes,
+                work=lease_work(experiment.spec.lease_work_bits, experiment.key, self.peer_id, head.head_id),
             )
         except EdgeRequestError as exc:
             if exc.status != 409:
@@ -671,6 +673,7 @@ class Trainer:
                 after=after.head_id,
                 shards=shards,
                 cache_bytes=self.shards.capacity_bytes,
+                work=lease_work(experiment.spec.lease_work_bits, experiment.key, self.peer_id, after.head_id),
             )
         except EdgeRequestError as exc:
             if exc.status != 409:

@@ -22,6 +22,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     updates      update codecs (fp32, fp16, blockwise int8 with error feedback) and artifact layouts
     leases       rendezvous-hash lease assignment
     lease_size   how many shards a continuous trainer asks for: enough to fill the window period
+    lease_work   a small proof of work per lease, bound to the peer and the head, where an experiment asks one
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
     head_delta   heads as exact deltas from their parents: encode, apply and check by content id

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
 from .ids import DatasetId, ExperimentKey, ShardId
+from .lease_work import MAX_LEASE_WORK_BITS
 from .model import Model, ModelSpec
 from .outer import OuterOptimizer
 from .signing import b64decode, b64encode
@@ -151,7 +152,8 @@ class ExperimentSpec:
     leases to keep its core busy while the validator judges (``protocol.lease_size``). The
     validator's own update always takes one ``shards_per_lease`` window of steps
     (``protocol.judging.reference_steps``), whatever the trainers lease, and is trained once every
-    ``anchor_every`` windows (``protocol.judging.anchor_window``; decision 0017).
+    ``anchor_every`` windows (``protocol.judging.anchor_window``; decision 0017). A lease costs a proof of
+    work of ``lease_work_bits`` zero bits (``protocol.lease_work``; 0, the default: none).
     """
 
     key: ExperimentKey
@@ -175,6 +177,7 @@ class ExperimentSpec:
     lr_decay_windows: int = 0
     lr_min_factor: float = 0.1
     anchor_every: int = 4  # the validator trains its own update on every this-many-th head (decision 0017)
+    lease_work_bits: int = 0  # the proof of work a lease costs (``protocol.lease_work``); 0: none
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -188,6 +191,8 @@ class ExperimentSpec:
             raise InvalidMessage(f"lr_min_factor {self.lr_min_factor} is not within [0, 1]")
         if self.max_shards_per_lease is not None and self.max_shards_per_lease < self.shards_per_lease:
             raise InvalidMessage("max_shards_per_lease must be at least shards_per_lease")
+        if not 0 <= self.lease_work_bits <= MAX_LEASE_WORK_BITS:
+            raise InvalidMessage(f"lease_work_bits {self.lease_work_bits} is not within [0, {MAX_LEASE_WORK_BITS}]")
 
     @property
     def lease_bounds(self) -> tuple[int, int]:
@@ -278,6 +283,9 @@ class ExperimentSpec:
             lr_decay_windows=read_int(d, "lr_decay_windows", low=0, high=10**9) if "lr_decay_windows" in d else 0,
             lr_min_factor=read_float(d, "lr_min_factor") if "lr_min_factor" in d else 0.1,
             anchor_every=read_int(d, "anchor_every", low=1, high=1000) if "anchor_every" in d else 4,
+            lease_work_bits=read_int(d, "lease_work_bits", low=0, high=MAX_LEASE_WORK_BITS)
+            if "lease_work_bits" in d
+            else 0,
         )
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
 from protocol.ids import HeadId, LeaseId, PeerId
+from protocol.lease_work import MAX_NONCE
 from protocol.leases import MAX_CACHE_BYTES
 from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
 
@@ -282,7 +283,7 @@ async def list_candidates(
 
 @router.post(
     f"{EXPERIMENT}/leases",
-    responses=documented(*_UPLOAD, RateLimited),
+    responses=documented(*_UPLOAD, Conflict, RateLimited),
     openapi_extra=body_doc("application/json", "a PeerProof signed by the trainer, purpose 'lease', issued now"),
 )
 async def request_lease(
@@ -293,12 +294,15 @@ async def request_lease(
     after: Annotated[str | None, Query(max_length=80)] = None,
     shards: Annotated[int | None, Query(ge=1, le=256)] = None,
     cache_bytes: Annotated[int | None, Query(ge=0, le=MAX_CACHE_BYTES)] = None,
+    work: Annotated[int | None, Query(ge=0, le=MAX_NONCE)] = None,
 ) -> JSON:
     """Lease shards for the current window, or with ``after=<current head id>`` for the window after
     it, before its head exists (``server.leasing``); the body is a ``PeerProof`` with purpose ``lease``.
     ``shards=N`` asks for N shards, within the experiment's ``shards_per_lease`` and
     ``max_shards_per_lease``. ``cache_bytes=B``: the peer keeps B bytes of shards; when they hold the
-    whole split, its leases do not keep to its home (``protocol.leases.keeps_home``).
+    whole split, its leases do not keep to its home (``protocol.leases.keeps_home``). ``work=N``: the
+    lease's proof of work, where the experiment asks for one (``lease_work_bits``, ``protocol.lease_work``:
+    403 without it, 409 when it is not on the current head or its parent).
 
     The answer is a ``LeaseGrant``: the signed lease and the secret that unlocks its shards."""
     token = state.admission.check_header(request.headers.get("authorization"), "lease")
@@ -317,6 +321,7 @@ async def request_lease(
         after=None if after is None else HeadId(after),
         shards=shards,
         cache_bytes=cache_bytes,
+        work=work,
     )
     return JSON(grant.to_wire())
 

@@ -29,6 +29,11 @@ Leases are signed by the edge and stored durably. The choice is made inside the 
 transaction (``EdgeStore.grant_lease``), so edges sharing one PostgreSQL store never lease one shard
 twice in a window.
 
+An experiment with ``lease_work_bits`` asks for a proof of work with each lease request
+(``protocol.lease_work``: bound to the peer and to the current head, or its parent for a request that
+crossed a new head), checked before the rate limit and the store's write: 403 without it, 409 for work
+on an older head (ask again on the current one).
+
 Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
 from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
 same secret back, and nothing secret is stored. Shards are served only against it (``check_secret``).
@@ -44,6 +49,7 @@ import secrets
 
 from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.lease_size import granted_shards
+from protocol.lease_work import lease_work_done, work_challenge
 from protocol.leases import Homes, assign_shards, home_seed, keeps_home
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
@@ -125,18 +131,20 @@ class LeaseIssuer:
         after: HeadId | None = None,
         shards: int | None = None,
         cache_bytes: int | None = None,
+        work: int | None = None,
     ) -> LeaseGrant:
         """The one door to a lease, for HTTP and the relay alike, once the caller has authenticated
         ``peer_id`` (its proof or its join), asking from ``address`` (its client address): a trainer
         kind, a known experiment open to that kind (``ExperimentSpec.refusal``: browser peers get no
-        lease for a native-only one), the peer's rate limit (``server.intake.check_peer_rate``), then
-        ``issue``."""
+        lease for a native-only one), its proof of work when the experiment asks for one (``work``,
+        ``check_work``), the peer's rate limit (``server.intake.check_peer_rate``), then ``issue``."""
         if peer_kind not in TRAINER_KINDS:
             raise Forbidden(f"only trainers ({', '.join(TRAINER_KINDS)}) lease shards, not {peer_kind}")
         # before the rate limit: a made-up experiment, or one not for this kind, gets no budget of its own
         refusal = self.state.experiment(experiment).refusal(peer_kind)
         if refusal is not None:
             raise Forbidden(refusal)
+        await self.check_work(experiment, peer_id, work)
         halted = (await asyncio.to_thread(self.state.store.run_state, experiment)).halted
         if halted is not None:
             raise Halted(
@@ -153,6 +161,33 @@ class LeaseIssuer:
             after=after,
             shards=shards,
             cache_bytes=cache_bytes,
+        )
+
+    async def check_work(self, experiment: ExperimentKey, peer_id: PeerId, work: int | None) -> None:
+        """Refuse a lease request of ``experiment`` without the proof of work it asks for
+        (``ExperimentSpec.lease_work_bits``, ``protocol.lease_work``): ``Forbidden`` without work,
+        ``Conflict`` for work that does not check on the current head or its parent (done on an older
+        head, or not done): the peer does it again on the current head."""
+        bits = self.state.experiment(experiment).lease_work_bits
+        if bits == 0:
+            return
+        head = await asyncio.to_thread(self.state.store.current_head, experiment)
+        if head is None:
+            return  # no lease without a head either (``issue``)
+        if work is None:
+            raise Forbidden(
+                f"experiment {experiment} asks a proof of work of {bits} bits with each lease "
+                f"(protocol.lease_work, on head {head.head_id})"
+            )
+        if any(
+            lease_work_done(work_challenge(experiment, peer_id, on), work, bits)
+            for on in (head.head_id, head.parent)
+            if on is not None
+        ):
+            return
+        raise Conflict(
+            f"the proof of work is not {bits} bits on the current head {head.head_id} or its parent: "
+            "do it again on the current head"
         )
 
     async def issue(

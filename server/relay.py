@@ -19,7 +19,8 @@ until it is closed (``ConnectionState.CLOSED``).
     peer → {"type": "lease.request", "experiment", "request_id",        → {"type": "lease", "request_id", "lease", "secret"}
             "after"?: <current head id: the next window's lease>,
             "shards"?: <how many shards, within the experiment's bounds>,
-            "cache_bytes"?: <bytes of shards the peer keeps: no home when they hold the split>}
+            "cache_bytes"?: <bytes of shards the peer keeps: no home when they hold the split>,
+            "work"?: <the lease's proof of work where the experiment asks one: protocol.lease_work>}
     peer → {"type": "signal", "to": <peer id>, "data": {...}}           → relayed as {"type": "signal", "from", "data"}
                                                                           (to nobody here: an error with "to")
     peer → {"type": "have", "experiment", "head_id"}                    no answer (``holders``: current heads only;
@@ -70,6 +71,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.fields import opt, read_int, read_list, read_object, read_str
 from protocol.ids import ExperimentKey, HeadId, PeerId
+from protocol.lease_work import MAX_NONCE
 from protocol.leases import MAX_CACHE_BYTES
 from protocol.manifests import PROTOCOL_VERSION
 from protocol.messages import PeerProof
@@ -392,6 +394,7 @@ async def _dispatch(
         after = opt(data, "after", lambda m, k: HeadId(read_str(m, k, max_len=80)))
         shards = opt(data, "shards", lambda m, k: read_int(m, k, low=1, high=256))
         cache_bytes = opt(data, "cache_bytes", lambda m, k: read_int(m, k, low=0, high=MAX_CACHE_BYTES))
+        work = opt(data, "work", lambda m, k: read_int(m, k, low=0, high=MAX_NONCE))
         grant = await issuer.grant(
             key,
             PeerId(connection.peer_id),
@@ -401,6 +404,7 @@ async def _dispatch(
             after=after,
             shards=shards,
             cache_bytes=cache_bytes,
+            work=work,
         )
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()
