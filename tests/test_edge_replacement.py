@@ -39,13 +39,14 @@ def _heads(url: str) -> list[HeadDescriptor]:
 
 
 @contextmanager
-def _running(validator: Validator, trainer: Trainer, network: NetworkManifest) -> Iterator[None]:
-    """``validator`` and ``trainer`` run in threads while the block runs; then both stop and close."""
+def _running(validator: Validator | list[Validator], trainer: Trainer, network: NetworkManifest) -> Iterator[None]:
+    """The validators and ``trainer`` run in threads while the block runs; then all stop and close."""
     stop = threading.Event()
-    runs = [
-        threading.Thread(target=validator.run, args=([network.experiment(BASELINE)], stop)),
-        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop}),
-    ]
+    validators = validator if isinstance(validator, list) else [validator]
+    runs = [threading.Thread(target=v.run, args=([network.experiment(BASELINE)], stop)) for v in validators]
+    runs.append(
+        threading.Thread(target=trainer.run, args=([trainer.experiment(*BASELINE.parts)],), kwargs={"stop": stop})
+    )
     try:
         for run in runs:
             run.start()
@@ -55,7 +56,8 @@ def _running(validator: Validator, trainer: Trainer, network: NetworkManifest) -
         for run in runs:
             run.join(timeout=60)
         trainer.close()
-        validator.close()
+        for v in validators:
+            v.close()
 
 
 def _gone(edge: BackgroundEdge, root: Path) -> list[HeadDescriptor]:
@@ -111,6 +113,41 @@ def test_an_edge_replaced_on_an_empty_store_continues_the_lineage_and_its_traine
     assert replace(trainer.network, edge_key=None) == replace(network, edge_key=None)
     assert new_key is not None and validator.network.edge_key is not None
     assert signed_by(network, signatures) == network.validator_key_set  # what pinning peers check, given back
+
+
+@pytest.mark.slow  # three validators judge every window: two minutes of real windows across two edges
+def test_a_two_of_three_network_gets_its_certified_lineage_back_on_an_edge_with_an_empty_store(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """Issue #24 with a quorum: the replacement edge takes the lost heads back with their certificates
+    from whichever validators hold them, and the network goes on with heads two of three vouch for."""
+    storages = [StorageConfig(tmp_path / f"validator-{i}") for i in range(3)]
+    keys = tuple(NodeIdentity.load_or_create(s.identity_path).public_key for s in storages)
+    network = replace(mnist_network(keys[0]), validator_keys=keys, quorum=2)
+    (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
+    first = BackgroundEdge(edge_settings(tmp_path, dataset_root)).start()
+    validators = [Validator(mlp_learner(), network, s, first.url, dataset_root) for s in storages]
+    trainer = mnist_trainer(network, tmp_path / "trainer", first.url)
+    second = None
+    try:
+        with _running(validators, trainer, network):
+            until("3 certified heads on the first edge", lambda: len(_heads(first.url)) >= 3, 180)
+            before = _gone(first, tmp_path)
+            second = BackgroundEdge(edge_settings(tmp_path, dataset_root, port=first.settings.port)).start()
+            until("2 more heads on the second edge", lambda: len(_heads(second.url)) >= len(before) + 2, 180)
+    finally:
+        first.stop()
+    try:
+        heads = _heads(second.url)
+    finally:
+        second.stop()
+    assert [h.head_id for h in heads[: len(before)]] == [h.head_id for h in before]  # no head lost
+    assert [h.window for h in heads] == list(range(len(heads)))  # one genesis, one head a window
+    for parent, head in itertools.pairwise(heads):
+        assert head.parent == parent.head_id
+    for head in heads:
+        head.verify_trusted(network.validator_key_set, network.quorum)  # two of three vouch for each
+        assert len(head.signers(network.validator_key_set)) >= 2
 
 
 def _replaced(edge: BackgroundEdge, root: Path, dataset_root: Path) -> tuple[BackgroundEdge, list[HeadDescriptor]]:
