@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from protocol.evidence import EvidenceDraw
+from protocol.evidence import EVIDENCE_EXAMPLES, EVIDENCE_STAGES, EvidenceDraw, evidence_decided
 
 from .learner import Evaluator, JaxLearner
 
@@ -17,7 +17,8 @@ Examples = tuple[np.ndarray, np.ndarray]
 
 
 class LeaseEvidence:
-    """The lease evidence z of candidates, a window at a time. ``read`` gives a training shard's
+    """The lease evidence z of candidates, a window at a time, measured in stages
+    (``protocol.evidence.EVIDENCE_STAGES``: the first that decides). ``read`` gives a training shard's
     examples by id (``shard_ids``: the training split's); a window's control shards are read once,
     and each head's losses on them computed once."""
 
@@ -44,15 +45,20 @@ class LeaseEvidence:
         ``ValueError`` (from ``protocol.evidence``) when it cannot be measured."""
         draw, (cx, cy), sizes = self._control(salt)
         x, y = leased if leased is not None else _concatenate([self.read(s) for s in lease_shards])
-        rows = draw.lease_rows(lease_id, len(y))
-        control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
         before = self.learner.from_tensors(dict(head))
         after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
         if head_id not in self._head_losses:
             self._head_losses[head_id] = self.evaluator.losses(before, cx, cy)
-        return self.evaluator.lease_evidence(
-            before, after, (x[rows], y[rows]), (cx[control], cy[control]), self._head_losses[head_id][control]
-        )
+        available = min(len(y), EVIDENCE_EXAMPLES)
+        for stage in EVIDENCE_STAGES:  # the first stage that decides (``protocol.evidence``)
+            rows = draw.lease_rows(lease_id, len(y), stage)
+            control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
+            z = self.evaluator.lease_evidence(
+                before, after, (x[rows], y[rows]), (cx[control], cy[control]), self._head_losses[head_id][control]
+            )
+            if evidence_decided(z, len(rows), available):
+                break
+        return z
 
     def _control(self, salt: bytes) -> tuple[EvidenceDraw, Examples, list[int]]:
         if self._window is None or self._window[0].salt != salt:

@@ -15,6 +15,14 @@ of few shards moved free riders' z); each candidate is compared with the control
 own lease. What is drawn follows the closed window's salt and the lease id (``EvidenceDraw``): the
 same at every validator, unknown to a trainer while it trains, so neither training a subset of its
 lease nor worsening a known control set is rewarded.
+
+It is measured in stages (``EVIDENCE_STAGES``): on the first ``n`` rows of the lease's draw and as
+many control rows, where each stage's rows include the stage's before it; a stage whose z reaches
+``DECISIVE_Z`` decides (``evidence_decided``), else the next stage reads more, up to the whole draw.
+An honest update's z grows with √n and clears ``DECISIVE_Z`` at the first stage almost always (its z
+over the whole draw is then about twice that: well above every bound), so a validator pays a quarter
+of the forward passes for it; an update near or below the bounds is measured on the whole draw, as
+before. Every validator stops at the same stage: the rows are drawn alike.
 """
 
 from __future__ import annotations
@@ -26,9 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CONTROL_SHARDS", "EVIDENCE_EXAMPLES", "EvidenceDraw", "lease_evidence_z"]
+__all__ = [
+    "CONTROL_SHARDS",
+    "DECISIVE_Z",
+    "EVIDENCE_EXAMPLES",
+    "EVIDENCE_STAGES",
+    "EvidenceDraw",
+    "evidence_decided",
+    "lease_evidence_z",
+]
 
 EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and as many control examples (decision 0029)
+EVIDENCE_STAGES = (4_000, EVIDENCE_EXAMPLES)  # the rows read by each stage of the measurement
+DECISIVE_Z = 4.0  # a stage's z at or above this decides: twice the refusal bound, above the credit bound
 CONTROL_SHARDS = 16  # the shards a window's control examples come from
 
 
@@ -53,21 +71,30 @@ class EvidenceDraw:
         order = sorted(shard_ids, key=lambda s: hashlib.sha256(b"dtn-evidence-control\n" + salt + s.encode()).digest())
         return cls(salt, tuple(order[:CONTROL_SHARDS]))
 
-    def lease_rows(self, lease_id: str, examples: int) -> npt.NDArray[np.int64]:
-        """Sorted indices of up to ``EVIDENCE_EXAMPLES`` of a lease's ``examples`` (its shards' examples
-        concatenated in lease order)."""
+    def lease_rows(self, lease_id: str, examples: int, limit: int = EVIDENCE_EXAMPLES) -> npt.NDArray[np.int64]:
+        """Sorted indices of up to ``limit`` (at most ``EVIDENCE_EXAMPLES``) of a lease's ``examples``
+        (its shards' examples concatenated in lease order); a smaller ``limit``'s rows are among a
+        larger one's."""
         rng = _rng(b"dtn-evidence-lease", self.salt, lease_id.encode())
-        return np.sort(rng.permutation(examples)[:EVIDENCE_EXAMPLES]).astype(np.int64)
+        return np.sort(rng.permutation(examples)[: min(limit, EVIDENCE_EXAMPLES)]).astype(np.int64)
 
     def control_rows(
         self, lease_id: str, lease_shards: Sequence[str], sizes: Sequence[int], count: int
     ) -> npt.NDArray[np.int64]:
         """Sorted indices of up to ``count`` rows of the control (the ``control`` shards' examples
-        concatenated in that order, ``sizes`` each) outside the shards of lease ``lease_id``."""
+        concatenated in that order, ``sizes`` each) outside the shards of lease ``lease_id``; a smaller
+        ``count``'s rows are among a larger one's."""
         leased = set(lease_shards)
         outside = np.flatnonzero(np.repeat([s not in leased for s in self.control], sizes))
         rng = _rng(b"dtn-evidence-control-rows", self.salt, lease_id.encode())
         return np.sort(outside[rng.permutation(len(outside))[:count]]).astype(np.int64)
+
+
+def evidence_decided(z: float, rows: int, available: int) -> bool:
+    """Whether a stage that compared ``rows`` of a lease's ``available`` drawable rows (``min(lease
+    examples, EVIDENCE_EXAMPLES)``) decides with evidence ``z``: it reached ``DECISIVE_Z``, or it read
+    every row there is to read."""
+    return z >= DECISIVE_Z or rows >= available
 
 
 def lease_evidence_z(

@@ -22,7 +22,15 @@ from protocol.deadline import (
     window_grace_s,
 )
 from protocol.errors import InvalidMessage
-from protocol.evidence import CONTROL_SHARDS, EVIDENCE_EXAMPLES, EvidenceDraw, lease_evidence_z
+from protocol.evidence import (
+    CONTROL_SHARDS,
+    DECISIVE_Z,
+    EVIDENCE_EXAMPLES,
+    EVIDENCE_STAGES,
+    EvidenceDraw,
+    evidence_decided,
+    lease_evidence_z,
+)
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
 from protocol.reasons import Reason
@@ -604,6 +612,16 @@ def test_a_windows_evidence_draw_follows_its_salt_and_compares_each_lease_with_s
     assert not np.array_equal(picked, EvidenceDraw.of(b"other", _SHARDS).lease_rows("lease-1", 40_000))
     with pytest.raises(ValueError, match="no training shards"):
         EvidenceDraw.of(b"salt", [])
+
+
+def test_the_stages_of_a_draw_nest_and_a_stage_decides_at_the_decisive_z_or_at_the_whole_draw() -> None:
+    draw = EvidenceDraw.of(b"salt", _SHARDS)
+    first, whole = (draw.lease_rows("lease-1", 40_000, stage) for stage in EVIDENCE_STAGES)
+    assert len(first) == EVIDENCE_STAGES[0] and set(first) <= set(whole) and len(whole) == EVIDENCE_EXAMPLES
+    sizes = [1000] * CONTROL_SHARDS
+    assert set(draw.control_rows("lease-1", (), sizes, 4000)) <= set(draw.control_rows("lease-1", (), sizes, 16_000))
+    assert evidence_decided(DECISIVE_Z, 4000, 16_000) and not evidence_decided(DECISIVE_Z - 0.1, 4000, 16_000)
+    assert evidence_decided(-3.0, 16_000, 16_000) and evidence_decided(0.5, 2000, 2000)  # nothing more to read
 
 
 @pytest.mark.parametrize(

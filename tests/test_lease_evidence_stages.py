@@ -1,0 +1,51 @@
+"""Lease evidence measured in stages (``protocol.evidence.EVIDENCE_STAGES``) by ``native_peer.evidence``:
+the whole draw is read only where the first stage does not decide, with a stub evaluator that records
+the rows of each stage it measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from native_peer.evidence import LeaseEvidence
+from protocol.evidence import EvidenceDraw
+
+
+class _StagedEvaluator:
+    """An evaluator whose evidence is ``z_at(rows)``, recording the rows of each stage it measured."""
+
+    def __init__(self, z_at: Callable[[int], float]) -> None:
+        self.z_at, self.stages = z_at, []
+
+    def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.zeros(len(y))
+
+    def lease_evidence(self, before: object, after: object, lease: tuple, control: tuple, held: object) -> float:
+        assert len(lease[1]) == len(control[1])  # as many control rows as lease rows
+        self.stages.append(len(lease[1]))
+        return self.z_at(len(lease[1]))
+
+
+@pytest.mark.parametrize(
+    ("lease_shards", "z_at", "stages"),
+    [
+        (20, lambda rows: 3.0 * (rows / 1000) ** 0.5, [4000]),  # honest: z 6 on the first stage decides
+        (20, lambda rows: 1.0, [4000, 16_000]),  # near the bounds: measured on the whole draw
+        (20, lambda rows: 3.0 if rows < 16_000 else 1.5, [4000, 16_000]),  # 3 < 4: read on
+        (2, lambda rows: 0.5, [2000]),  # a lease smaller than the first stage: all of it, once
+        (10, lambda rows: 1.0, [4000, 10_000]),  # the second stage reads the whole lease
+    ],
+)
+def test_lease_evidence_reads_the_whole_draw_only_where_the_first_stage_does_not_decide(
+    lease_shards: int, z_at: Callable[[int], float], stages: list[int]
+) -> None:
+    shard_ids = [f"train-{i:05d}" for i in range(40)]
+    evaluator = _StagedEvaluator(z_at)
+    learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
+    evidence = LeaseEvidence(learner, evaluator, shard_ids, lambda shard: (np.zeros((1000, 1)), np.zeros(1000)))  # type: ignore[arg-type]
+    lease = [s for s in shard_ids if s not in EvidenceDraw.of(b"salt", shard_ids).control][:lease_shards]
+    z = evidence.z(b"salt", "head", {}, {}, "lease-1", lease)
+    assert evaluator.stages == stages and z == z_at(stages[-1])
