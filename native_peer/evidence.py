@@ -3,6 +3,7 @@ each candidate, and the attack suite as they do."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from .learner import Evaluator, JaxLearner
 __all__ = ["LeaseEvidence"]
 
 Examples = tuple[np.ndarray, np.ndarray]
+SHARD_CACHE_BYTES = 256 << 20  # decoded training shards a validator keeps for lease evidence
 
 
 class LeaseEvidence:
@@ -23,11 +25,35 @@ class LeaseEvidence:
     and each head's losses on them computed once."""
 
     def __init__(
-        self, learner: JaxLearner, evaluator: Evaluator, shard_ids: Sequence[str], read: Callable[[str], Examples]
+        self,
+        learner: JaxLearner,
+        evaluator: Evaluator,
+        shard_ids: Sequence[str],
+        read: Callable[[str], Examples],
+        *,
+        cache_bytes: int = SHARD_CACHE_BYTES,
     ) -> None:
-        self.learner, self.evaluator, self.shard_ids, self.read = learner, evaluator, tuple(shard_ids), read
+        self.learner, self.evaluator, self.shard_ids, self._read = learner, evaluator, tuple(shard_ids), read
+        self.cache_bytes = cache_bytes
         self._window: tuple[EvidenceDraw, Examples, list[int]] | None = None
         self._head_losses: dict[str, np.ndarray] = {}  # head id -> its losses on the window's control
+        self._shards: OrderedDict[str, Examples] = OrderedDict()  # decoded shards, least recently used first
+        self.reads = 0  # shards read and decoded (not from the cache)
+
+    def read(self, shard_id: str) -> Examples:
+        """A training shard's examples: decoded once while they fit in ``cache_bytes`` with the shards
+        used since (a trainer's next lease holds many of its last one's shards, a window's control
+        returns in later windows)."""
+        cached = self._shards.get(shard_id)
+        if cached is not None:
+            self._shards.move_to_end(shard_id)
+            return cached
+        examples = self._read(shard_id)
+        self.reads += 1
+        self._shards[shard_id] = examples
+        while sum(x.nbytes + y.nbytes for x, y in self._shards.values()) > self.cache_bytes and len(self._shards) > 1:
+            self._shards.popitem(last=False)
+        return examples
 
     def z(
         self,

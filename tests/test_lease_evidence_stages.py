@@ -49,3 +49,28 @@ def test_lease_evidence_reads_the_whole_draw_only_where_the_first_stage_does_not
     lease = [s for s in shard_ids if s not in EvidenceDraw.of(b"salt", shard_ids).control][:lease_shards]
     z = evidence.z(b"salt", "head", {}, {}, "lease-1", lease)
     assert evaluator.stages == stages and z == z_at(stages[-1])
+
+
+def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it() -> None:
+    shard_ids = [f"train-{i:05d}" for i in range(40)]
+    learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
+
+    used = {s for w in range(3) for s in shard_ids[w * 2 : w * 2 + 10]} | {
+        s for w in range(3) for s in EvidenceDraw.of(f"salt-{w}".encode(), shard_ids).control
+    }
+
+    def measured(cache_bytes: int) -> int:
+        evidence = LeaseEvidence(
+            learner,  # type: ignore[arg-type]
+            _StagedEvaluator(lambda rows: 6.0),  # type: ignore[arg-type]
+            shard_ids,
+            lambda shard: (np.zeros((1000, 1)), np.zeros(1000)),
+            cache_bytes=cache_bytes,
+        )
+        for window in range(3):  # the same trainer's leases overlap from window to window
+            lease = shard_ids[window * 2 : window * 2 + 10]
+            evidence.z(f"salt-{window}".encode(), f"head-{window}", {}, {}, f"lease-{window}", lease)
+        return evidence.reads
+
+    assert measured(1 << 30) == len(used)  # each shard decoded once: the leases' and the windows' controls
+    assert measured(1) > len(used)  # no room: every use reads and decodes again
