@@ -35,7 +35,7 @@ class LeaseEvidence:
     ) -> None:
         self.learner, self.evaluator, self.shard_ids, self._read = learner, evaluator, tuple(shard_ids), read
         self.cache_bytes = cache_bytes
-        self._window: tuple[EvidenceDraw, Examples, list[int]] | None = None
+        self._window: tuple[EvidenceDraw, list[Examples]] | None = None  # a window's draw and control shards
         self._head_losses: dict[str, np.ndarray] = {}  # head id -> its losses on the window's control
         self._shards: OrderedDict[str, Examples] = OrderedDict()  # decoded shards, least recently used first
         self.reads = 0  # shards read and decoded (not from the cache)
@@ -69,31 +69,42 @@ class LeaseEvidence:
         lease ``lease_id`` of ``lease_shards``, in a window of tie-break ``salt``. ``leased``: the
         lease's examples when they are not its shards' (the attack suite's label-skewed peers).
         ``ValueError`` (from ``protocol.evidence``) when it cannot be measured."""
-        draw, (cx, cy), sizes = self._control(salt)
-        x, y = leased if leased is not None else _concatenate([self.read(s) for s in lease_shards])
+        draw, control_parts = self._control(salt)
+        parts = [leased] if leased is not None else [self.read(s) for s in lease_shards]
+        examples = sum(len(y) for _, y in parts)
+        sizes = [len(y) for _, y in control_parts]
         before = self.learner.from_tensors(dict(head))
         after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
-        if head_id not in self._head_losses:
-            self._head_losses[head_id] = self.evaluator.losses(before, cx, cy)
-        available = min(len(y), EVIDENCE_EXAMPLES)
+        if head_id not in self._head_losses:  # a shard at a time: the same figures whatever is asked first
+            self._head_losses[head_id] = np.concatenate([self.evaluator.losses(before, x, y) for x, y in control_parts])
+        held = self._head_losses[head_id]
+        available = min(examples, EVIDENCE_EXAMPLES)
         for stage in EVIDENCE_STAGES:  # the first stage that decides (``protocol.evidence``)
-            rows = draw.lease_rows(lease_id, len(y), stage)
+            rows = draw.lease_rows(lease_id, examples, stage)
             control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
             z = self.evaluator.lease_evidence(
-                before, after, (x[rows], y[rows]), (cx[control], cy[control]), self._head_losses[head_id][control]
+                before, after, _gather(parts, rows), _gather(control_parts, control), held[control]
             )
             if evidence_decided(z, len(rows), available):
                 break
         return z
 
-    def _control(self, salt: bytes) -> tuple[EvidenceDraw, Examples, list[int]]:
+    def _control(self, salt: bytes) -> tuple[EvidenceDraw, list[Examples]]:
         if self._window is None or self._window[0].salt != salt:
             draw = EvidenceDraw.of(salt, self.shard_ids)
-            parts = [self.read(s) for s in draw.control]
-            self._window = (draw, _concatenate(parts), [len(y) for _, y in parts])
+            self._window = (draw, [self.read(s) for s in draw.control])
             self._head_losses = {}
         return self._window
 
 
-def _concatenate(parts: Sequence[Examples]) -> Examples:
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+def _gather(parts: Sequence[Examples], rows: np.ndarray) -> Examples:
+    """The examples at sorted indices ``rows`` of ``parts`` concatenated, without concatenating them."""
+    bounds = np.cumsum([0, *(len(y) for _, y in parts)])
+    picked = []
+    for (x, y), start, stop in zip(parts, bounds[:-1], bounds[1:], strict=True):
+        mine = rows[np.searchsorted(rows, start) : np.searchsorted(rows, stop)] - start
+        if len(mine):
+            picked.append((x[mine], y[mine]))
+    if not picked:
+        return parts[0][0][:0], parts[0][1][:0]
+    return np.concatenate([x for x, _ in picked]), np.concatenate([y for _, y in picked])
