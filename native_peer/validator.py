@@ -832,20 +832,19 @@ class Validator:
             try:
                 self.edge.publish_evaluation(evaluation)
             except EdgeRequestError as exc:
-                if exc.status not in (404, 409):
+                if exc.status != 404:
                     raise
                 log.warning("evaluation of head %s not taken: %s", head.head_id[:19], exc)
-                pending.pop(0)
-                continue
+            else:
+                published.append(evaluation)
+                log.info(
+                    "%s: head %s of window %d: test acc %.4f",
+                    spec.key,
+                    head.head_id[:19],
+                    head.window,
+                    evaluation.metrics.get("test_accuracy", float("nan")),
+                )
             pending.pop(0)
-            published.append(evaluation)
-            log.info(
-                "%s: head %s of window %d: test acc %.4f",
-                spec.key,
-                head.head_id[:19],
-                head.window,
-                evaluation.metrics.get("test_accuracy", float("nan")),
-            )
         return published
 
     def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
