@@ -405,12 +405,12 @@ def leave_one_out(
 
 
 def outer_step(
-    merge: Merge, rows: Sequence[int], outer: OuterOptimizer, momentum: Vector | None, share: float = 1.0
+    merge: Merge, update: Vector, outer: OuterOptimizer, momentum: Vector | None, share: float = 1.0
 ) -> tuple[Params, Vector | None]:
-    """The merged parameters, ``outer``'s step from the base with ``share`` × the merge rule's update
-    over ``rows``, and the next outer state (``protocol.outer``: FedAvg has none, DiLoCo's Nesterov
-    step carries ``momentum``)."""
-    stepped, state = outer.step(merge.base, share * merge.update(rows), momentum)
+    """The merged parameters, ``outer``'s step from the merge's base with ``share`` × ``update`` (the
+    merge rule's, ``Merge.update``), and the next outer state (``protocol.outer``: FedAvg has none,
+    DiLoCo's Nesterov step carries ``momentum``)."""
+    stepped, state = outer.step(merge.base, share * update, momentum)
     return unflatten(merge.spec, stepped), state
 
 
@@ -432,8 +432,9 @@ def promote(
     it was for the next window to overshoot the same way (decision 0028). A share only shortens the
     merge's step along the direction the merge rule chose."""
     best: tuple[Params, dict[str, float], Vector | None] | None = None
+    update = merge.update(rows)  # the merge rule runs once; each share scales its update
     for share in policy.step_shares:
-        merged, state = outer_step(merge, rows, outer, momentum, share)
+        merged, state = outer_step(merge, update, outer, momentum, share)
         metrics = evaluate(merged)
         if best is None or metrics["loss"] < best[1]["loss"]:
             best = merged, metrics, state

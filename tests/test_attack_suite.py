@@ -26,7 +26,9 @@ from lab.attacks import (
     scorecard_table,
 )
 
-pytestmark = pytest.mark.slow  # the whole planned scorecard: minutes of real MNIST training
+# the whole planned scorecard: ~5 minutes of real MNIST training on 2 cores, all in the module's
+# fixture, which pytest-timeout counts against the first test
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 WINDOWS = 4
 # attack classes the default preset must never accept, at any fraction and in any setting

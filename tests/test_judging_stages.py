@@ -385,7 +385,8 @@ _MOMENTUM = np.full(N, 0.01)
 def test_outer_step(
     outer: OuterOptimizer, momentum: np.ndarray | None, rows: list[int], step: np.ndarray, state: np.ndarray | None
 ) -> None:
-    merged, next_state = outer_step(_merge([_sub(0, _spread(0.2)), _sub(1, _spread(0.1))]), rows, outer, momentum)
+    merge = _merge([_sub(0, _spread(0.2)), _sub(1, _spread(0.1))])
+    merged, next_state = outer_step(merge, merge.update(rows), outer, momentum)
     np.testing.assert_allclose(flatten(SPEC, merged) - flatten(SPEC, BASE), step, atol=1e-6)
     if state is None:
         assert next_state is None
