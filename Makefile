@@ -86,7 +86,7 @@ test-python-fast:
 	$(PY) -m pytest -m "not slow" -n 2
 
 test-python-slow:
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m slow --durations=10
 
 test-browser:
 	npx playwright test
