@@ -10,7 +10,7 @@ import numpy as np
 
 from protocol.evidence import EVIDENCE_EXAMPLES, EVIDENCE_STAGES, EvidenceDraw, evidence_decided
 
-from .learner import Evaluator, JaxLearner
+from .learner import Evaluator, JaxLearner, PyTree
 
 __all__ = ["LeaseEvidence"]
 
@@ -22,7 +22,7 @@ class LeaseEvidence:
     """The lease evidence z of candidates, a window at a time, measured in stages
     (``protocol.evidence.EVIDENCE_STAGES``: the first that decides). ``read`` gives a training shard's
     examples by id (``shard_ids``: the training split's); a window's control shards are read once,
-    and each head's losses on them computed once."""
+    and a head's losses on each of them computed once, where a candidate's control needs them."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class LeaseEvidence:
         self.learner, self.evaluator, self.shard_ids, self._read = learner, evaluator, tuple(shard_ids), read
         self.cache_bytes = cache_bytes
         self._window: tuple[EvidenceDraw, list[Examples]] | None = None  # a window's draw and control shards
-        self._head_losses: dict[str, np.ndarray] = {}  # head id -> its losses on the window's control
+        self._head_losses: dict[str, dict[int, np.ndarray]] = {}  # head id -> control shard -> its losses there
         self._shards: OrderedDict[str, Examples] = OrderedDict()  # decoded shards, least recently used first
         self.reads = 0  # shards read and decoded (not from the cache)
 
@@ -75,19 +75,33 @@ class LeaseEvidence:
         sizes = [len(y) for _, y in control_parts]
         before = self.learner.from_tensors(dict(head))
         after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
-        if head_id not in self._head_losses:  # a shard at a time: the same figures whatever is asked first
-            self._head_losses[head_id] = np.concatenate([self.evaluator.losses(before, x, y) for x, y in control_parts])
-        held = self._head_losses[head_id]
         available = min(examples, EVIDENCE_EXAMPLES)
         for stage in EVIDENCE_STAGES:  # the first stage that decides (``protocol.evidence``)
             rows = draw.lease_rows(lease_id, examples, stage)
             control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
+            held = self._held(head_id, before, control_parts, control)
             z = self.evaluator.lease_evidence(
-                before, after, _gather(parts, rows), _gather(control_parts, control), held[control]
+                before, after, _gather(parts, rows), _gather(control_parts, control), held
             )
             if evidence_decided(z, len(rows), available):
                 break
         return z
+
+    def _held(self, head_id: str, before: PyTree, control_parts: Sequence[Examples], rows: np.ndarray) -> np.ndarray:
+        """The head's losses on the control's sorted ``rows``, from its losses on the shards that hold
+        them: each computed once per head and a whole shard at a time (the same figures whatever is
+        asked first), and only where a lease's control reaches (outside a large lease, a few shards)."""
+        bounds = np.cumsum([0, *(len(y) for _, y in control_parts)])
+        shards = np.searchsorted(bounds, rows, side="right") - 1
+        losses = self._head_losses.setdefault(head_id, {})
+        for i in np.unique(shards).tolist():
+            if i not in losses:
+                losses[i] = self.evaluator.losses(before, *control_parts[i])
+        held = np.empty(len(rows), np.float64)
+        for i, at in losses.items():
+            mine = shards == i
+            held[mine] = at[rows[mine] - bounds[i]]
+        return held
 
     def _control(self, salt: bytes) -> tuple[EvidenceDraw, list[Examples]]:
         if self._window is None or self._window[0].salt != salt:

@@ -74,3 +74,44 @@ def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it()
 
     assert measured(1 << 30) == len(used)  # each shard decoded once: the leases' and the windows' controls
     assert measured(1) > len(used)  # no room: every use reads and decodes again
+
+
+class _RowEvaluator:
+    """Losses that name their rows (each example's one feature), recording the row counts asked of
+    ``losses`` and the head's losses each measurement was given."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.held: list[tuple[np.ndarray, np.ndarray]] = []  # (the control's features, the head's losses there)
+
+    def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        self.asked.append(len(y))
+        return x[:, 0].astype(np.float64)
+
+    def lease_evidence(self, before: object, after: object, lease: tuple, control: tuple, held: np.ndarray) -> float:
+        self.held.append((control[0][:, 0], held))
+        return 6.0
+
+
+def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_head() -> None:
+    shard_ids = [f"train-{i:05d}" for i in range(40)]
+    evaluator = _RowEvaluator()
+    learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
+    evidence = LeaseEvidence(
+        learner,  # type: ignore[arg-type]
+        evaluator,  # type: ignore[arg-type]
+        shard_ids,
+        lambda shard: (1000.0 * int(shard[-5:]) + np.arange(1000.0)[:, None], np.zeros(1000)),  # feature: its row
+    )
+    control = EvidenceDraw.of(b"salt", shard_ids).control
+    outside = set(control[:3])  # a lease of every other training shard: its control is 3 shards
+    lease = [s for s in shard_ids if s not in outside]
+    evidence.z(b"salt", "head", {}, {}, "lease-1", lease)
+    assert evaluator.asked.count(1000) == 3  # the head on the 3 shards outside it, not all 16 of the control
+    evidence.z(b"salt", "head", {}, {}, "lease-2", lease)
+    assert evaluator.asked.count(1000) == 3  # once a head
+    evidence.z(b"salt", "next-head", {}, {}, "lease-3", lease)
+    assert evaluator.asked.count(1000) == 6
+    for features, held in evaluator.held:  # the head's losses are those of the control rows compared
+        assert len(features) == 3000 and np.array_equal(features, held)
+        assert {f"train-{int(f) // 1000:05d}" for f in features} == outside
