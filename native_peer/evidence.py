@@ -94,13 +94,12 @@ class LeaseEvidence:
         bounds = np.cumsum([0, *(len(y) for _, y in control_parts)])
         shards = np.searchsorted(bounds, rows, side="right") - 1
         losses = self._head_losses.setdefault(head_id, {})
+        held = np.empty(len(rows), np.float64)
         for i in np.unique(shards).tolist():
             if i not in losses:
                 losses[i] = self.evaluator.losses(before, *control_parts[i])
-        held = np.empty(len(rows), np.float64)
-        for i, at in losses.items():
             mine = shards == i
-            held[mine] = at[rows[mine] - bounds[i]]
+            held[mine] = losses[i][rows[mine] - bounds[i]]
         return held
 
     def _control(self, salt: bytes) -> tuple[EvidenceDraw, list[Examples]]:
