@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.evidence import EVIDENCE_EXAMPLES, EVIDENCE_STAGES, EvidenceDraw, evidence_decided
+from protocol.evidence import EVIDENCE_EXAMPLES, EVIDENCE_STAGES, EvidenceDraw, evidence_decided, lease_evidence_z
 
 from .learner import Evaluator, JaxLearner, PyTree
 
@@ -75,15 +76,22 @@ class LeaseEvidence:
         sizes = [len(y) for _, y in control_parts]
         before = self.learner.from_tensors(dict(head))
         after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
+
+        def lease_gains(rows: np.ndarray) -> np.ndarray:
+            x, y = _gather(parts, rows)
+            return self.evaluator.losses(before, x, y) - self.evaluator.losses(after, x, y)
+
+        def control_gains(rows: np.ndarray) -> np.ndarray:
+            held = self._held(head_id, before, control_parts, rows)
+            return held - self.evaluator.losses(after, *_gather(control_parts, rows))
+
         available = min(examples, EVIDENCE_EXAMPLES)
+        lease, control = _Gains.none(), _Gains.none()
         for stage in EVIDENCE_STAGES:  # the first stage that decides (``protocol.evidence``)
-            rows = draw.lease_rows(lease_id, examples, stage)
-            control = draw.control_rows(lease_id, lease_shards, sizes, len(rows))
-            held = self._held(head_id, before, control_parts, control)
-            z = self.evaluator.lease_evidence(
-                before, after, _gather(parts, rows), _gather(control_parts, control), held
-            )
-            if evidence_decided(z, len(rows), available):
+            lease = lease.extended(draw.lease_rows(lease_id, examples, stage), lease_gains)
+            control = control.extended(draw.control_rows(lease_id, lease_shards, sizes, len(lease.rows)), control_gains)
+            z = lease_evidence_z(lease.gains, control.gains)
+            if evidence_decided(z, len(lease.rows), available):
                 break
         return z
 
@@ -108,6 +116,30 @@ class LeaseEvidence:
             self._window = (draw, [self.read(s) for s in draw.control])
             self._head_losses = {}
         return self._window
+
+
+@dataclass(frozen=True)
+class _Gains:
+    """Loss gains measured on sorted ``rows``: a stage's rows include the stage's before it
+    (``EvidenceDraw``), whose gains are kept, so each row is measured once."""
+
+    rows: np.ndarray
+    gains: np.ndarray
+
+    @classmethod
+    def none(cls) -> _Gains:
+        return cls(np.zeros(0, np.int64), np.zeros(0))
+
+    def extended(self, rows: np.ndarray, measure: Callable[[np.ndarray], np.ndarray]) -> _Gains:
+        """The gains on ``rows`` (a superset of these), measuring (``measure``) only the rows new here."""
+        new = np.setdiff1d(rows, self.rows, assume_unique=True)
+        if len(rows) - len(new) != len(self.rows):
+            raise ValueError("a stage's rows must include the stage's before it")
+        gains = np.empty(len(rows), np.float64)
+        gains[np.searchsorted(rows, self.rows)] = self.gains
+        if len(new):
+            gains[np.searchsorted(rows, new)] = measure(new)
+        return _Gains(rows, gains)
 
 
 def _gather(parts: Sequence[Examples], rows: np.ndarray) -> Examples:

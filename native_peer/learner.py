@@ -252,14 +252,12 @@ class Evaluator:
         after: PyTree,
         lease: tuple[np.ndarray, np.ndarray],
         control: tuple[np.ndarray, np.ndarray],
-        control_before: np.ndarray | None = None,
     ) -> float:
         """``protocol.evidence.lease_evidence_z`` of parameters ``after`` trained from ``before``: each
         example's loss gain (before − after) on the ``lease`` examples against that on the ``control``
-        examples; ``control_before``: ``before``'s losses on the control when already measured."""
-        held = self.losses(before, *control) if control_before is None else control_before
+        examples (``native_peer.evidence.LeaseEvidence`` measures validators' in stages)."""
         lease_gains = self.losses(before, *lease) - self.losses(after, *lease)
-        return lease_evidence_z(lease_gains, held - self.losses(after, *control))
+        return lease_evidence_z(lease_gains, self.losses(before, *control) - self.losses(after, *control))
 
     def _chunks(self, x: np.ndarray, y: np.ndarray) -> list[tuple[jax.Array, jax.Array]]:
         """(x, y) in device chunks, copied once per array pair: a validator evaluates the same splits

@@ -1,6 +1,6 @@
 """Lease evidence measured in stages (``protocol.evidence.EVIDENCE_STAGES``) by ``native_peer.evidence``:
-the whole draw is read only where the first stage does not decide, with a stub evaluator that records
-the rows of each stage it measured."""
+the whole draw is read only where the first stage does not decide, each row measured once, with stub
+evaluators that record the rows they were asked for and a z that follows the rows compared."""
 
 from __future__ import annotations
 
@@ -10,23 +10,37 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import native_peer.evidence
 from native_peer.evidence import LeaseEvidence
 from protocol.evidence import EvidenceDraw
 
 
-class _StagedEvaluator:
-    """An evaluator whose evidence is ``z_at(rows)``, recording the rows of each stage it measured."""
+class _CountingEvaluator:
+    """Losses of 0 everywhere, recording how many rows each ``losses`` call was asked for."""
 
-    def __init__(self, z_at: Callable[[int], float]) -> None:
-        self.z_at, self.stages = z_at, []
+    def __init__(self) -> None:
+        self.asked: list[int] = []
 
     def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        self.asked.append(len(y))
         return np.zeros(len(y))
 
-    def lease_evidence(self, before: object, after: object, lease: tuple, control: tuple, held: object) -> float:
-        assert len(lease[1]) == len(control[1])  # as many control rows as lease rows
-        self.stages.append(len(lease[1]))
-        return self.z_at(len(lease[1]))
+
+@pytest.fixture
+def compared(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[int], float]], list[tuple[int, int]]]:
+    """Make z a function of the lease rows compared; the (lease, control) row counts of each stage."""
+
+    def install(z_at: Callable[[int], float]) -> list[tuple[int, int]]:
+        stages: list[tuple[int, int]] = []
+
+        def z(lease_gains: np.ndarray, control_gains: np.ndarray) -> float:
+            stages.append((len(lease_gains), len(control_gains)))
+            return z_at(len(lease_gains))
+
+        monkeypatch.setattr(native_peer.evidence, "lease_evidence_z", z)
+        return stages
+
+    return install
 
 
 @pytest.mark.parametrize(
@@ -40,15 +54,25 @@ class _StagedEvaluator:
     ],
 )
 def test_lease_evidence_reads_the_whole_draw_only_where_the_first_stage_does_not_decide(
-    lease_shards: int, z_at: Callable[[int], float], stages: list[int]
+    compared: Callable[[Callable[[int], float]], list[tuple[int, int]]],
+    lease_shards: int,
+    z_at: Callable[[int], float],
+    stages: list[int],
 ) -> None:
     shard_ids = [f"train-{i:05d}" for i in range(40)]
-    evaluator = _StagedEvaluator(z_at)
+    evaluator = _CountingEvaluator()
+    measured = compared(z_at)
     learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
     evidence = LeaseEvidence(learner, evaluator, shard_ids, lambda shard: (np.zeros((1000, 1)), np.zeros(1000)))  # type: ignore[arg-type]
     lease = [s for s in shard_ids if s not in EvidenceDraw.of(b"salt", shard_ids).control][:lease_shards]
     z = evidence.z(b"salt", "head", {}, {}, "lease-1", lease)
-    assert evaluator.stages == stages and z == z_at(stages[-1])
+    assert [lease_rows for lease_rows, _ in measured] == stages and z == z_at(stages[-1])
+    assert all(control_rows == lease_rows for lease_rows, control_rows in measured)  # as many control rows
+    # each row measured once: a later stage only its new rows (the lease's through the head and the
+    # candidate, the control's through the candidate), the head on each control shard once (1,000 rows)
+    new_rows = [b - a for a, b in zip([0, *stages[:-1]], stages, strict=True)]
+    assert sorted(n for n in evaluator.asked if n != 1000) == sorted(n for n in new_rows for _ in range(3))
+    assert evaluator.asked.count(1000) <= 16
 
 
 def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it() -> None:
@@ -62,7 +86,7 @@ def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it()
     def measured(cache_bytes: int) -> int:
         evidence = LeaseEvidence(
             learner,  # type: ignore[arg-type]
-            _StagedEvaluator(lambda rows: 6.0),  # type: ignore[arg-type]
+            _CountingEvaluator(),  # type: ignore[arg-type]
             shard_ids,
             lambda shard: (np.zeros((1000, 1)), np.zeros(1000)),
             cache_bytes=cache_bytes,
@@ -77,25 +101,26 @@ def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it()
 
 
 class _RowEvaluator:
-    """Losses that name their rows (each example's one feature), recording the row counts asked of
-    ``losses`` and the head's losses each measurement was given."""
+    """The head's loss on an example is its one feature (which names its row), a candidate's 0; records
+    the row counts asked of ``losses``."""
 
     def __init__(self) -> None:
         self.asked: list[int] = []
-        self.held: list[tuple[np.ndarray, np.ndarray]] = []  # (the control's features, the head's losses there)
 
-    def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def losses(self, params: dict[str, object], x: np.ndarray, y: np.ndarray) -> np.ndarray:
         self.asked.append(len(y))
-        return x[:, 0].astype(np.float64)
-
-    def lease_evidence(self, before: object, after: object, lease: tuple, control: tuple, held: np.ndarray) -> float:
-        self.held.append((control[0][:, 0], held))
-        return 6.0
+        return x[:, 0].astype(np.float64) if "head" in params else np.zeros(len(y))
 
 
-def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_head() -> None:
+def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     shard_ids = [f"train-{i:05d}" for i in range(40)]
     evaluator = _RowEvaluator()
+    control_gains: list[np.ndarray] = []  # each measurement's: the head's losses there, less the candidate's 0
+    monkeypatch.setattr(
+        native_peer.evidence, "lease_evidence_z", lambda lease, control: control_gains.append(control) or 6.0
+    )
     learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
     evidence = LeaseEvidence(
         learner,  # type: ignore[arg-type]
@@ -106,12 +131,15 @@ def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_
     control = EvidenceDraw.of(b"salt", shard_ids).control
     outside = set(control[:3])  # a lease of every other training shard: its control is 3 shards
     lease = [s for s in shard_ids if s not in outside]
-    evidence.z(b"salt", "head", {}, {}, "lease-1", lease)
+    head, trained = {"head": np.zeros(1)}, {"trained": np.zeros(1)}
+    evidence.z(b"salt", "head", head, trained, "lease-1", lease)
     assert evaluator.asked.count(1000) == 3  # the head on the 3 shards outside it, not all 16 of the control
-    evidence.z(b"salt", "head", {}, {}, "lease-2", lease)
+    evidence.z(b"salt", "head", head, trained, "lease-2", lease)
     assert evaluator.asked.count(1000) == 3  # once a head
-    evidence.z(b"salt", "next-head", {}, {}, "lease-3", lease)
+    evidence.z(b"salt", "next-head", head, trained, "lease-3", lease)
     assert evaluator.asked.count(1000) == 6
-    for features, held in evaluator.held:  # the head's losses are those of the control rows compared
-        assert len(features) == 3000 and np.array_equal(features, held)
-        assert {f"train-{int(f) // 1000:05d}" for f in features} == outside
+    assert len(control_gains) == 3
+    for gains in control_gains:  # the head's losses taken are those of the control rows compared
+        rows = np.sort(gains)
+        assert len(rows) == 3000 and len(np.unique(rows)) == 3000
+        assert {f"train-{int(r) // 1000:05d}" for r in rows} == outside
