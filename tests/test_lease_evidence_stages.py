@@ -100,16 +100,12 @@ def test_a_validator_decodes_each_training_shard_once_while_its_cache_holds_it()
     assert measured(1) > len(used)  # no room: every use reads and decodes again
 
 
-class _RowEvaluator:
-    """The head's loss on an example is its one feature (which names its row), a candidate's 0; records
-    the row counts asked of ``losses``."""
+class _RowEvaluator(_CountingEvaluator):
+    """The head's loss on an example is its one feature (which names its row), a candidate's 0."""
 
-    def __init__(self) -> None:
-        self.asked: list[int] = []
-
-    def losses(self, params: dict[str, object], x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        self.asked.append(len(y))
-        return x[:, 0].astype(np.float64) if "head" in params else np.zeros(len(y))
+    def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        zeros = super().losses(params, x, y)
+        return x[:, 0].astype(np.float64) if isinstance(params, dict) and "head" in params else zeros
 
 
 def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_head(
