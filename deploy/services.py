@@ -188,11 +188,14 @@ class PrivateRedis(_Server):
 class PrivateTurn(_Server):
     """A throwaway coturn ``turnserver`` on loopback (UDP and TCP on ``port``, relay ports from its own
     range), checking TURN REST API credentials (``use-auth-secret``) against a secret of its own in
-    ``secret_file``; verbose, its log names every allocation and what it relayed (``peer usage``).
+    ``secret_file``; verbose, its log names every allocation and what it relayed (``peer usage``, written
+    when an allocation ends). An allocation lives at most ``ALLOCATION_S`` without a refresh, so a client
+    that vanished without releasing its relay is reported within that, not at the default 600 s.
     Loopback peers are allowed: the tabs it relays for are on this machine."""
 
     name = "turn"
     RELAY_PORTS = 64
+    ALLOCATION_S = 20
 
     def __init__(self) -> None:
         server = shutil.which("turnserver")
@@ -208,7 +211,8 @@ class PrivateTurn(_Server):
             "listening-ip=127.0.0.1", "relay-ip=127.0.0.1", f"listening-port={self.port}",
             f"min-port={first}", f"max-port={first + self.RELAY_PORTS - 1}",
             "use-auth-secret", f"static-auth-secret={self.secret_file.read_text()}", "realm=dtn.test",
-            "no-tls", "no-dtls", "no-cli", "allow-loopback-peers", "no-software-attribute", "verbose",
+            f"max-allocate-lifetime={self.ALLOCATION_S}", "no-tls", "no-dtls", "no-cli", "allow-loopback-peers",
+            "no-software-attribute", "verbose",
             "log-file=stdout", f"pidfile={self.root / 'turnserver.pid'}", f"userdb={self.root / 'turndb'}",
         ]  # fmt: skip
         (self.root / "turnserver.conf").write_text("\n".join(config) + "\n")
