@@ -139,3 +139,55 @@ def test_the_head_is_measured_only_on_the_control_shards_outside_a_lease_once_a_
         rows = np.sort(gains)
         assert len(rows) == 3000 and len(np.unique(rows)) == 3000
         assert {f"train-{int(r) // 1000:05d}" for r in rows} == outside
+
+
+class _HeadRows(_RowEvaluator):
+    """A ``_RowEvaluator`` that also records how many rows the head was asked for, call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_asked: list[int] = []
+
+    def losses(self, params: object, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        if isinstance(params, dict) and "head" in params:
+            self.head_asked.append(len(y))
+        return super().losses(params, x, y)
+
+
+@pytest.mark.parametrize("prepared", [40, 10, 0])
+def test_the_heads_losses_prepared_on_a_leases_shards_are_not_measured_again_and_compare_alike(
+    monkeypatch: pytest.MonkeyPatch, prepared: int
+) -> None:
+    shard_ids = [f"train-{i:05d}" for i in range(60)]
+    gains: list[tuple[np.ndarray, np.ndarray]] = []
+    monkeypatch.setattr(
+        native_peer.evidence, "lease_evidence_z", lambda lease, control: gains.append((lease, control)) or 1.0
+    )
+    learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
+    control = EvidenceDraw.of(b"salt", shard_ids).control
+    lease = [s for s in shard_ids if s not in control][:40]  # 40,000 examples: both stages, 16,000 rows drawn
+    head, trained = {"head": np.zeros(1)}, {"trained": np.zeros(1)}
+
+    def measured(evaluator: _HeadRows) -> LeaseEvidence:
+        return LeaseEvidence(
+            learner,  # type: ignore[arg-type]
+            evaluator,  # type: ignore[arg-type]
+            shard_ids,
+            lambda shard: (1000.0 * int(shard[-5:]) + np.arange(1000.0)[:, None], np.zeros(1000)),  # feature: its row
+        )
+
+    alone = _HeadRows()
+    measured(alone).z(b"salt", "head", head, trained, "lease-1", lease)
+    ahead = _HeadRows()
+    evidence = measured(ahead)
+    assert evidence.prepare("head", lambda: head, lease[:prepared]) == prepared
+    assert ahead.head_asked == [1000] * prepared and evidence.prepare("head", lambda: head, lease[:prepared]) == 0
+    ahead.head_asked.clear()
+    evidence.z(b"salt", "head", head, trained, "lease-1", lease)
+    (first, second), (again_first, again_second) = gains[:2], gains[2:]
+    for a, b in ((first, again_first), (second, again_second)):  # the same gains, row for row
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    lease_rows = [n for n in alone.head_asked if n != 1000]  # the head on the lease's drawn rows, stage by stage
+    assert sum(lease_rows) == 16_000
+    on_lease = sum(n for n in ahead.head_asked if n != 1000)  # only the rows on shards not prepared
+    assert on_lease == (16_000 if prepared == 0 else 0 if prepared == 40 else pytest.approx(12_000, abs=600))
