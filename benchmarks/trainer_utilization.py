@@ -9,6 +9,8 @@ lease). Per run, for ``--seconds`` after the trainer's first window:
                   the same trainer code reaches alone on that core (``standalone``, measured first,
                   in this run, on the same lease-sized data, float32 or stored uint8, whichever is
                   faster: uncontended compute)
+    in steps      seconds the trainer spent in its training steps / wall seconds: the share of its
+                  time not spent waiting (for a head, a lease), whatever the steps' speed
     cpu           the trainer process's CPU seconds (all its threads) / wall seconds
     windows/min   heads the validator promoted per minute
 
@@ -47,6 +49,7 @@ ADAPTIVE_MAX_SHARDS = 40  # of the bench dataset's 1,000-example shards (the edg
 class Run:
     config: str
     utilization: float
+    in_steps: float
     cpu: float
     windows_per_min: float
     samples: int
@@ -127,6 +130,7 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate:
     return Run(
         config,
         utilization=samples / max(span, 1e-9) / rate,
+        in_steps=(last["compute_s"] - first["compute_s"]) / max(span, 1e-9),
         cpu=(cpu1 - cpu0) / wall,
         windows_per_min=(heads1 - heads0) * 60 / wall,
         samples=samples,
@@ -165,15 +169,16 @@ def main() -> None:
     lines = [
         f"standalone trainer on core {TRAINER_CORE}: {_spread(rates)} samples/s (median, min–max of {len(rates)})",
         "",
-        "| trainer | utilization | process CPU / wall | windows / min |",
-        "| --- | --- | --- | --- |",
+        "| trainer | utilization | in steps / wall | process CPU / wall | windows / min |",
+        "| --- | --- | --- | --- | --- |",
     ]
     medians = {}
     for config in CONFIGS:
         mine = [r for r in runs if r.config == config]
         medians[config] = statistics.median(r.utilization for r in mine)
         lines.append(
-            f"| {config} | {_spread([r.utilization for r in mine])} | {_spread([r.cpu for r in mine])} "
+            f"| {config} | {_spread([r.utilization for r in mine])} | {_spread([r.in_steps for r in mine])} "
+            f"| {_spread([r.cpu for r in mine])} "
             f"| {_spread([r.windows_per_min for r in mine])} |"
         )
     lines += [""] + [
