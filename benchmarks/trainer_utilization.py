@@ -18,9 +18,10 @@ Configurations: ``idle`` (the trainer waits for each window to be judged: the ba
 ``continuous`` (it leases and trains the next window at once, 4 shards a lease) and ``adaptive``
 (continuous, sizing its leases to the window period: ``protocol.lease_size``, up to
 ``ADAPTIVE_MAX_SHARDS``). Each runs ``--runs`` times; the table gives the median and the spread
-(min–max), and each configuration's ratio to idle of the medians.
+(min–max), and each configuration's ratio to idle of the medians (``--configs``: idle and some of
+the others).
 
-    python -m benchmarks.trainer_utilization [--runs 3] [--seconds 30] [--out docs/results]
+    python -m benchmarks.trainer_utilization [--runs 3] [--seconds 30] [--configs idle adaptive] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -148,9 +149,11 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=None, help="write a results file (markdown) into this folder")
     args = parser.parse_args()
+    configs = tuple(c for c in CONFIGS if c == "idle" or c in args.configs)  # idle: the baseline of the ratios
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("this benchmark pins the trainer and the services to two different cores")
     base = Path(tempfile.mkdtemp(prefix="dtn-utilization-"))
@@ -159,7 +162,7 @@ def main() -> None:
     runs: list[Run] = []
     rates: list[float] = []
     for i in range(args.runs):
-        for config in CONFIGS:  # interleaved, so drift in the machine hits both alike
+        for config in configs:  # interleaved, so drift in the machine hits both alike
             rates.append(standalone_rate(datasets))
             root = base / f"{config}-{i}"
             most = ADAPTIVE_MAX_SHARDS if config == "adaptive" else None
@@ -173,7 +176,7 @@ def main() -> None:
         "| --- | --- | --- | --- | --- |",
     ]
     medians = {}
-    for config in CONFIGS:
+    for config in configs:
         mine = [r for r in runs if r.config == config]
         medians[config] = statistics.median(r.utilization for r in mine)
         lines.append(
@@ -182,11 +185,12 @@ def main() -> None:
             f"| {_spread([r.windows_per_min for r in mine])} |"
         )
     lines += [""] + [
-        f"{config} / idle utilization (medians): {medians[config] / medians['idle']:.2f} x" for config in CONFIGS[1:]
+        f"{config} / idle utilization (medians): {medians[config] / medians['idle']:.2f} x" for config in configs[1:]
     ]
     print("\n".join(lines))
     if args.out is not None:
         command = f"python -m benchmarks.trainer_utilization --runs {args.runs} --seconds {args.seconds:g}"
+        command += "" if configs == CONFIGS else f" --configs {' '.join(configs)}"
         setup = (
             f"Edge and validator on core {SERVICE_CORE}, the trainer on core {TRAINER_CORE}; {args.runs} runs per"
             " configuration, interleaved."
