@@ -8,7 +8,6 @@ mnist        the MNIST MLP as a JaxLearner, its release and workload
 models       models from config: [models.<name>] tables, the built-in models (networks/models.toml)
 workloads    your own JAX code as a learner (pytree, Equinox, Flax NNX), pinned by hash; network_learners
 validator    Validator: genesis, screening, evaluation, merge, signed promotion
-activity     ActivityWatch: a validator's rounds follow the edge's activity token, in a thread of its own
 anchor       Anchor: the validator's own update, trained once per anchor head
 lineage_journal  the canonical heads a validator holds, given back to an edge that lost them
 evidence     LeaseEvidence: each candidate's evidence that it trained on its lease (protocol.evidence)

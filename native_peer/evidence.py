@@ -105,26 +105,17 @@ class LeaseEvidence:
                 break
         return z
 
-    def prepare(
-        self,
-        head_id: str,
-        head: Callable[[], Mapping[str, np.ndarray]],
-        shard_ids: Sequence[str],
-        *,
-        go_on: Callable[[], bool] = lambda: True,
-    ) -> int:
+    def prepare(self, head_id: str, head: Callable[[], Mapping[str, np.ndarray]], shard_ids: Sequence[str]) -> int:
         """Compute the losses of head ``head_id`` (its parameters: ``head()``, asked only when needed) on
-        each of ``shard_ids`` it has none on yet, a whole shard at a time while ``go_on()``: work a
-        validator does while the candidates of those shards' leases train, so that measuring them takes
-        only their own losses there. The number of shards computed."""
+        each of ``shard_ids`` it has none on yet, a whole shard at a time: work a validator does while
+        the candidates of those shards' leases train, so that measuring them takes only their own
+        losses there. The number of shards computed."""
         known = self._known(head_id)
         todo = [s for s in dict.fromkeys(shard_ids) if s not in known]
-        before = None
-        for done, shard_id in enumerate(todo):
-            if not go_on():
-                return done
-            before = before or self.learner.from_tensors(dict(head()))
-            known[shard_id] = self.evaluator.losses(before, *self.read(shard_id))
+        if todo:
+            before = self.learner.from_tensors(dict(head()))
+            for shard_id in todo:
+                known[shard_id] = self.evaluator.losses(before, *self.read(shard_id))
         return len(todo)
 
     def _known(self, head_id: str) -> dict[str, np.ndarray]:

@@ -179,13 +179,13 @@ class TrainEngine:
         run in compiled runs of ``scan_lengths(steps)``: a scan's length is part of what is compiled, and
         leases of many sizes (``protocol.lease_size``) must not each cost a compilation, which stalls
         the trainer's core."""
-        losses, start = [], 0
-        for length in scan_lengths(len(xb)):  # dispatched without waiting: a run's batches copy while the last runs
+        total, start = 0.0, 0
+        for length in scan_lengths(len(xb)):
             part = slice(start, start + length)
             params, opt_state, loss = self._epoch(params, opt_state, jnp.asarray(xb[part]), jnp.asarray(yb[part]))
-            losses.append((loss, length))
+            total += float(loss) * length
             start += length
-        return params, opt_state, sum(float(loss) * length for loss, length in losses) / max(len(xb), 1)
+        return params, opt_state, total / max(len(xb), 1)
 
     def fresh_window(
         self, tensors: Mapping[str, np.ndarray], xb: np.ndarray, yb: np.ndarray, learning_rate: float | None = None

@@ -79,7 +79,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,6 @@ from protocol.shards import decode_shard
 from protocol.trust import TrustBook
 from protocol.updates import decode_update
 
-from .activity import ActivityWatch
 from .anchor import Anchor
 from .edge_client import EdgeClient, EdgeRequestError
 from .evidence import LeaseEvidence
@@ -359,7 +358,6 @@ class Validator:
         self.config = config
         self.clock = config.clock
         self.edge = EdgeClient(edge_url, token=admission_token, reader=self.identity)
-        self._edge_args = (edge_url, admission_token)  # for the activity watch's client of its own (``run``)
         self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
         self.datasets_dir = datasets_dir
         self._evaluators = {name: Evaluator(learner) for name, learner in self.learners.items()}
@@ -810,12 +808,11 @@ class Validator:
             at = parent
         return at
 
-    def warm(self, spec: ExperimentSpec, go_on: Callable[[], bool] = lambda: True) -> None:
+    def warm(self, spec: ExperimentSpec) -> None:
         """Work that depends only on the current head, done before its window's candidates arrive:
         the anchor update of an anchored experiment when the head is (or anchors at) a new anchor, and
         where lease evidence is asked for, the head's losses on the shards of the window's live leases
-        (``LeaseEvidence.prepare``, a shard at a time while ``go_on()``) until this validator proposes or
-        attests the window's head. Judging computes whatever this did not."""
+        (``LeaseEvidence.prepare``) until this validator proposes or attests the window's head."""
         head = self._current.get(spec.key)
         if head is None:
             return
@@ -828,23 +825,18 @@ class Validator:
             leases = [lease for lease in self.edge.window_leases(spec.key, head) if lease.expires_at_ms > now_ms]
             try:
                 self._evidence_of(spec).prepare(
-                    head.head_id,
-                    lambda: self._head_params(head),
-                    [s for lease in leases for s in lease.shard_ids],
-                    go_on=go_on,
+                    head.head_id, lambda: self._head_params(head), [s for lease in leases for s in lease.shard_ids]
                 )
             except (OSError, ProtocolError, ValueError, KeyError) as exc:  # measured, if it can be, when judged
                 log.warning("%s: the head's losses on its leases not prepared: %s", spec.key, exc)
 
-    def evaluate(self, spec: ExperimentSpec, go_on: Callable[[], bool] = lambda: True) -> list[Evaluation]:
+    def evaluate(self, spec: ExperimentSpec) -> list[Evaluation]:
         """Measure on the test split each head of ``spec`` this validator proposed that became canonical
         since the last call, and publish what it measured (``protocol.messages.Evaluation``): work that
-        decides nothing, so it follows the head's publication instead of delaying it, and while only the
-        newest head waits, it waits while not ``go_on()`` (a head is measured at most a window late).
-        Returns the evaluations published; one the edge refuses (its head not in the edge's lineage) is
-        dropped."""
+        decides nothing, so it follows the head's publication instead of delaying it. Returns the
+        evaluations published; one the edge refuses (its head not in the edge's lineage) is dropped."""
         published, pending = [], self._to_evaluate.get(spec.key, [])
-        while len(pending) > 1 or (pending and go_on()):  # a head leaves once the edge answered (or: next round)
+        while pending:  # each head leaves the queue once the edge answered (an unavailable edge: next round)
             head = pending[0]
             params = self.learner(spec).from_tensors(self._head_params(head))
             evaluation = Evaluation.of(
@@ -1214,39 +1206,35 @@ class Validator:
 
     def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
         """Validate ``specs`` until ``stop`` is set. Between rounds the validator waits on the edge's
-        activity (``ActivityWatch``), not on a clock: a candidate, lease, head or quorum event wakes it
-        at once, an open window's deadline when it comes first, ``config.idle_s`` at most. What happens
-        from the moment a round starts counts for the next, so no event goes unseen, and the work of a
-        round that decides nothing gives way when something happens. An edge that is unavailable, or
-        serves what the validators did not sign (another network's terms, a head without a quorum), is
-        asked again after a back-off, never followed and never a reason to stop."""
+        activity (``EdgeClient.activity``), not on a clock: a candidate, lease, head or quorum event
+        wakes it at once, an open window's deadline when it comes first, ``config.idle_s`` at most.
+        The activity token is taken before each round reads anything, so no event goes unseen. An edge
+        that is unavailable, or serves what the validators did not sign (another network's terms, a head
+        without a quorum), is asked again after a back-off, never followed and never a reason to stop."""
         backoff = Backoff()
+        since: str | None = None
         signed = False  # once the edge answered (took the signature or refused it)
-        watch = ActivityWatch(EdgeClient(self._edge_args[0], token=self._edge_args[1], reader=self.identity))
-        try:
-            while not stop.is_set():
-                try:
-                    if not signed:
-                        self.sign_network()
-                        signed = True
-                    watch.wait(self._idle_s())
-                    for spec in specs:
-                        self.poll(spec)
-                    for spec in specs:  # after every head is published: what only its own window needs,
-                        self.warm(spec, watch.quiet)
-                    for spec in specs:  # then what decides nothing
-                        self.evaluate(spec, watch.quiet)
-                    backoff.reset()
-                except (httpx.TransportError, EdgeRequestError) as exc:
-                    delay_s = backoff.next_delay_s()
-                    log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
-                    stop.wait(delay_s)
-                except SignatureError as exc:  # it serves what the validators did not sign: wait for one that does
-                    delay_s = backoff.next_delay_s()
-                    log.warning("edge not trusted (%s); asking again in %.1f s", exc, delay_s)
-                    stop.wait(delay_s)
-        finally:
-            watch.close()
+        while not stop.is_set():
+            try:
+                if not signed:
+                    self.sign_network()
+                    signed = True
+                since = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
+                for spec in specs:
+                    self.poll(spec)
+                for spec in specs:  # after every head is published: what only its own window needs,
+                    self.warm(spec)
+                for spec in specs:  # then what decides nothing
+                    self.evaluate(spec)
+                backoff.reset()
+            except (httpx.TransportError, EdgeRequestError) as exc:
+                delay_s = backoff.next_delay_s()
+                log.warning("edge unavailable (%s); retrying in %.1f s", exc, delay_s)
+                stop.wait(delay_s)
+            except SignatureError as exc:  # it serves what the validators did not sign: wait for one that does
+                delay_s = backoff.next_delay_s()
+                log.warning("edge not trusted (%s); asking again in %.1f s", exc, delay_s)
+                stop.wait(delay_s)
 
     def _idle_s(self) -> float:
         """How long to wait for activity: until the next grace or deadline of an open window (none when

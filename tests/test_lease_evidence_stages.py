@@ -191,14 +191,3 @@ def test_the_heads_losses_prepared_on_a_leases_shards_are_not_measured_again_and
     assert sum(lease_rows) == 16_000
     on_lease = sum(n for n in ahead.head_asked if n != 1000)  # only the rows on shards not prepared
     assert on_lease == (16_000 if prepared == 0 else 0 if prepared == 40 else pytest.approx(12_000, abs=600))
-
-
-def test_preparing_a_heads_losses_stops_when_told_and_goes_on_later_where_it_stopped() -> None:
-    shard_ids = [f"train-{i:05d}" for i in range(10)]
-    evaluator = _HeadRows()
-    learner = SimpleNamespace(from_tensors=lambda tensors: tensors)
-    evidence = LeaseEvidence(learner, evaluator, shard_ids, lambda shard: (np.zeros((1000, 1)), np.zeros(1000)))  # type: ignore[arg-type]
-    asked = iter([True, True, True, False])
-    assert evidence.prepare("head", lambda: {"head": np.zeros(1)}, shard_ids, go_on=lambda: next(asked)) == 3
-    assert evidence.prepare("head", lambda: {"head": np.zeros(1)}, shard_ids) == 7
-    assert evaluator.head_asked == [1000] * 10  # each shard once
