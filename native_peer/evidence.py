@@ -17,16 +17,13 @@ __all__ = ["LeaseEvidence"]
 
 Examples = tuple[np.ndarray, np.ndarray]
 SHARD_CACHE_BYTES = 256 << 20  # decoded training shards a validator keeps for lease evidence
-HEADS_KEPT = 2  # heads whose losses are kept: the current one and its parent (a delayed update's base)
 
 
 class LeaseEvidence:
     """The lease evidence z of candidates, a window at a time, measured in stages
     (``protocol.evidence.EVIDENCE_STAGES``: the first that decides). ``read`` gives a training shard's
-    examples by id (``shard_ids``: the training split's); a window's control shards are read once.
-    A head's losses on a whole shard are computed once: on the control shards a candidate's control
-    needs, and ahead (``prepare``) on the shards of leases whose candidates have not arrived, so that
-    measuring a candidate runs only the candidate's side there. Head ids name parameters (content ids)."""
+    examples by id (``shard_ids``: the training split's); a window's control shards are read once,
+    and a head's losses on each of them computed once, where a candidate's control needs them."""
 
     def __init__(
         self,
@@ -40,8 +37,7 @@ class LeaseEvidence:
         self.learner, self.evaluator, self.shard_ids, self._read = learner, evaluator, tuple(shard_ids), read
         self.cache_bytes = cache_bytes
         self._window: tuple[EvidenceDraw, list[Examples]] | None = None  # a window's draw and control shards
-        # head id -> training shard id -> the head's losses on the whole shard (the newest HEADS_KEPT heads)
-        self._head_losses: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._head_losses: dict[str, dict[int, np.ndarray]] = {}  # head id -> control shard -> its losses there
         self._shards: OrderedDict[str, Examples] = OrderedDict()  # decoded shards, least recently used first
         self.reads = 0  # shards read and decoded (not from the cache)
 
@@ -80,19 +76,13 @@ class LeaseEvidence:
         sizes = [len(y) for _, y in control_parts]
         before = self.learner.from_tensors(dict(head))
         after = self.learner.from_tensors({k: np.asarray(v, np.float32) for k, v in trained.items()})
-        known = self._known(head_id)
 
         def lease_gains(rows: np.ndarray) -> np.ndarray:
             x, y = _gather(parts, rows)
-            held, missing = _lookup(known, () if leased is not None else lease_shards, parts, rows)
-            if missing.all():
-                held = self.evaluator.losses(before, x, y)
-            elif missing.any():
-                held[missing] = self.evaluator.losses(before, x[missing], y[missing])
-            return held - self.evaluator.losses(after, x, y)
+            return self.evaluator.losses(before, x, y) - self.evaluator.losses(after, x, y)
 
         def control_gains(rows: np.ndarray) -> np.ndarray:
-            held = self._held(known, before, draw.control, control_parts, rows)
+            held = self._held(head_id, before, control_parts, rows)
             return held - self.evaluator.losses(after, *_gather(control_parts, rows))
 
         available = min(examples, EVIDENCE_EXAMPLES)
@@ -105,49 +95,26 @@ class LeaseEvidence:
                 break
         return z
 
-    def prepare(self, head_id: str, head: Callable[[], Mapping[str, np.ndarray]], shard_ids: Sequence[str]) -> int:
-        """Compute the losses of head ``head_id`` (its parameters: ``head()``, asked only when needed) on
-        each of ``shard_ids`` it has none on yet, a whole shard at a time: work a validator does while
-        the candidates of those shards' leases train, so that measuring them takes only their own
-        losses there. The number of shards computed."""
-        known = self._known(head_id)
-        todo = [s for s in dict.fromkeys(shard_ids) if s not in known]
-        if todo:
-            before = self.learner.from_tensors(dict(head()))
-            for shard_id in todo:
-                known[shard_id] = self.evaluator.losses(before, *self.read(shard_id))
-        return len(todo)
-
-    def _known(self, head_id: str) -> dict[str, np.ndarray]:
-        """The head's losses computed so far, by shard; only the newest ``HEADS_KEPT`` heads' are kept."""
-        known = self._head_losses.setdefault(head_id, {})
-        self._head_losses.move_to_end(head_id)
-        while len(self._head_losses) > HEADS_KEPT:
-            self._head_losses.popitem(last=False)
-        return known
-
-    def _held(
-        self,
-        known: dict[str, np.ndarray],
-        before: PyTree,
-        control: Sequence[str],
-        control_parts: Sequence[Examples],
-        rows: np.ndarray,
-    ) -> np.ndarray:
+    def _held(self, head_id: str, before: PyTree, control_parts: Sequence[Examples], rows: np.ndarray) -> np.ndarray:
         """The head's losses on the control's sorted ``rows``, from its losses on the shards that hold
-        them (``known``, filled here a whole shard at a time: the same figures whatever is asked first),
-        computed only where a lease's control reaches (outside a large lease, a few shards)."""
+        them: each computed once per head and a whole shard at a time (the same figures whatever is
+        asked first), and only where a lease's control reaches (outside a large lease, a few shards)."""
         bounds = np.cumsum([0, *(len(y) for _, y in control_parts)])
-        for i in np.unique(np.searchsorted(bounds, rows, side="right") - 1).tolist():
-            if control[i] not in known:
-                known[control[i]] = self.evaluator.losses(before, *control_parts[i])
-        held, _ = _lookup(known, control, control_parts, rows)
+        shards = np.searchsorted(bounds, rows, side="right") - 1
+        losses = self._head_losses.setdefault(head_id, {})
+        held = np.empty(len(rows), np.float64)
+        for i in np.unique(shards).tolist():
+            if i not in losses:
+                losses[i] = self.evaluator.losses(before, *control_parts[i])
+            mine = shards == i
+            held[mine] = losses[i][rows[mine] - bounds[i]]
         return held
 
     def _control(self, salt: bytes) -> tuple[EvidenceDraw, list[Examples]]:
         if self._window is None or self._window[0].salt != salt:
             draw = EvidenceDraw.of(salt, self.shard_ids)
             self._window = (draw, [self.read(s) for s in draw.control])
+            self._head_losses = {}
         return self._window
 
 
@@ -173,24 +140,6 @@ class _Gains:
         if len(new):
             gains[np.searchsorted(rows, new)] = measure(new)
         return _Gains(rows, gains)
-
-
-def _lookup(
-    known: Mapping[str, np.ndarray], shard_ids: Sequence[str], parts: Sequence[Examples], rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Losses at the sorted ``rows`` of ``parts`` (the shards ``shard_ids``; none: examples of no shard)
-    concatenated, from ``known``'s losses on whole shards, and the mask of the rows ``known`` lacks."""
-    held, missing = np.zeros(len(rows), np.float64), np.ones(len(rows), bool)
-    if not shard_ids:
-        return held, missing
-    bounds = np.cumsum([0, *(len(y) for _, y in parts)])
-    owner = np.searchsorted(bounds, rows, side="right") - 1
-    for i in np.unique(owner).tolist():
-        losses = known.get(shard_ids[i])
-        if losses is not None:
-            mine = owner == i
-            held[mine], missing[mine] = losses[rows[mine] - bounds[i]], False
-    return held, missing
 
 
 def _gather(parts: Sequence[Examples], rows: np.ndarray) -> Examples:

@@ -810,25 +810,12 @@ class Validator:
 
     def warm(self, spec: ExperimentSpec) -> None:
         """Work that depends only on the current head, done before its window's candidates arrive:
-        the anchor update of an anchored experiment when the head is (or anchors at) a new anchor, and
-        where lease evidence is asked for, the head's losses on the shards of the window's live leases
-        (``LeaseEvidence.prepare``) until this validator proposes or attests the window's head."""
+        the anchor update of an anchored experiment when the head is (or anchors at) a new anchor."""
         head = self._current.get(spec.key)
-        if head is None:
+        if head is None or not PRESETS[spec.screening].anchored:
             return
-        policy = PRESETS[spec.screening]
-        if policy.anchored:
-            at = self._anchor_head(spec, head)
-            self._anchor(spec).prepare(at.head_id, lambda: self._head_params(at), spec.learning_rate_at(at.window))
-        if policy.asks_lease_evidence and not any(d.head.parent == head.head_id for d in self.state.decisions.values()):
-            now_ms = self.clock.now_ms()
-            leases = [lease for lease in self.edge.window_leases(spec.key, head) if lease.expires_at_ms > now_ms]
-            try:
-                self._evidence_of(spec).prepare(
-                    head.head_id, lambda: self._head_params(head), [s for lease in leases for s in lease.shard_ids]
-                )
-            except (OSError, ProtocolError, ValueError, KeyError) as exc:  # measured, if it can be, when judged
-                log.warning("%s: the head's losses on its leases not prepared: %s", spec.key, exc)
+        at = self._anchor_head(spec, head)
+        self._anchor(spec).prepare(at.head_id, lambda: self._head_params(at), spec.learning_rate_at(at.window))
 
     def evaluate(self, spec: ExperimentSpec) -> list[Evaluation]:
         """Measure on the test split each head of ``spec`` this validator proposed that became canonical
@@ -1080,16 +1067,6 @@ class Validator:
         on, a delayed update's too, and the trained ones) on ``lease``, in a window of ``salt``, from
         this validator's copy of the prepared training split. ``None`` (not measured: no credit) when a
         shard is not here."""
-        try:
-            z = self._evidence_of(spec).z(salt, head_id, *measured, lease.lease_id, lease.shard_ids)
-        except (OSError, ProtocolError, ValueError, KeyError) as exc:
-            log.warning("%s: lease %s: evidence not measured: %s", spec.key, lease.lease_id, exc)
-            return None
-        log.debug("%s: lease %s: evidence z %.2f", spec.key, lease.lease_id, z)
-        return z
-
-    def _evidence_of(self, spec: ExperimentSpec) -> LeaseEvidence:
-        """``spec``'s lease evidence, over this validator's copy of the prepared training split."""
         if spec.key not in self._evidence:
             manifest = self.edge.fetch_manifest(spec.dataset_id)
             root = self.datasets_dir / spec.dataset_id
@@ -1100,7 +1077,13 @@ class Validator:
             self._evidence[spec.key] = LeaseEvidence(
                 self.learner(spec), self._evaluators[spec.model.name], manifest.shard_ids, read
             )
-        return self._evidence[spec.key]
+        try:
+            z = self._evidence[spec.key].z(salt, head_id, *measured, lease.lease_id, lease.shard_ids)
+        except (OSError, ProtocolError, ValueError, KeyError) as exc:
+            log.warning("%s: lease %s: evidence not measured: %s", spec.key, lease.lease_id, exc)
+            return None
+        log.debug("%s: lease %s: evidence z %.2f", spec.key, lease.lease_id, z)
+        return z
 
     def _candidate_path(self, candidate_id: str) -> Path:
         """Where a candidate's artifact is kept while it is judged."""

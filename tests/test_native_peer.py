@@ -527,34 +527,6 @@ def test_the_validator_trains_its_own_update_once_per_anchor_and_a_restarted_one
     trainer.close()
 
 
-def test_a_validator_computes_the_heads_losses_on_a_lease_while_its_candidate_trains(
-    network_env: tuple[BackgroundEdge, Validator, Path],
-) -> None:
-    """Between windows (``Validator.warm``) the validator computes the current head's losses on the
-    shards of the window's live leases (``LeaseEvidence.prepare``), so that judging their candidates
-    measures only the candidate there; the candidate is then judged on its evidence as before."""
-    edge, validator, root = network_env
-    spec = validator.network.experiment(BASELINE)
-    validator.ensure_genesis(spec)
-    assert validator.poll(spec) is None  # the genesis head is current, no window to close yet
-    trainer = _trainer(edge, root, "worker")
-    grant = trainer.edge.request_lease(BASELINE, trainer.identity, "native")
-    validator.warm(spec)
-
-    def asked() -> dict[str, np.ndarray]:
-        raise AssertionError("the head's parameters were needed: a shard of the lease was not prepared")
-
-    head = validator._current[spec.key]
-    assert validator._evidence_of(spec).prepare(head.head_id, asked, grant.lease.shard_ids) == 0
-    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))  # the same lease, asked again
-    assert outcome.lease_id == grant.lease.lease_id
-    report = validator.poll(spec)
-    assert report is not None
-    (verdict,) = report.verdicts
-    assert verdict.accepted and verdict.metrics["lease_evidence_z"] >= PRESETS[spec.screening].credit_lease_evidence_z
-    trainer.close()
-
-
 def test_a_trainer_waits_for_the_next_head_when_every_shard_is_leased(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
