@@ -51,6 +51,7 @@ from native_peer.learner import Evaluator, TrainEngine
 from native_peer.mnist import mlp_learner
 from protocol.batches import make_batches
 from protocol.codec import decode_tensors, encode_tensors
+from protocol.evidence import lease_measurable
 from protocol.hashing import content_id
 from protocol.ids import DatasetId, ExperimentKey, HeadId, LeaseId
 from protocol.judging import FRESH_TRUST, Submission, anchor_window, judge_window, precheck
@@ -512,7 +513,13 @@ class Suite:
             # evidence drawn with it, its own update
             salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c, _ in candidates)).encode()).digest()
             for n, (sub, (lease, i)) in enumerate(zip(submissions, leases, strict=True)):
-                if policy.asks_lease_evidence and sub.params is not None and _finite_like(base, sub.params):
+                measurable = lease_measurable(len(leased[i][1]), sum(len(y) for _, y in self.data.shards))
+                if (
+                    policy.asks_lease_evidence
+                    and measurable
+                    and sub.params is not None
+                    and _finite_like(base, sub.params)
+                ):
                     z = self.evidence.z(salt, head_id, base, sub.params, lease.lease_id, lease.shard_ids, leased[i])
                     (tally.malicious_evidence if i in malicious else tally.benign_evidence).append(z)
                     submissions[n] = replace(sub, lease_evidence_z=z)

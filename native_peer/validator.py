@@ -104,6 +104,7 @@ from protocol.deadline import (
 )
 from protocol.envelope import pack_envelope
 from protocol.errors import InvalidMessage, ProtocolError, SignatureError
+from protocol.evidence import lease_measurable
 from protocol.fields import read_bool, read_float, read_int, read_list, read_object
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId
@@ -980,7 +981,8 @@ class Validator:
         parameters; a delayed update (on the head before ``head``) is moved onto ``base`` (the
         head's parameters): θ = base + (θ_c − its base). The candidate's declared steps count in
         units of ``window_steps`` (``protocol.judging.reference_steps``). Its lease evidence is
-        measured when the preset asks for it (``_lease_evidence``, drawn with the window's ``salt``).
+        measured when the preset asks for it and the lease holds at most half the training pool
+        (``protocol.evidence.lease_measurable``; ``_lease_evidence``, drawn with the window's ``salt``).
         With the submission, the principal its lease names (its admission token's id)."""
         lease = self.edge.lease(candidate.lease_id)
         if lease is not None:
@@ -1020,7 +1022,14 @@ class Validator:
             except (ProtocolError, EdgeRequestError) as exc:
                 screen = Screen(Reason.UNDECODABLE, str(exc))
             asks = PRESETS[spec.screening].asks_lease_evidence
-            if asks and measured is not None and lease is not None and screen_schema(model, measured[1]).accepted:
+            measurable = lease_measurable(leased // spec.local_epochs, sum(s.examples for s in manifest.shards))
+            if (
+                asks
+                and measured is not None
+                and lease is not None
+                and measurable
+                and screen_schema(model, measured[1]).accepted
+            ):
                 evidence = self._lease_evidence(spec, salt, lease, own_base.head_id, measured)  # else: schema rejects
         submission = Submission(
             candidate.candidate_id,

@@ -16,6 +16,12 @@ own lease. What is drawn follows the closed window's salt and the lease id (``Ev
 same at every validator, unknown to a trainer while it trains, so neither training a subset of its
 lease nor worsening a known control set is rewarded.
 
+A lease that holds more than half of the training pool (``MAX_LEASE_SHARE``, ``lease_measurable``) is
+not measured: leases are drawn from the same pool every window, so most of the control left outside
+it is data the same peer trained on in the windows before, and its gains cannot be told from the
+lease's (a lone trainer's candidates near convergence drew z of 0.3–1.9 there). Its candidate is
+judged on the other screens and earns no credit (decision 0038).
+
 It is measured in stages (``EVIDENCE_STAGES``): on the first ``n`` rows of the lease's draw and as
 many control rows, where each stage's rows include the stage's before it; a stage whose z reaches
 ``DECISIVE_Z`` decides (``evidence_decided``), else the next stage reads more, up to the whole draw.
@@ -42,12 +48,14 @@ __all__ = [
     "EvidenceDraw",
     "evidence_decided",
     "lease_evidence_z",
+    "lease_measurable",
 ]
 
 EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and as many control examples (decision 0029)
 EVIDENCE_STAGES = (4_000, EVIDENCE_EXAMPLES)  # the rows read by each stage of the measurement
 DECISIVE_Z = 4.0  # a stage's z at or above this decides: twice the refusal bound, above the credit bound
 CONTROL_SHARDS = 16  # the shards a window's control examples come from
+MAX_LEASE_SHARE = 0.5  # a lease holding more of the training pool than this is not measured (decision 0038)
 
 
 def _rng(*parts: bytes) -> np.random.Generator:
@@ -88,6 +96,12 @@ class EvidenceDraw:
         outside = np.flatnonzero(np.repeat([s not in leased for s in self.control], sizes))
         rng = _rng(b"dtn-evidence-control-rows", self.salt, lease_id.encode())
         return np.sort(outside[rng.permutation(len(outside))[:count]]).astype(np.int64)
+
+
+def lease_measurable(lease_examples: int, pool_examples: int) -> bool:
+    """Whether the evidence of a lease of ``lease_examples`` of a training pool of ``pool_examples`` is
+    measured: the lease holds at most ``MAX_LEASE_SHARE`` of the pool."""
+    return lease_examples <= MAX_LEASE_SHARE * pool_examples
 
 
 def evidence_decided(z: float, rows: int, available: int) -> bool:

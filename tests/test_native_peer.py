@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 
+import protocol.evidence
 from datasets.layout import read_train_manifest
 from native_peer import Project, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.edge_client import EdgeRequestError
@@ -225,6 +226,29 @@ def test_credit_follows_evidence_of_work_not_claims(network_env: tuple[Backgroun
     assert board[honest_id]["examples"] >= outcome.examples
     for node in (honest, rider):
         node.close()
+
+
+def test_a_lease_of_most_of_the_pool_is_judged_without_lease_evidence_and_earns_no_credit(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease holding more of the training pool than ``protocol.evidence.MAX_LEASE_SHARE`` (here lowered
+    below the network's 4-shard leases) is not measured: once the head has learned, its honest candidate
+    is accepted on the other screens, with no ``lease_evidence_z`` and no examples credited."""
+    edge, validator, root = network_env
+    monkeypatch.setattr(protocol.evidence, "MAX_LEASE_SHARE", 0.05)  # 4 of 37 shards is 0.11 of the pool
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "alone")
+    experiment = trainer.experiment(*BASELINE.parts)
+    verdicts = []
+    for _ in range(2):  # window 1: the head has learned, lease evidence applies
+        trainer.train_window_once(experiment)
+        report = validator.poll(spec)
+        assert report is not None
+        verdicts += report.verdicts
+    for verdict in verdicts:
+        assert verdict.accepted and "lease_evidence_z" not in verdict.metrics and verdict.metrics["examples"] == 0
+    trainer.close()
 
 
 def test_restarted_trainer_resumes_identity_cache_and_optimizer(

@@ -30,6 +30,7 @@ from protocol.evidence import (
     EvidenceDraw,
     evidence_decided,
     lease_evidence_z,
+    lease_measurable,
 )
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
@@ -587,6 +588,20 @@ def test_lease_evidence_z(lease: np.ndarray, control: np.ndarray, z: float) -> N
 def test_lease_evidence_z_needs_finite_examples_on_both_sides(lease: list[float], control: list[float]) -> None:
     with pytest.raises(ValueError):
         lease_evidence_z(lease, control)
+
+
+@pytest.mark.parametrize(
+    ("lease", "pool", "measured"),
+    [
+        (4_000, 37_000, True),  # the MNIST networks' 4-shard lease
+        (16_000, 37_000, True),  # their largest (max_shards_per_lease)
+        (18_500, 37_000, True),  # half the pool
+        (18_501, 37_000, False),
+        (33_000, 37_000, False),  # a lone trainer sizing its lease to the window: the control is its last lease
+    ],
+)
+def test_a_lease_of_more_than_half_the_pool_is_not_measured(lease: int, pool: int, measured: bool) -> None:
+    assert lease_measurable(lease, pool) is measured
 
 
 _SHARDS = [f"train-{n:05d}" for n in range(40)]
