@@ -454,6 +454,7 @@ class Suite:
         peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
         anchor = Anchor(self.engine, *self.data.reference, STEPS, REFERENCE_BATCH)
         anchored = (head_id, base)  # the head the validator's own update trains from, and its parameters
+        pool = sum(len(y) for _, y in self.data.shards)  # the training pool's examples (``lease_measurable``)
         for window in range(self.windows):
             if anchor_window(window, ANCHOR_EVERY) == window:
                 anchored = (head_id, base)
@@ -513,7 +514,7 @@ class Suite:
             # evidence drawn with it, its own update
             salt = hashlib.sha256("\n".join(sorted(c.candidate_id for c, _ in candidates)).encode()).digest()
             for n, (sub, (lease, i)) in enumerate(zip(submissions, leases, strict=True)):
-                measurable = lease_measurable(len(leased[i][1]), sum(len(y) for _, y in self.data.shards))
+                measurable = lease_measurable(len(leased[i][1]), pool)
                 if (
                     policy.asks_lease_evidence
                     and measurable
