@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import jax
+import numpy as np
 import optax
 
 from datasets import mnist
@@ -42,9 +43,8 @@ SETTINGS = {  # name -> (level, strategy)
 REPEATS = 5  # deltas made per pair and setting; the median is kept
 
 
-def heads(seed: int, windows: int, steps: int) -> list[bytes]:
-    """``windows`` + 1 head artifacts of one lineage: genesis, then one a window."""
-    x, y = load_train(REPO / "var/datasets/mnist")
+def heads(x: np.ndarray, y: np.ndarray, seed: int, windows: int, steps: int) -> list[bytes]:
+    """``windows`` + 1 head artifacts of one lineage trained on ``x``, ``y``: genesis, then one a window."""
     learner = mlp_learner()
     engine = TrainEngine(learner, optax.adam(2e-3))
     params = learner.init(jax.random.PRNGKey(seed))
@@ -75,11 +75,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=62, help="training steps a window (62: a 4-shard lease)")
     args = parser.parse_args()
     mnist.prepare(REPO / "var/datasets")
+    x, y = load_train(REPO / "var/datasets/mnist")
     committed = (head_delta._LEVEL, head_delta._STRATEGY)
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SETTINGS}
     try:
         for run in range(args.runs):
-            lineage = heads(run, args.windows, args.steps)
+            lineage = heads(x, y, run, args.windows, args.steps)
             per_setting: dict[str, tuple[float, float]] = {}
             for name, (level, strategy) in SETTINGS.items():
                 head_delta._LEVEL, head_delta._STRATEGY = level, strategy
