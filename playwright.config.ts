@@ -23,9 +23,10 @@ export default defineConfig({
   },
   webServer: {
     // a folder per port: stacks of parallel runs on other ports never wipe each other's state
-    // windows wait 30 s for a lease that never delivers: a tab holding the head it trains on (paused,
-    // head_sharing.spec.ts) keeps that head current while other tabs fetch it from it
-    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e-${port} --min-deadline-s 30`,
+    // windows wait 60 s for a lease that never delivers: a tab holding the head it trains on (paused,
+    // head_sharing.spec.ts) keeps that head current while other tabs start (their Python runtime takes
+    // 10-30 s to boot on 2 busy cores; at 30 s they once came after the head had moved on) and fetch it
+    command: `.venv/bin/python -m lab stack --port ${port} --out var/e2e-${port} --min-deadline-s 60`,
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 180_000,
     cwd: __dirname,

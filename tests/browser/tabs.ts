@@ -27,7 +27,7 @@ export const pause = (page: Page) =>
 
 export async function holdingTheHead(page: Page): Promise<Status> {
   // contributing, the current head fetched, verified and announced, then paused mid-window: the head
-  // stays current until its window's deadline (30 s after this tab's lease on the test stack:
+  // stays current until its window's deadline (60 s after this tab's lease on the test stack:
   // playwright.config.ts) and this tab keeps serving it. At a 10 % CPU share the window lasts long
   // enough for the pause to land before it is published.
   await page.locator("#share").fill("10");
