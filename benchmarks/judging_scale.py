@@ -3,8 +3,9 @@
 ``protocol.judging.judge_window`` with the default preset (``balanced``: anchored screening, leave-one-out
 on the holdout, the robust merge) on the MNIST MLP, in this process. The candidates are honest-looking
 updates drawn from real ones: the validator's own reference update (trained on real MNIST from the
-genesis head) with per-candidate noise of a tenth of its norm, so that screening, the holdout checks and
-the merge run their full course (every candidate is accepted). The reference is passed in, as a
+genesis head) with per-candidate noise of half its norm (two candidates at cosine ≈ 0.8: no copies of one
+another, ``protocol.near_duplicates``), so that screening, the holdout checks and the merge run their
+full course (every candidate is accepted). The reference is passed in, as a
 validator computes it once per head before the window's candidates arrive.
 
 Reported per window size: seconds for the whole decision (median of ``--runs``, with min–max) and per
@@ -59,7 +60,7 @@ def main() -> None:
     base_metrics = evaluate(base)
     rng = np.random.default_rng(0)
     delta = {k: anchor[k] - base[k] for k in base}
-    scale = 0.1 * float(np.sqrt(sum(float((d.astype(np.float64) ** 2).sum()) for d in delta.values())))
+    scale = 0.5 * float(np.sqrt(sum(float((d.astype(np.float64) ** 2).sum()) for d in delta.values())))
     policy = PRESETS["balanced"]
     rows: list[tuple[int, float, float, float]] = []
     for n in args.sizes:

@@ -125,6 +125,15 @@ def _norm(delta: dict[str, np.ndarray]) -> float:
     return float(np.sqrt(sum((v**2).sum() for v in delta.values())))
 
 
+def _pair_cosines(deltas: list[dict[str, np.ndarray]]) -> list[float]:
+    """The cosine of every pair of ``deltas``."""
+    if len(deltas) < 2:
+        return []
+    rows = np.stack([np.concatenate([d[k].ravel() for k in sorted(d)]) for d in deltas])
+    unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-300)
+    return [float(c) for c in (unit @ unit.T)[np.triu_indices(len(rows), 1)]]
+
+
 def _honest_stats(w: Window) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     deltas = [_delta(p, w.base) for p in w.honest]
     mean = {k: np.mean([d[k] for d in deltas], axis=0) for k in w.base}
@@ -310,6 +319,7 @@ class Tally:
     benign_rejected: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     benign_cosines: list[float] = field(default_factory=list)  # to the reference, screened-in benign updates
+    benign_pair_cosines: list[float] = field(default_factory=list)  # between two benign updates of a window
     benign_evidence: list[float] = field(default_factory=list)  # lease_evidence_z of benign updates
     malicious_evidence: list[float] = field(default_factory=list)
     malicious_examples_credited: int = 0  # examples of credited malicious candidates (server.credit)
@@ -427,10 +437,13 @@ class Suite:
         *,
         use_reference: bool = True,
         use_evidence: bool = True,
+        use_copies: bool = True,
     ) -> dict[str, Any]:
         """One scenario; ``use_reference=False`` judges as a validator without a reference update,
-        ``use_evidence=False`` without measuring each candidate's evidence that it trained on its lease."""
+        ``use_evidence=False`` without measuring each candidate's evidence that it trained on its lease,
+        ``use_copies=False`` without refusing copies of another candidate's update (``rejects_copies``)."""
         policy = PRESETS[preset] if use_evidence else PRESETS[preset].without_lease_evidence()
+        policy = policy if use_copies else replace(policy, rejects_copies=False)
         where = SETTINGS[setting]
         peers = where.peers or self.peers
         malicious = set() if attack == "clean" else set(range(round(fraction * peers)))
@@ -524,6 +537,9 @@ class Suite:
                     z = self.evidence.z(salt, head_id, base, sub.params, lease.lease_id, lease.shard_ids, leased[i])
                     (tally.malicious_evidence if i in malicious else tally.benign_evidence).append(z)
                     submissions[n] = replace(sub, lease_evidence_z=z)
+            tally.benign_pair_cosines += _pair_cosines(
+                [_delta(trained[i], base) for i in range(peers) if i not in malicious]
+            )  # how far apart honest work is: copies (``protocol.near_duplicates``) are at cosine 0.99 or more
             decision = judge_window(
                 self.learner.model, base, base_metrics | step, submissions, policy,
                 lambda p: self.evaluate(p, self.data.holdout), trust,
@@ -577,6 +593,7 @@ class Suite:
             "rejection_reasons": tally.reasons,
             "windows_promoted": tally.promoted,
             "benign_min_cosine": min(tally.benign_cosines, default=float("nan")),
+            "benign_max_pair_cosine": max(tally.benign_pair_cosines, default=float("nan")),
             "malicious_examples_credited": tally.malicious_examples_credited,
             "benign_credit_withheld": tally.benign_uncredited / tally.benign if tally.benign else 0.0,
             "benign_min_evidence_z": min(tally.benign_evidence, default=float("nan")),

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 Tensors = dict[str, np.ndarray]
 
 
+DRAW_NOISE = 0.5  # each drawn tensor's noise, relative to its norm (``UpdateBank.draw``)
+
+
 @dataclass(frozen=True)
 class UpdateBank:
     """Updates (θ − base, float32, one dict per candidate) that real trainers published."""
@@ -74,12 +77,17 @@ class UpdateBank:
         return cls(tuple(deltas[i] for i in sorted(deltas)))
 
     def draw(self, rng: np.random.Generator) -> Tensors:
-        """Two recorded updates mixed at a uniform random weight, rescaled to the norm of the first
-        times U(0.9, 1.1): distinct from every other draw, as long as a real one, in the direction
-        real trainers went."""
+        """Two recorded updates mixed at a uniform random weight, each tensor moved by Gaussian noise of
+        ``DRAW_NOISE`` × its norm, rescaled to the norm of the first times U(0.9, 1.1): as long as a real
+        update, in the direction real trainers went, and no copy of another draw (two draws of one
+        mix are at cosine ≈ 1 / (1 + ``DRAW_NOISE``²), below ``protocol.near_duplicates``' bound)."""
         first, second = rng.choice(len(self.deltas), 2, replace=len(self.deltas) < 2)
         a, b, u = self.deltas[first], self.deltas[second], float(rng.uniform())
         mix = {k: u * a[k] + (1.0 - u) * b[k] for k in a}
+        mix = {
+            k: v + DRAW_NOISE * float(np.linalg.norm(v)) / np.sqrt(v.size) * rng.standard_normal(v.shape)
+            for k, v in mix.items()
+        }
         scale = _norm(a) * float(rng.uniform(0.9, 1.1)) / max(_norm(mix), 1e-12)
         return {k: (v * scale).astype(np.float32) for k, v in mix.items()}
 

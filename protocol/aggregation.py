@@ -18,9 +18,8 @@ sample weights (examples, capped per peer kind) and returns a ``[d]`` vector. Th
                            centre (the validator's reference update, else 0), fixed radius τ
     fltrust                Cao et al. 2021: trust tᵢ = ReLU(cos(Δᵢ, Δ_ref)), each Δᵢ rescaled to ‖Δ_ref‖,
                            Σ tᵢ wᵢ Δ̂ᵢ / Σ tᵢ wᵢ  (needs the reference update)
-    fltrust_trimmed_mean   FLTrust's trust, each Δᵢ clipped to ‖Δ_ref‖, near-duplicate directions
-                           sharing one vote, a no-change vote, then a weighted coordinate-wise
-                           trimmed mean (the default preset's rule when a reference is given)
+    fltrust_trimmed_mean   FLTrust's trust, each Δᵢ clipped to ‖Δ_ref‖, a no-change vote, then a
+                           weighted coordinate-wise trimmed mean (the default preset's rule when a reference is given)
 
 Inputs are ordered by content id before stacking, accumulation is float64, and every tie is broken
 by ``tie_keys`` (sha256 of a validator-chosen salt and the content id), so every validator gets the
@@ -40,7 +39,6 @@ from .model import Model, Params
 
 __all__ = [
     "AGGREGATORS",
-    "DUPLICATE_COSINE",
     "NEEDS_REFERENCE",
     "AggregationContext",
     "Aggregator",
@@ -48,7 +46,6 @@ __all__ = [
     "centered_clipping",
     "clipped",
     "coordinate_median",
-    "duplicate_groups",
     "flatten",
     "fltrust",
     "fltrust_trimmed_mean",
@@ -65,7 +62,6 @@ __all__ = [
 ]
 
 Vector = npt.NDArray[np.float64]
-DUPLICATE_COSINE = 0.99  # updates at least this aligned are treated as copies of one another
 
 
 @dataclass(frozen=True)
@@ -277,27 +273,6 @@ def fltrust(deltas: Vector, weights: Vector, *, reference: Vector) -> Vector:
     return np.asarray((trust[:, None] * rescaled(deltas, reference)).sum(axis=0) / trust.sum())
 
 
-def duplicate_groups(deltas: Vector, threshold: float = DUPLICATE_COSINE) -> npt.NDArray[np.int64]:
-    """For each row, the size of its group of near-copies: rows linked by cos ≥ ``threshold``
-    (transitively). Order-independent."""
-    n = len(deltas)
-    norms = np.maximum(np.linalg.norm(deltas, axis=1), 1e-300)
-    cosines = (deltas @ deltas.T) / np.outer(norms, norms)
-    parent = list(range(n))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            i = parent[i]
-        return i
-
-    for i in range(n):
-        for j in range(i + 1, n):
-            if cosines[i, j] >= threshold:
-                parent[max(root(i), root(j))] = min(root(i), root(j))
-    roots = [root(i) for i in range(n)]
-    return np.asarray([roots.count(r) for r in roots], np.int64)
-
-
 def clipped(deltas: Vector, radius: float | Vector) -> Vector:
     """Each row scaled down to norm at most ``radius`` (one for all rows, or one per row; never up,
     zero rows stay zero)."""
@@ -326,8 +301,8 @@ def fltrust_trimmed_mean(
        windows of steps a candidate declares, ``protocol.screening.counted_windows``) (``clipped``: a
        boosted update gains nothing, and a converged trainer's small step stays small: the step size
        follows the trainers, FLTrust's rescaling up to ‖Δ_ref‖ made it the fresh-optimizer reference's);
-    3. weight tᵢ · wᵢ, shared among near-copies (cos ≥ ``DUPLICATE_COSINE``): identities that send
-       one direction many times get one vote;
+    3. weight tᵢ · wᵢ (identities that send one direction many times get one vote before this: the
+       judge keeps one of a window's near-copies, ``protocol.near_duplicates``);
     4. a no-change vote (a zero row, weight 0) joins the m rows: it takes a place in each coordinate's
        order and adds nothing to the mean, so nothing the validator trained enters a head, and a
        coordinate where it alone survives the trim does not move;
@@ -344,7 +319,7 @@ def fltrust_trimmed_mean(
         return np.zeros_like(reference)
     scales = np.ones(len(deltas)) if clip_scales is None else np.asarray(clip_scales, np.float64)
     rows = clipped(deltas[keep], float(np.linalg.norm(reference)) * scales[keep])
-    w = trust[keep] * np.asarray(weights, np.float64)[keep] / duplicate_groups(rows)
+    w = trust[keep] * np.asarray(weights, np.float64)[keep]
     values = np.concatenate([rows, np.zeros((1, rows.shape[1]))])
     all_w = np.concatenate([w, [0.0]])
     row_ranks = np.arange(len(deltas), dtype=np.int64) if ranks is None else ranks

@@ -5,6 +5,7 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
 
     admit            its precheck, quarantine, one candidate per peer and lease window, schema, finiteness,
                      lease evidence once the head has learned
+    reject_copies    of near-duplicate updates (``protocol.near_duplicates``) the one of highest evidence
     screen_updates   against the validator's reference update when anchored, else against the cohort
     measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
     leave_one_out    a candidate the linear merge is worse with than without is a regression
@@ -43,6 +44,7 @@ from .errors import ProtocolError
 from .manifests import ExperimentSpec, FetchManifest
 from .messages import Candidate, HeadDescriptor, Lease
 from .model import Model, Params
+from .near_duplicates import Sketcher, copies
 from .outer import OuterOptimizer
 from .reasons import Reason
 from .screening import (
@@ -79,6 +81,7 @@ __all__ = [
     "promote",
     "reference_batches",
     "reference_steps",
+    "reject_copies",
     "screen_updates",
     "stale_base",
     "staleness",
@@ -239,7 +242,8 @@ def judge_window(
 ) -> WindowDecision:
     """Screens for every submission, the merged parameters when the window promotes, the next trust book:
     ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``promote`` (``outer_step``)
-    → ``blocked_screens`` → ``next_trust``, over the submissions in content-id order.
+    → ``blocked_screens`` → ``next_trust``, over the submissions in content-id order (``reject_copies``
+    after ``admit`` where ``policy.rejects_copies``).
 
     ``base_metrics`` holds the base head's ``loss`` on the validator's holdout, and its ``loss_se`` and
     the lineage's step (``update_norm``, ``WindowDecision.update_norm`` of the window that made the base
@@ -258,6 +262,9 @@ def judge_window(
         raise ValueError(f"aggregator {rule!r} needs a reference update")
     ordered = sorted(submissions, key=lambda s: s.candidate_id)
     screens, admitted = admit(spec, ordered, trust, policy, base_metrics.get("loss"))
+    if policy.rejects_copies:
+        copied, admitted = reject_copies(spec, base, admitted, salt)
+        screens.update(copied)
     screened, cosines = screen_updates(spec, base, admitted, policy, anchor, base_metrics.get("update_norm"))
     screened, metrics = measure_alone(admitted, screened, policy, evaluate, base_metrics)
     screens.update((sub.candidate_id, screen) for sub, screen in zip(admitted, screened, strict=True))
@@ -329,6 +336,32 @@ def admit(
             contributed.add((sub.peer_id, sub.lease_window))
             admitted.append(sub)
     return screens, admitted
+
+
+def reject_copies(
+    spec: Model, base: Mapping[str, np.ndarray], admitted: Sequence[Submission], salt: bytes
+) -> tuple[dict[str, Screen], list[Submission]]:
+    """The admitted submissions that copy another's update (``protocol.near_duplicates.copies``), each
+    ``near_duplicate``, and the rest in the order given. Of a group of copies the one of highest lease
+    evidence z is kept (unmeasured lowest), ties broken by ``tie_keys(salt, ...)``."""
+    if len(admitted) < 2:
+        return {}, list(admitted)
+    origin = flatten(spec, base)
+    deltas = [flatten(spec, _params(sub)) - origin for sub in admitted]
+    keys = tie_keys(salt, [sub.candidate_id for sub in admitted])
+    z = [
+        -np.inf if sub.lease_evidence_z is None or np.isnan(sub.lease_evidence_z) else sub.lease_evidence_z
+        for sub in admitted
+    ]
+    order = sorted(range(len(admitted)), key=lambda i: (-z[i], keys[i]))
+    found = copies(Sketcher.of(salt, len(origin)), deltas, order)
+    screens = {
+        admitted[i].candidate_id: Screen(
+            Reason.NEAR_DUPLICATE, f"a copy of {admitted[kept].candidate_id[:19]}'s update (cos {cosine:.4f})"
+        )
+        for i, (kept, cosine) in found.items()
+    }
+    return screens, [sub for i, sub in enumerate(admitted) if i not in found]
 
 
 def screen_updates(

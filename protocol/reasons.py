@@ -1,11 +1,11 @@
 """Why a candidate was accepted or rejected: one typed set of reasons for every part of the network.
 
 A ``Reason`` is what crosses the wire in a ``Verdict`` (its value, never renamed), what the trust
-book counts (``strike_weight``: 1 for misbehaviour; ½ for a regression, an untrusted direction or
-missing evidence of work, which honest peers hit now and then, label-skewed ones near convergence, a
-statistical test by chance, but an attacker repeats; 0 for timing and collective outcomes), and what
-the attack suite,
-the demo's summary and the viewer group by. The human-readable detail travels beside it, never parsed.
+book counts (``strike_weight``: 1 for misbehaviour; ½ for a regression, an untrusted direction,
+missing evidence of work or a copy, which honest peers hit now and then (label-skewed ones near
+convergence, a statistical test by chance, an original that drew less evidence than its copy) but an
+attacker repeats; 0 for timing and collective outcomes), and what the attack suite, the demo's summary
+and the viewer group by. The human-readable detail travels beside it, never parsed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Reason(StrEnum):
     MERGE_BLOCKED = "merge_blocked"  # accepted alone, but the merged head raised validation loss
     UNTRUSTED_DIRECTION = "untrusted_direction"  # opposed to the reference (cos <= min_trust), no holdout gain
     NO_LEASE_EVIDENCE = "no_lease_evidence"  # nothing shows it trained on its lease (protocol.evidence)
+    NEAR_DUPLICATE = "near_duplicate"  # a copy of another candidate's update (protocol.near_duplicates)
 
     @property
     def accepted(self) -> bool:
@@ -63,4 +64,5 @@ _STRIKE_WEIGHTS = {
     Reason.UNTRUSTED_DIRECTION: 0.5,
     Reason.REGRESSION: 0.5,
     Reason.NO_LEASE_EVIDENCE: 0.5,
+    Reason.NEAR_DUPLICATE: 0.5,
 }

@@ -108,6 +108,7 @@ class ScreeningPolicy:
     min_lease_evidence_z: float = 2.0
     lease_evidence_below: float = 0.5  # ... once the head's holdout loss < this × chance (``lease_evidence_applies``)
     credit_lease_evidence_z: float = 3.0  # accepted work earns credit only with this z (``lease_evidence_credits``)
+    rejects_copies: bool = True  # of near-duplicate updates one is judged (``protocol.near_duplicates``)
 
     def merge_rule(self, anchored: bool) -> str:
         """The aggregator's name, with or without a reference update."""
@@ -136,6 +137,7 @@ PRESETS: dict[str, ScreeningPolicy] = {
         candidate_margin=np.inf,
         anchored=False,
         step_shares=(1.0,),
+        rejects_copies=False,
     ).without_lease_evidence(),  # the undefended control
     # the default. With the validator's reference update: FLTrust trust (ReLU cos) and norm bounds
     # against the reference, each update clipped to its norm, then a trust-weighted coordinate-wise

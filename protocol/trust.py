@@ -3,8 +3,8 @@
 Time is counted in judged windows, never on a clock: ``after_window`` first multiplies the strikes
 of every peer that took part in the window by ``strike_decay``, then adds each rejection's
 ``Reason.strike_weight`` (1 for misbehaviour: forged, replayed, broken, outlying or zero updates;
-½ for a regression, an untrusted direction or no evidence of work on the lease, so that repeating
-them counts; 0 for stale bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a
+½ for a regression, an untrusted direction, no evidence of work on the lease or a copy, so that
+repeating them counts; 0 for stale bases, blocked merges and quarantine itself). An acceptance takes nothing away: only time does, so a
 peer that alternates bad and good submissions still accumulates (with decay d, a strike every other
 window tends to 1 / (1 − d²) = 5.3 at d = 0.9) while an honest peer's rare bad luck fades. A peer
 whose strikes reach ``max_strikes`` is quarantined: its candidates are rejected unseen. Quarantine is

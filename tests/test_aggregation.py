@@ -16,7 +16,6 @@ from protocol.aggregation import (
     centered_clipping,
     clipped,
     coordinate_median,
-    duplicate_groups,
     flatten,
     fltrust,
     fltrust_trimmed_mean,
@@ -265,19 +264,6 @@ def test_fltrust_trimmed_mean_matches_its_definition() -> None:
         expected[c] = (values[order, c] * w[order]).sum() / w[order].sum() if w[order].sum() else 0.0
     result = fltrust_trimmed_mean(deltas, weights, reference=reference, trim_fraction=0.2)
     np.testing.assert_allclose(result, expected, rtol=1e-12)
-
-
-def test_near_copies_share_one_vote() -> None:
-    reference = np.array([1.0, 0.0, 0.0])
-    honest = np.array([[1.0, 0.5, 0.0], [1.0, -0.4, 0.1]])
-    sybil = np.array([1.0, 0.0, 0.9])
-    copies = np.stack([sybil * s for s in (0.25, 0.26, 0.27, 0.28)])
-    assert duplicate_groups(np.concatenate([honest, copies])).tolist() == [1, 1, 4, 4, 4, 4]
-    # one identity sending their mean weighs what the four do together
-    once = np.concatenate([honest, copies.mean(axis=0, keepdims=True)])
-    merged_once = fltrust_trimmed_mean(once, np.ones(3), reference=reference, trim_fraction=0)
-    many = fltrust_trimmed_mean(np.concatenate([honest, copies]), np.ones(6), reference=reference, trim_fraction=0)
-    np.testing.assert_allclose(many, merged_once, rtol=1e-12)  # four identities bought nothing
 
 
 def test_the_named_trimmed_mean_is_weighted_by_examples_and_trims_at_least_one() -> None:

@@ -25,6 +25,7 @@ from lab.attacks import (
     scenario_seed,
     scorecard_table,
 )
+from protocol.near_duplicates import DUPLICATE_COSINE
 
 # the whole planned scorecard: ~5 minutes of real MNIST training on 2 cores, all in the module's
 # fixture, which pytest-timeout counts against the first test
@@ -162,11 +163,21 @@ def test_free_riders_earn_no_credit(scorecard: dict[str, Any], attack: str) -> N
     assert all(r["benign_false_rejection"] == 0.0 and r["benign_credit_withheld"] == 0.0 for r in rows), rows
 
 
+def test_honest_updates_are_nobodys_copy(scorecard: dict[str, Any]) -> None:
+    """Two honest updates of one window, whatever their peers hold, stay far from the cosine at which
+    ``protocol.near_duplicates`` takes one for a copy of the other (0.99)."""
+    measured = [r["benign_max_pair_cosine"] for r in scorecard["rows"] if not np.isnan(r["benign_max_pair_cosine"])]
+    assert measured and max(measured) < 0.9 < DUPLICATE_COSINE, max(measured)
+
+
 def test_the_free_rider_control_without_lease_evidence(suite: Suite) -> None:
-    """Without the evidence, the same free riders pass every screen and are credited as honest peers."""
+    """Without the evidence and the refusal of copies, the same free riders pass every screen and are
+    credited as honest peers; the refusal of copies alone stops the copies and refuses no honest work."""
     for attack in ("noise_step", "repeat_step", "copy_jitter"):
-        row = suite.run(attack, 0.2, "balanced", "iid", use_evidence=False)
+        row = suite.run(attack, 0.2, "balanced", "iid", use_evidence=False, use_copies=False)
         assert row["malicious_acceptance"] == 1.0 and row["malicious_examples_credited"] > 0, row
+    row = suite.run("copy_jitter", 0.2, "balanced", "iid", use_evidence=False)
+    assert row["malicious_acceptance"] == 0.0 and row["benign_false_rejection"] == 0.0, row
 
 
 def test_the_trigger_is_never_lit_by_training_data(suite: Suite, scorecard: dict[str, Any]) -> None:

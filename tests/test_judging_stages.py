@@ -140,7 +140,9 @@ def _window(name: str) -> WindowDecision:
         "empty": (WINDOW[:2], balanced, TRUST, {"reference": REFERENCE, "momentum": MOMENTUM}),
     }
     submissions, policy, trust, options = windows[name]
-    whole = replace(policy, step_shares=(1.0,))  # the windows were recorded taking the whole step (decision 0028)
+    # the windows were recorded taking the whole step (decision 0028), before copies were rejected
+    # (``protocol.near_duplicates``: in 15 numbers, several of these updates are copies of one another)
+    whole = replace(policy, step_shares=(1.0,), rejects_copies=False)
     return judge_window(SPEC, BASE, BASE_METRICS, submissions, whole, _holdout, trust, **options)
 
 
@@ -182,11 +184,12 @@ def test_judge_window_credits_accepted_work_only_with_evidence_it_trained_on_its
 ) -> None:
     """Near chance (the base's loss is above half of ln 3) acceptance asks for no lease evidence, but
     credit does: only z ≥ 3 earns it; ``minimal`` asks for none and credits as claimed."""
+    apart = 0.002 * np.eye(N)[:4]  # four updates along the reference, none a copy of another
     window = [
-        _sub(7, _ALONG, lease_evidence_z=3.5),
-        _sub(8, _ALONG, lease_evidence_z=2.5),  # accepted, not credited
-        _sub(9, _ALONG, lease_evidence_z=-1.0),  # a free rider near chance: accepted, not credited
-        _sub(10, _ALONG),  # not measured: not credited
+        _sub(7, _ALONG + apart[0], lease_evidence_z=3.5),
+        _sub(8, _ALONG + apart[1], lease_evidence_z=2.5),  # accepted, not credited
+        _sub(9, _ALONG + apart[2], lease_evidence_z=-1.0),  # a free rider near chance: accepted, not credited
+        _sub(10, _ALONG + apart[3]),  # not measured: not credited
     ]
     decision = judge_window(SPEC, BASE, BASE_METRICS, window, PRESETS[preset], _holdout, reference=REFERENCE)
     assert decision.accepted == tuple(_id(i) for i in (7, 8, 9, 10))
@@ -432,9 +435,9 @@ def test_the_window_takes_the_share_of_its_step_of_lowest_holdout_loss(
     lands on the optimum (decision 0028)."""
     policy = replace(
         PRESETS["balanced"], anchored=False, aggregator="weighted_mean", promotion_margin=0.001, noise_z=0.0,
-        step_shares=shares,
+        step_shares=shares, rejects_copies=False,
     )  # fmt: skip
-    window = [_sub(30, 4 * OPTIMUM), _sub(31, 4 * OPTIMUM + _noise(1e-4))]
+    window = [_sub(30, 4 * OPTIMUM), _sub(31, 4 * OPTIMUM + _noise(1e-4))]  # alike: copies, were they judged so
     decision = judge_window(SPEC, BASE, BASE_METRICS, window, policy, _holdout)
     assert [decision.screens[s.candidate_id].reason.value for s in window] == reasons
     if step is None:

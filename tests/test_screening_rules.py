@@ -83,7 +83,9 @@ def _judge(
     base_metrics: Mapping[str, float] | None = None,
 ) -> WindowDecision:
     ref = None if reference is None else _params(reference)
-    whole = replace(policy, step_shares=(1.0,))  # the merge rules' own step (shares: test_judging_stages.py)
+    # the merge rules' own step (shares: test_judging_stages.py); in 8 numbers updates alike are
+    # copies by ``protocol.near_duplicates``' bound, which tests/test_near_duplicates.py tests
+    whole = replace(policy, step_shares=(1.0,), rejects_copies=False)
     return judge_window(TINY, BASE, base_metrics or {"loss": 1.0}, subs, whole, evaluate, trust, reference=ref)
 
 
@@ -385,7 +387,7 @@ def test_strike_weights_follow_the_reason_type() -> None:
         Reason.BAD_SIGNATURE: 1.0, Reason.WRONG_LEASE: 1.0, Reason.OUT_OF_LEASE: 1.0, Reason.REPLAY: 1.0,
         Reason.UNDECODABLE: 1.0, Reason.WRONG_SHAPE: 1.0, Reason.NON_FINITE: 1.0, Reason.NORM_TOO_LARGE: 1.0,
         Reason.FREE_RIDER: 1.0, Reason.OUTLIER: 1.0, Reason.UNTRUSTED_DIRECTION: 0.5, Reason.REGRESSION: 0.5,
-        Reason.NO_LEASE_EVIDENCE: 0.5,
+        Reason.NO_LEASE_EVIDENCE: 0.5, Reason.NEAR_DUPLICATE: 0.5,
     }  # fmt: skip
     for reason in (Reason.STALE_BASE, Reason.MERGE_BLOCKED, Reason.QUARANTINED, Reason.ACCEPTED):
         assert reason.strike_weight == 0.0

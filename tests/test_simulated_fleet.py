@@ -13,6 +13,7 @@ from benchmarks.simulated_fleet import SHARD_SIZE, measure, sim_network, stack, 
 from datasets import mnist
 from lab.simulated import UpdateBank, record_bank
 from lab.stack import prepare_network
+from protocol.near_duplicates import DUPLICATE_COSINE, Sketcher, copies
 
 
 @pytest.mark.slow
@@ -33,3 +34,14 @@ def test_simulated_trainers_windows_are_promoted_and_measured(tmp_path: Path) ->
         assert min(w.validator_s, w.validator_cpu_s, w.edge_cpu_s, w.cycle_s, w.upload_s) > 0, w
         assert w.validator_s < w.cycle_s
     assert len(tables(windows)) == 7
+
+
+def test_draws_from_one_recorded_update_are_not_copies_of_one_another() -> None:
+    """What the fleet sends must pass as distinct work: ``protocol.near_duplicates`` refuses copies."""
+    rng = np.random.default_rng(0)
+    bank = UpdateBank(({"w": rng.standard_normal((100, 50)).astype(np.float32), "b": np.ones(50, np.float32)},))
+    draws = [np.concatenate([d["w"].ravel(), d["b"]]).astype(np.float64) for d in (bank.draw(rng) for _ in range(20))]
+    unit = np.stack([d / np.linalg.norm(d) for d in draws])
+    cosines = (unit @ unit.T)[np.triu_indices(20, 1)]
+    assert cosines.max() < DUPLICATE_COSINE and cosines.min() > 0.6  # apart, yet in the recorded direction
+    assert copies(Sketcher.of(b"w", len(draws[0])), draws, list(range(20))) == {}
