@@ -593,7 +593,7 @@ class Suite:
             "rejection_reasons": tally.reasons,
             "windows_promoted": tally.promoted,
             "benign_min_cosine": min(tally.benign_cosines, default=float("nan")),
-            "benign_max_pair_cosine": max(tally.benign_pair_cosines, default=float("nan")),
+            "benign_max_pair_cosine": max(tally.benign_pair_cosines, default=None),  # None: one honest peer
             "malicious_examples_credited": tally.malicious_examples_credited,
             "benign_credit_withheld": tally.benign_uncredited / tally.benign if tally.benign else 0.0,
             "benign_min_evidence_z": min(tally.benign_evidence, default=float("nan")),

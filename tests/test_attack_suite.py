@@ -103,10 +103,10 @@ def test_honest_peers_are_never_quarantined_under_a_sybil_majority(scorecard: di
 
 
 def test_the_sybil_control_without_a_reference(suite: Suite) -> None:
-    """The cohort rules alone (no reference, no lease evidence, which refuses the copies): scaled-down
-    Sybil copies drag the median norm down and the honest updates are rejected as too large (and their
-    peers quarantined)."""
-    row = suite.run("sybil_scaled", 0.6, "balanced", "iid", use_reference=False, use_evidence=False)
+    """The cohort rules alone (no reference, no lease evidence and no refusal of copies, each of which
+    refuses the copies): scaled-down Sybil copies drag the median norm down and the honest updates are
+    rejected as too large (and their peers quarantined)."""
+    row = suite.run("sybil_scaled", 0.6, "balanced", "iid", use_reference=False, use_evidence=False, use_copies=False)
     assert row["benign_false_rejection"] > 0.5 and row["honest_quarantined"] > 0
 
 
@@ -166,18 +166,17 @@ def test_free_riders_earn_no_credit(scorecard: dict[str, Any], attack: str) -> N
 def test_honest_updates_are_nobodys_copy(scorecard: dict[str, Any]) -> None:
     """Two honest updates of one window, whatever their peers hold, stay far from the cosine at which
     ``protocol.near_duplicates`` takes one for a copy of the other (0.99)."""
-    measured = [r["benign_max_pair_cosine"] for r in scorecard["rows"] if not np.isnan(r["benign_max_pair_cosine"])]
+    measured = [r["benign_max_pair_cosine"] for r in scorecard["rows"] if r["benign_max_pair_cosine"] is not None]
     assert measured and max(measured) < 0.9 < DUPLICATE_COSINE, max(measured)
 
 
 def test_the_free_rider_control_without_lease_evidence(suite: Suite) -> None:
     """Without the evidence and the refusal of copies, the same free riders pass every screen and are
-    credited as honest peers; the refusal of copies alone stops the copies and refuses no honest work."""
+    credited as honest peers. (Without the evidence, the refusal of copies cannot tell a copy from its
+    original: it judges one of the two.)"""
     for attack in ("noise_step", "repeat_step", "copy_jitter"):
         row = suite.run(attack, 0.2, "balanced", "iid", use_evidence=False, use_copies=False)
         assert row["malicious_acceptance"] == 1.0 and row["malicious_examples_credited"] > 0, row
-    row = suite.run("copy_jitter", 0.2, "balanced", "iid", use_evidence=False)
-    assert row["malicious_acceptance"] == 0.0 and row["benign_false_rejection"] == 0.0, row
 
 
 def test_the_trigger_is_never_lit_by_training_data(suite: Suite, scorecard: dict[str, Any]) -> None:
