@@ -9,14 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.evidence import (
-    EVIDENCE_EXAMPLES,
-    EVIDENCE_STAGES,
-    EvidenceDraw,
-    control_count,
-    evidence_decided,
-    lease_evidence_z,
-)
+from protocol.evidence import EVIDENCE_EXAMPLES, EVIDENCE_STAGES, EvidenceDraw, evidence_decided, lease_evidence_z
 
 from .learner import Evaluator, JaxLearner, PyTree
 
@@ -96,8 +89,7 @@ class LeaseEvidence:
         lease, control = _Gains.none(), _Gains.none()
         for stage in EVIDENCE_STAGES:  # the first stage that decides (``protocol.evidence``)
             lease = lease.extended(draw.lease_rows(lease_id, examples, stage), lease_gains)
-            control_rows = draw.control_rows(lease_id, lease_shards, sizes, control_count(len(lease.rows)))
-            control = control.extended(control_rows, control_gains)
+            control = control.extended(draw.control_rows(lease_id, lease_shards, sizes, len(lease.rows)), control_gains)
             z = lease_evidence_z(lease.gains, control.gains)
             if evidence_decided(z, len(lease.rows), available):
                 break

@@ -2,8 +2,7 @@
 
 Training fits the examples trained on more than others. ``lease_evidence_z`` compares each example's
 loss gain (the base head's loss − the candidate's) on up to ``EVIDENCE_EXAMPLES`` of the lease's
-examples with the gains on *control* examples, training examples of shards outside the lease:
-``CONTROL_PER_LEASE_ROW`` of them for each lease row, at most ``EVIDENCE_EXAMPLES`` (``control_count``).
+examples with the gains on as many *control* examples: training examples of shards outside the lease.
 An update that did not see the lease's examples (noise, the lineage's last step again, another peer's
 update copied) gains on them what it gains on any training examples, z ≈ N(0, 1); an honest update
 fits its lease (the idea of the gauntlet Templar's validators run: assigned against random data).
@@ -23,15 +22,9 @@ it is data the same peer trained on in the windows before, and its gains cannot 
 lease's (a lone trainer's candidates near convergence drew z of 0.3–1.9 there). Its candidate is
 judged on the other screens and earns no credit (decision 0038).
 
-It is measured in stages (``EVIDENCE_STAGES``): on the first ``n`` rows of the lease's draw and
-``control_count(n)`` control rows, where each stage's rows include the stage's before it; a stage whose
-z reaches ``DECISIVE_Z`` decides (``evidence_decided``), else the next stage reads more, up to the
-whole draw. The control outnumbers the lease (decision 0041): a lease's rows are all there is of it,
-the control's cost one forward pass each, and with the same spread on both sides z's standard error
-√(var_lease / n + var_control / m) at m = 4n is 0.79 of its value at m = n (no m brings it below 0.71).
-Under the null z stays N(0, 1); an honest update's z grows by 1/0.79, so a small lease's honest z no
-longer falls below the refusal bound one time in twenty.
-
+It is measured in stages (``EVIDENCE_STAGES``): on the first ``n`` rows of the lease's draw and as
+many control rows, where each stage's rows include the stage's before it; a stage whose z reaches
+``DECISIVE_Z`` decides (``evidence_decided``), else the next stage reads more, up to the whole draw.
 An honest update's z grows with √n and clears ``DECISIVE_Z`` at the first stage almost always (its z
 over the whole draw is then about twice that: well above every bound), so a validator pays a quarter
 of the forward passes for it; an update near or below the bounds is measured on the whole draw, as
@@ -48,23 +41,20 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "CONTROL_PER_LEASE_ROW",
     "CONTROL_SHARDS",
     "DECISIVE_Z",
     "EVIDENCE_EXAMPLES",
     "EVIDENCE_STAGES",
     "EvidenceDraw",
-    "control_count",
     "evidence_decided",
     "lease_evidence_z",
     "lease_measurable",
 ]
 
-EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and the most control examples (decision 0029)
+EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and as many control examples (decision 0029)
 EVIDENCE_STAGES = (4_000, EVIDENCE_EXAMPLES)  # the rows read by each stage of the measurement
 DECISIVE_Z = 4.0  # a stage's z at or above this decides: twice the refusal bound, above the credit bound
 CONTROL_SHARDS = 16  # the shards a window's control examples come from
-CONTROL_PER_LEASE_ROW = 4  # control rows compared for each lease row, up to EVIDENCE_EXAMPLES (decision 0041)
 MAX_LEASE_SHARE = 0.5  # a lease holding more of the training pool than this is not measured (decision 0038)
 
 
@@ -106,13 +96,6 @@ class EvidenceDraw:
         outside = np.flatnonzero(np.repeat([s not in leased for s in self.control], sizes))
         rng = _rng(b"dtn-evidence-control-rows", self.salt, lease_id.encode())
         return np.sort(outside[rng.permutation(len(outside))[:count]]).astype(np.int64)
-
-
-def control_count(lease_rows: int) -> int:
-    """How many control rows a stage that reads ``lease_rows`` of a lease compares them with (fewer where
-    the control outside the lease holds fewer): ``CONTROL_PER_LEASE_ROW`` each, at most
-    ``EVIDENCE_EXAMPLES``; a larger stage's count is never smaller."""
-    return min(CONTROL_PER_LEASE_ROW * lease_rows, EVIDENCE_EXAMPLES)
 
 
 def lease_measurable(lease_examples: int, pool_examples: int) -> bool:
