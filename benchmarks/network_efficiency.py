@@ -18,7 +18,9 @@ target head — every example each trainer trained on before it (``trained_sampl
 its windows, work carried over or dropped, rejected work too) plus the validator's own updates — and
 their ratio to the centralized loop's samples; wall seconds from genesis to the target head; honest
 work refused: the share of candidates not accepted (every trainer here is honest) and the count per
-reason; the trainers' compute utilization (seconds in training steps / wall seconds, from each one's
+reason, and apart for candidates whose lease was trained wholly ahead of their head (from the trainer's
+own last candidate, then moved onto the head: no step after it arrived) and the rest, each with its
+median lease evidence z; the trainers' compute utilization (seconds in training steps / wall seconds, from each one's
 first to last window); candidate bytes per window vs fp32.
 
     python -m benchmarks.network_efficiency [--trainers 3] [--target 0.97] [--max-s 300] [--runs 3]
@@ -194,6 +196,20 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
     for verdict in verdicts:
         if not verdict.accepted:
             refused[str(verdict.reason)] = refused.get(str(verdict.reason), 0) + 1
+    ahead = {o["candidate_id"] for records in outcomes for o in records if o.get("steps") == 0}
+    by_origin = {
+        origin: {
+            "verdicts": len(mine),
+            "refused": sum(not v.accepted for v in mine),
+            "median_z": statistics.median(zs)
+            if (zs := [v.metrics["lease_evidence_z"] for v in mine if "lease_evidence_z" in v.metrics])
+            else None,
+        }
+        for origin, mine in (
+            ("trained_ahead", [v for v in verdicts if v.candidate_id in ahead]),
+            ("on_its_head", [v for v in verdicts if v.candidate_id not in ahead]),
+        )
+    }
     return {
         "config": config.name,
         "reached": reached is not None,
@@ -206,8 +222,16 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
         "utilization": [u for u in map(utilization, outcomes) if u is not None],
         "verdicts": len(verdicts),
         "refused": refused,
+        "by_origin": by_origin,
         "bytes_vs_fp32": float(np.mean(sizes)) / fp32_bytes(builtin_model("mnist-mlp")) if sizes else None,
     }
+
+
+def _by_origin(parts: list[dict[str, Any]]) -> str:
+    """Refused of judged over runs, and the runs' median lease evidence z (their spread)."""
+    zs = [p["median_z"] for p in parts if p["median_z"] is not None]
+    judged, refused = sum(p["verdicts"] for p in parts), sum(p["refused"] for p in parts)
+    return f"{refused} of {judged} (z {_spread(zs)})"
 
 
 def _spread(values: list[float], form: str = "{:.2f}") -> str:
@@ -238,9 +262,9 @@ def main() -> None:
     print(f"\n{args.trainers} native trainers, 1 epoch a window; validator: balanced preset; {args.runs} runs each")
     print(
         "| trainers | configuration | reached | samples × centralized | of which the validator's | wall s "
-        "| honest refused | refused by reason |"
+        "| honest refused | refused by reason | refused: trained ahead, on its head (median z) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in configs:
         mine = [r for r in results if r["config"] == c.name]
         ratios = [r["samples"] / baseline for r in mine if baseline and r["reached"]]
@@ -253,9 +277,11 @@ def main() -> None:
                 reasons[reason] = reasons.get(reason, 0) + count
         total = sum(r["verdicts"] for r in mine)
         by_reason = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"
+        origins = "; ".join(_by_origin([r["by_origin"][o] for r in mine]) for o in ("trained_ahead", "on_its_head"))
         print(
             f"| {args.trainers} | {c.name} | {sum(r['reached'] for r in mine)}/{len(mine)} | {_spread(ratios)} "
-            f"| {_spread(own)} | {_spread(walls, '{:.1f}')} | {_spread(refused, '{:.3f}')} | {by_reason} (of {total}) |"
+            f"| {_spread(own)} | {_spread(walls, '{:.1f}')} | {_spread(refused, '{:.3f}')} | {by_reason} (of {total}) "
+            f"| {origins} |"
         )
     print(json.dumps({"centralized_samples": baseline, "runs": results}))
 
