@@ -34,7 +34,9 @@ next head arrives it reconciles by carrying that progress over (training goes on
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
-for that head (never two windows ahead). Work on a head that moved on while training is carried
+for that head (never two windows ahead). After ``AHEAD_CHAIN`` windows in a row trained ahead, where
+validators measure its lease evidence, the next lease is trained from its head instead (granted
+ahead, trained once the head is there): the evidence of work trained ahead decays along such a chain. Work on a head that moved on while training is carried
 over the same way instead of dropped. A candidate claims only the examples of its own lease. A
 continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
 waits for heads, within the experiment's ``max_shards_per_lease``, fewer when its work comes late. Each
@@ -62,11 +64,13 @@ from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import SignatureError
+from protocol.evidence import lease_measurable
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.lease_size import next_lease_shards
 from protocol.lease_work import lease_work
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor, LeaseGrant
+from protocol.screening import PRESETS
 from protocol.shards import feature_scale
 from protocol.updates import encode_update
 from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
@@ -84,6 +88,10 @@ log = logging.getLogger(__name__)
 
 
 WindowUnavailable = NoWindow
+# a continuous trainer's windows in a row trained ahead from its own last candidate, after which its next
+# lease waits for its head: the evidence that work trained ahead shows of its lease decays along such a
+# chain (a median z of about 10 at its start, 1 by its ninth window), until the candidate is refused
+AHEAD_CHAIN = 4
 """No window to train right now (no head yet, no newer head in time, or the head moved on): the
 trainer API's name for ``protocol.window.NoWindow``."""
 
@@ -173,6 +181,7 @@ class _Carry:
     refused: bool = False
     published: ContentId | None = None  # the candidate published on ``after`` (None: overtaken, unpublished)
     next_lease: Future[_Ahead | None] | None = None
+    restarts: bool = False  # the next lease trains from the next head, not ahead (``AHEAD_CHAIN``)
 
 
 @dataclass(frozen=True)
@@ -288,6 +297,7 @@ class Trainer:
         self._full_windows: dict[str, tuple[HeadId, float]] = {}
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
+        self._chain: dict[str, int] = {}  # experiment -> windows in a row trained from its own last candidate
         self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
         self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
         self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
@@ -509,6 +519,10 @@ class Trainer:
         ahead = self._next_lease(carried) if carried is not None else None
         if carried is not None and carried.published is not None and carried.published not in head.merged:
             carried = None  # trained on from a candidate the network turned down: start again at the head
+        if carried is not None and carried.restarts:
+            carried = None  # its lease, granted ahead and not trained: from the head (``AHEAD_CHAIN``)
+        chain = 0 if carried is None else self._chain.get(experiment.key, 0) + 1
+        self._chain[experiment.key] = chain
         if ahead is not None and lease_window(ahead.grant.lease, head):  # leased and begun before this head
             grant, (x, y) = ahead.grant, (ahead.x, ahead.y)
             done = ahead if carried is not None else _Ahead(grant, x, y)
@@ -581,8 +595,9 @@ class Trainer:
             self._deliver, experiment, envelope, opt_state, (before, progress), residual
         )
         if self.train_ahead:
+            restarts = chain >= AHEAD_CHAIN and self._measured(experiment, len(y))
             self._carry[experiment.key] = _Carry(
-                head, trained, params, published=candidate.candidate_id, next_lease=next_lease
+                head, trained, params, published=candidate.candidate_id, next_lease=next_lease, restarts=restarts
             )
         outcome = WindowOutcome(
             experiment=experiment.key,
@@ -799,9 +814,17 @@ class Trainer:
 
     def _can_train_ahead(self, experiment: Experiment) -> bool:
         work = self._carry.get(experiment.key)
-        if work is None or work.refused:
+        if work is None or work.refused or work.restarts:
             return False
         return work.ahead is None or work.ahead.epochs < experiment.spec.local_epochs
+
+    def _measured(self, experiment: Experiment, examples: int) -> bool:
+        """Whether validators measure the lease evidence of a lease of ``examples`` in ``experiment``
+        (its preset asks for it, and the lease holds at most half the pool: ``lease_measurable``)."""
+        if not PRESETS[experiment.spec.screening].asks_lease_evidence:
+            return False
+        manifest = self.edge.fetch_manifest(experiment.spec.dataset_id)
+        return lease_measurable(examples, sum(s.examples for s in manifest.shards))
 
 
 def _log_undelivered(delivered: Future[None]) -> None:
