@@ -24,7 +24,7 @@ from native_peer.learner import SCAN_LENGTHS, TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
 from native_peer.shard_cache import ShardCache
-from native_peer.trainer import Trainer, WindowOutcome
+from native_peer.trainer import AHEAD_CHAIN, Trainer, WindowOutcome
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
@@ -98,6 +98,32 @@ def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_i
     assert not list((validator.storage.root / "candidates").iterdir())  # decided: their artifacts are deleted
     record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]
     assert 0 < record["compute_s"] < record["wall_s"]
+    trainer.close()
+
+
+def test_a_continuous_trainer_restarts_its_chain_of_work_trained_ahead_from_the_head(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """After ``AHEAD_CHAIN`` windows in a row trained ahead from its own last candidate, on a network
+    that measures its leases' evidence, the next lease (granted ahead) is trained from its head."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "chain", continuous=True)
+    experiment = trainer.experiment(*BASELINE.parts)
+    outcomes = [trainer.train_window_once(experiment)]
+    trained_ahead = []
+    for _ in range(AHEAD_CHAIN + 1):
+        epochs = 0
+        while trainer.train_ahead_once(experiment):
+            epochs += 1
+        trained_ahead.append(epochs > 0)
+        report = validator.poll(spec)
+        assert report is not None and report.head.merged == (outcomes[-1].candidate_id,)
+        outcomes.append(trainer.train_window_once(experiment))
+    assert trained_ahead == [True] * AHEAD_CHAIN + [False]
+    assert [o.steps > 0 for o in outcomes] == [True] + [False] * AHEAD_CHAIN + [True]  # steps after its head
+    assert outcomes[-1].lease_id != outcomes[-2].lease_id and "carried_steps" not in outcomes[-1].metrics
     trainer.close()
 
 
