@@ -65,7 +65,8 @@ than the edge's known one (a new store makes a new key), the validator reads the
 again and takes the new key if the edge serves the same network terms (``EdgeClient.rekeyed``).
 Given several edges (``EdgeClient``: the next one when one is unreachable), a move to another edge
 is followed the same way: the network read again, the candidates read from the new edge's first,
-and the heads it lacks published again.
+the heads it lacks published again, and this validator's open proposals too (the last one may have
+reached only the edge that went away).
 
 State (``ValidatorState``: judged ids, recent window durations, the trust book, an outbox of final
 verdicts not yet published, decisions on open windows) is one typed, bounded object, written to disk
@@ -498,6 +499,7 @@ class Validator:
         if self.edge.failovers != self._failovers:  # another edge of the list answers now
             self._failovers = self.edge.failovers
             self._follow_edge_key()
+            self._republish(spec.key)  # a head proposed to the last edge may not have reached this one
         lost = self._journal(spec.key).after(None if head is None else head.head_id)
         if lost:
             self._restore(spec, lost)
@@ -533,8 +535,15 @@ class Validator:
             log.warning("%s: the edge took another head meanwhile: %s", spec.key, exc)
         self._followed.pop(spec.key, None)
         self._follow_edge_key()
+        self._republish(spec.key)
+
+    def _republish(self, key: str) -> None:
+        """Publish this validator's open decisions of experiment ``key`` again (proposals, attestations),
+        to an edge that may lack them: a replaced edge, or another edge of the list after a failover (its
+        last proposal, certified by the edge that went away before this one mirrored it, is otherwise
+        waited for there forever)."""
         for decision in self.state.decisions.values():
-            if decision.head.experiment == spec.key:
+            if decision.head.experiment == key:
                 decision.published = False
         self._flush()
 

@@ -232,3 +232,44 @@ def test_a_second_edge_following_the_first_carries_the_network_when_the_first_an
     ours = {c["candidate_id"] for c in candidates if Candidate.from_wire(c).peer_id == trainer.peer_id}
     assert {cid for head in heads[len(before) :] for cid in head.merged} & ours, "no candidate merged after"
     assert trainer.edge.url == validator.edge.url == second.url
+
+
+@pytest.mark.slow  # real windows on two edges
+def test_a_head_proposed_to_an_edge_that_then_died_is_proposed_again_to_the_next_edge(
+    tmp_path: Path, dataset_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The validator's last proposal reached only the first edge (here: never left this validator, as
+    when the first edge certified it and died before the second mirrored it). On its move to the
+    second edge the validator proposes it again there, instead of waiting for it forever."""
+    storage = StorageConfig(tmp_path / "validator")
+    network = mnist_network(NodeIdentity.load_or_create(storage.identity_path).public_key)
+    for root in (tmp_path, tmp_path / "second"):
+        root.mkdir(exist_ok=True)
+        (root / "network.json").write_text(json.dumps(network.to_wire()))
+    spec = network.experiment(BASELINE)
+    first = BackgroundEdge(edge_settings(tmp_path, dataset_root)).start()
+    second = BackgroundEdge(edge_settings(tmp_path / "second", dataset_root, follow=first.url)).start()
+    validator = Validator(mlp_learner(), network, storage, [first.url, second.url], dataset_root)
+    trainer = mnist_trainer(network, tmp_path / "trainer", first.url)
+    try:
+        genesis = validator.ensure_genesis(spec)
+        until("genesis mirrored", lambda: [h.head_id for h in _heads(second.url)] == [genesis.head_id], 60)
+        trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+        with monkeypatch.context() as patched:
+            patched.setattr(type(validator.edge), "publish_head", lambda *_: None)  # lost with the first edge
+            report = validator.poll(spec)
+        assert report is not None and [h.window for h in _heads(first.url)] == [0]
+        first.stop()
+
+        def proposed_there() -> bool:
+            validator.poll(spec)  # the first poll moves to the second edge
+            return len(_heads(second.url)) == 2
+
+        until("the proposal on the second edge", proposed_there, 30)
+        heads = _heads(second.url)
+    finally:
+        trainer.close()
+        validator.close()
+        second.stop()
+        first.stop()
+    assert [h.head_id for h in heads] == [genesis.head_id, report.head.head_id]
