@@ -36,8 +36,9 @@ which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
 for that head (never two windows ahead). After ``AHEAD_CHAIN`` windows in a row trained ahead, where
 validators measure its lease evidence, the next lease is trained from its head instead (granted
-ahead, trained once the head is there): the evidence of work trained ahead decays along such a chain. Work on a head that moved on while training is carried
-over the same way instead of dropped. A candidate claims only the examples of its own lease. A
+ahead, trained once the head is there): the evidence of work trained ahead decays along such a
+chain (decision 0041). Work on a head that moved on while training is carried over the same way
+instead of dropped. A candidate claims only the examples of its own lease. A
 continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
 waits for heads, within the experiment's ``max_shards_per_lease``, fewer when its work comes late. Each
 outcome records the trainer's compute and wall seconds, so its utilization can be measured.
@@ -88,12 +89,12 @@ log = logging.getLogger(__name__)
 
 
 WindowUnavailable = NoWindow
+"""No window to train right now (no head yet, no newer head in time, or the head moved on): the
+trainer API's name for ``protocol.window.NoWindow``."""
 # a continuous trainer's windows in a row trained ahead from its own last candidate, after which its next
 # lease waits for its head: the evidence that work trained ahead shows of its lease decays along such a
 # chain (a median z of about 10 at its start, 1 by its ninth window), until the candidate is refused
 AHEAD_CHAIN = 4
-"""No window to train right now (no head yet, no newer head in time, or the head moved on): the
-trainer API's name for ``protocol.window.NoWindow``."""
 
 
 @dataclass(frozen=True)

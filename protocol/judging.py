@@ -5,7 +5,8 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
 
     admit            its precheck, quarantine, one candidate per peer and lease window, schema, finiteness,
                      lease evidence once the head has learned
-    reject_copies    of near-duplicate updates (``protocol.near_duplicates``) the one of highest evidence
+    reject_copies    of a window's copies of one update, only the one of most lease evidence goes on
+                     (``protocol.near_duplicates``); the others are ``near_duplicate``
     screen_updates   against the validator's reference update when anchored, else against the cohort
     measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
     leave_one_out    a candidate the linear merge is worse with than without is a regression
