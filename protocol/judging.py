@@ -348,7 +348,7 @@ def reject_copies(
     if len(admitted) < 2:
         return {}, list(admitted)
     origin = flatten(spec, base)
-    deltas = [flatten(spec, _params(sub)) - origin for sub in admitted]
+    deltas = (flatten(spec, _params(sub)) - origin for sub in admitted)  # sketched one at a time
     keys = tie_keys(salt, [sub.candidate_id for sub in admitted])
     z = [
         -np.inf if sub.lease_evidence_z is None or np.isnan(sub.lease_evidence_z) else sub.lease_evidence_z

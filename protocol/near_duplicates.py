@@ -23,7 +23,7 @@ the lease evidence is what judges it (``protocol.evidence``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,11 +68,12 @@ class Sketcher:
 
 
 def copies(
-    sketcher: Sketcher, deltas: Sequence[npt.NDArray[np.floating]], order: Sequence[int]
+    sketcher: Sketcher, deltas: Iterable[npt.NDArray[np.floating]], order: Sequence[int]
 ) -> dict[int, tuple[int, float]]:
-    """The copies among ``deltas``: for each that is one, the index of the update it copies and their
-    cosine. ``order`` ranks the indices (a permutation of them): of a group of copies the first in it is
-    kept and is what the later ones are compared with. Zero updates are nobody's copy."""
+    """The copies among ``deltas`` (read once, each sketched as it comes: a window's updates need not
+    be held together): for each that is one, the index of the update it copies and their cosine.
+    ``order`` ranks the indices (a permutation of them): of a group of copies the first in it is kept
+    and is what the later ones are compared with. Zero updates are nobody's copy."""
     sketches = [sketcher.sketch(d) for d in deltas]
     buckets: dict[tuple[int, bytes], list[int]] = {}
     found: dict[int, tuple[int, float]] = {}
