@@ -9,7 +9,11 @@ verified against its content id / the fetch-manifest's sha256; shards are kept b
 windows and page loads, ``shard_store``; a head whose parent it holds comes as a delta from it,
 ``protocol.head_delta``), train one window with Adam in NumPy in
 ``epoch_seed`` order (optimizer state stays in the tab), sign the candidate and send it as a binary
-frame (``package_candidate``), then wait for the next head. A candidate larger than the relay's
+frame (``package_candidate``), then lease the next window ahead and train it from where this one stopped
+while this one is judged (``_train_ahead``; moved onto the head when it arrives). After
+``protocol.evidence.AHEAD_CHAIN`` windows in a row trained ahead, where validators measure its lease
+evidence, the next lease is held and trained from its head instead (``restarts_from_head``, as native
+trainers do). A candidate larger than the relay's
 frame limit is staged over HTTP in chunks first and published over HTTP too, by its envelope without
 the artifact: the edge that took the chunks (the one a balancer sends the stage's requests to) need
 not be the relay's. A head larger than ``PeerConfig.piece_bytes`` is downloaded piece by piece with
@@ -44,6 +48,7 @@ from protocol.codec import decode_tensors
 from protocol.edge_urls import edge_urls
 from protocol.envelope import unpack_envelope
 from protocol.errors import IntegrityError, ProtocolError
+from protocol.evidence import restarts_from_head
 from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
 from protocol.ice import NO_ICE, IceConfig
@@ -53,6 +58,7 @@ from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, Ne
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
 from protocol.model import ModelSpec, Params
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
+from protocol.screening import PRESETS
 from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
@@ -164,7 +170,10 @@ class BrowserPeer:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
         self._last_base: HeadId | None = None
-        self._ahead: _Trained | None = None  # the next window's lease, trained before its head existed
+        # the next window's lease, granted before its head existed: trained from this peer's last candidate,
+        # or held to train from its head (``restarts_from_head``)
+        self._ahead: _Trained | LeaseGrant | None = None
+        self._chain = 0  # windows in a row trained ahead from this peer's own last candidate
         self._restored = False
         self._dropped: set[str] = set()
         self._shards = ShardStore(bridge, config.shard_cache_bytes)
@@ -474,15 +483,19 @@ class BrowserPeer:
         )
         model = spec.model  # as the network's manifest declares it
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and lease_window(ahead.grant.lease, head):  # trained before this head existed
-            grant = ahead.grant
+        held = ahead.grant if isinstance(ahead, _Trained) else ahead
+        if held is not None and lease_window(held.lease, head):  # leased before this head existed
+            grant = held
             self._report(phase=f"downloading head {head.window}", head_window=head.window)
             base = await self._base(socket, reader, head, model)
-            if self.status.get("last_candidate") in head.merged:
+            if isinstance(ahead, _Trained) and self.status.get("last_candidate") in head.merged:
                 done = replace(ahead, params={k: base[k] + (ahead.params[k] - ahead.origin[k]) for k in base})
-            else:  # trained on from a candidate the network turned down: train the lease again from the head
+                self._chain += 1
+            else:  # held for its head, or trained on from a candidate the network turned down: from the head
                 done = await self._train(spec, head.window, grant, base)
+                self._chain = 0
         else:
+            self._chain = 0
             self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
             try:
                 grant = await self._lease(socket, reader, spec, head, ahead=False)
@@ -533,7 +546,15 @@ class BrowserPeer:
         await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
         last = self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows
         if self.config.train_ahead and not last:
-            self._ahead = await self._train_ahead(socket, reader, spec, head, done.params)
+            manifest = self._manifest
+            assert manifest is not None  # fetched by ``_train``
+            restarts = restarts_from_head(
+                self._chain,
+                PRESETS[spec.screening].asks_lease_evidence,
+                sum(manifest.shard(shard_id).examples for shard_id in lease.shard_ids),
+                sum(entry.examples for entry in manifest.shards),
+            )
+            self._ahead = await self._train_ahead(socket, reader, spec, head, done.params, restarts=restarts)
         if self._ahead is None:
             await self._wait_for_head(60.0, reader)
 
@@ -571,9 +592,12 @@ class BrowserPeer:
         spec: ExperimentSpec,
         head: HeadDescriptor,
         published: dict[str, np.ndarray],
-    ) -> _Trained | None:
+        *,
+        restarts: bool,
+    ) -> _Trained | LeaseGrant | None:
         """The next window's lease (asked ``after`` ``head``, before its head exists), trained from where
-        the window on ``head`` stopped (``published``); None when the next window is full."""
+        the window on ``head`` stopped (``published``), or held to train from its head (``restarts``);
+        None when the next window is full."""
         assert self._network is not None
         self._report(phase=f"leasing window {head.window + 1} ahead")
         try:
@@ -581,6 +605,9 @@ class BrowserPeer:
         except NoWindow:
             return None
         check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key, ahead=True)
+        if restarts:
+            self._report(phase=f"leased window {head.window + 1} ahead; training it from its head")
+            return grant
         return await self._train(spec, head.window + 1, grant, published)
 
     async def _shard(self, grant: LeaseGrant, shard_id: ShardId) -> bytes:

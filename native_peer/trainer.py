@@ -34,10 +34,9 @@ next head arrives it reconciles by carrying that progress over (training goes on
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
-for that head (never two windows ahead). After ``AHEAD_CHAIN`` windows in a row trained ahead, where
-validators measure its lease evidence, the next lease is trained from its head instead (granted
-ahead, trained once the head is there): the evidence of work trained ahead decays along such a
-chain (decision 0041). Work on a head that moved on while training is carried over the same way
+for that head (never two windows ahead). After ``protocol.evidence.AHEAD_CHAIN`` windows in a row trained
+ahead, where validators measure its lease evidence, the next lease is trained from its head instead
+(granted ahead, trained once the head is there; ``restarts_from_head``, decision 0041). Work on a head that moved on while training is carried over the same way
 instead of dropped. A candidate claims only the examples of its own lease. A
 continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
 waits for heads, within the experiment's ``max_shards_per_lease``, fewer when its work comes late. Each
@@ -65,7 +64,7 @@ from protocol.backoff import Backoff
 from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import SignatureError
-from protocol.evidence import lease_measurable
+from protocol.evidence import restarts_from_head
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
 from protocol.lease_size import next_lease_shards
 from protocol.lease_work import lease_work
@@ -91,10 +90,6 @@ log = logging.getLogger(__name__)
 WindowUnavailable = NoWindow
 """No window to train right now (no head yet, no newer head in time, or the head moved on): the
 trainer API's name for ``protocol.window.NoWindow``."""
-# a continuous trainer's windows in a row trained ahead from its own last candidate, after which its next
-# lease waits for its head: the evidence that work trained ahead shows of its lease decays along such a
-# chain (a median z of about 10 at its start, 1 by its ninth window), until the candidate is refused
-AHEAD_CHAIN = 4
 
 
 @dataclass(frozen=True)
@@ -182,7 +177,7 @@ class _Carry:
     refused: bool = False
     published: ContentId | None = None  # the candidate published on ``after`` (None: overtaken, unpublished)
     next_lease: Future[_Ahead | None] | None = None
-    restarts: bool = False  # the next lease trains from the next head, not ahead (``AHEAD_CHAIN``)
+    restarts: bool = False  # the next lease trains from the next head, not ahead (``restarts_from_head``)
 
 
 @dataclass(frozen=True)
@@ -521,7 +516,7 @@ class Trainer:
         if carried is not None and carried.published is not None and carried.published not in head.merged:
             carried = None  # trained on from a candidate the network turned down: start again at the head
         if carried is not None and carried.restarts:
-            carried = None  # its lease, granted ahead and not trained: from the head (``AHEAD_CHAIN``)
+            carried = None  # its lease, granted ahead and not trained: from the head (``restarts_from_head``)
         chain = 0 if carried is None else self._chain.get(experiment.key, 0) + 1
         self._chain[experiment.key] = chain
         if ahead is not None and lease_window(ahead.grant.lease, head):  # leased and begun before this head
@@ -596,7 +591,7 @@ class Trainer:
             self._deliver, experiment, envelope, opt_state, (before, progress), residual
         )
         if self.train_ahead:
-            restarts = chain >= AHEAD_CHAIN and self._measured(experiment, len(y))
+            restarts = self._restarts(experiment, chain, len(y))
             self._carry[experiment.key] = _Carry(
                 head, trained, params, published=candidate.candidate_id, next_lease=next_lease, restarts=restarts
             )
@@ -819,13 +814,12 @@ class Trainer:
             return False
         return work.ahead is None or work.ahead.epochs < experiment.spec.local_epochs
 
-    def _measured(self, experiment: Experiment, examples: int) -> bool:
-        """Whether validators measure the lease evidence of a lease of ``examples`` in ``experiment``
-        (its preset asks for it, and the lease holds at most half the pool: ``lease_measurable``)."""
-        if not PRESETS[experiment.spec.screening].asks_lease_evidence:
-            return False
+    def _restarts(self, experiment: Experiment, chain: int, examples: int) -> bool:
+        """Whether the next lease, after ``chain`` windows in a row trained ahead and a lease of
+        ``examples``, is trained from its head (``restarts_from_head``)."""
         manifest = self.edge.fetch_manifest(experiment.spec.dataset_id)
-        return lease_measurable(examples, sum(s.examples for s in manifest.shards))
+        pool = sum(s.examples for s in manifest.shards)
+        return restarts_from_head(chain, PRESETS[experiment.spec.screening].asks_lease_evidence, examples, pool)
 
 
 def _log_undelivered(delivered: Future[None]) -> None:

@@ -292,6 +292,10 @@ class WindowReport:
     def merged(self) -> bool:
         return bool(self.head.merged)
 
+    def __repr__(self) -> str:  # what an assertion shows: the verdicts and what was merged, not the head's bytes
+        verdicts = ", ".join(f"{v.candidate_id[:19]}: {v.reason} ({v.detail})" for v in self.verdicts)
+        return f"WindowReport({self.experiment} window {self.window}, merged {list(self.head.merged)}, verdicts [{verdicts}])"
+
 
 def _named(split: str, result: dict[str, float]) -> dict[str, float]:
     """``{"loss", "accuracy", ...}`` as ``{"<split>_loss", "<split>_accuracy", ...}``."""

@@ -29,6 +29,12 @@ An honest update's z grows with √n and clears ``DECISIVE_Z`` at the first stag
 over the whole draw is then about twice that: well above every bound), so a validator pays a quarter
 of the forward passes for it; an update near or below the bounds is measured on the whole draw, as
 before. Every validator stops at the same stage: the rows are drawn alike.
+
+Work a continuous peer trains ahead (its next lease, from its own last candidate, moved onto the head
+once it arrives) shows less of its lease window after window along an unbroken chain of it (a median z
+near 10 where a chain starts from the head, 1 by its ninth window). ``restarts_from_head``: after
+``AHEAD_CHAIN`` such windows in a row, where the lease is measured, a peer trains its next lease from
+its head (decision 0041); native and browser peers follow the same rule.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "AHEAD_CHAIN",
     "CONTROL_SHARDS",
     "DECISIVE_Z",
     "EVIDENCE_EXAMPLES",
@@ -49,6 +56,7 @@ __all__ = [
     "evidence_decided",
     "lease_evidence_z",
     "lease_measurable",
+    "restarts_from_head",
 ]
 
 EVIDENCE_EXAMPLES = 16_000  # the most lease examples compared, and as many control examples (decision 0029)
@@ -56,6 +64,7 @@ EVIDENCE_STAGES = (4_000, EVIDENCE_EXAMPLES)  # the rows read by each stage of t
 DECISIVE_Z = 4.0  # a stage's z at or above this decides: twice the refusal bound, above the credit bound
 CONTROL_SHARDS = 16  # the shards a window's control examples come from
 MAX_LEASE_SHARE = 0.5  # a lease holding more of the training pool than this is not measured (decision 0038)
+AHEAD_CHAIN = 4  # windows in a row a peer trains ahead from its own last candidate before one from its head
 
 
 def _rng(*parts: bytes) -> np.random.Generator:
@@ -102,6 +111,14 @@ def lease_measurable(lease_examples: int, pool_examples: int) -> bool:
     """Whether the evidence of a lease of ``lease_examples`` of a training pool of ``pool_examples`` is
     measured: the lease holds at most ``MAX_LEASE_SHARE`` of the pool."""
     return lease_examples <= MAX_LEASE_SHARE * pool_examples
+
+
+def restarts_from_head(chain: int, asks_lease_evidence: bool, lease_examples: int, pool_examples: int) -> bool:
+    """Whether a peer that trained its last ``chain`` windows in a row ahead (from its own last
+    candidate) trains its next lease, of ``lease_examples``, from its head instead: after
+    ``AHEAD_CHAIN`` of them, where validators measure that lease's evidence (its experiment's preset
+    ``asks_lease_evidence`` and ``lease_measurable`` in a pool of ``pool_examples``)."""
+    return chain >= AHEAD_CHAIN and asks_lease_evidence and lease_measurable(lease_examples, pool_examples)
 
 
 def evidence_decided(z: float, rows: int, available: int) -> bool:

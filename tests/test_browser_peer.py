@@ -6,6 +6,8 @@ peers (checked by content id; a peer that lies is dropped)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
+from protocol.evidence import AHEAD_CHAIN
 from protocol.run_control import RunControl, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.uploads import UPLOAD_HEADER
@@ -86,6 +89,41 @@ def test_a_browser_peer_leases_and_trains_the_next_window_while_its_last_is_judg
     assert len(ahead) == 2, leases  # after its first window, each lease came before its window's head
     assert all(windows[c.base_head] == lease.window for c, lease in zip(mine, leases, strict=True) if lease)
     assert peer.status["accepted"] >= 2, peer.status
+
+
+def test_a_browser_peer_trains_a_lease_from_its_head_after_a_chain_of_windows_trained_ahead(
+    stack: LocalNetwork,
+) -> None:
+    """After ``AHEAD_CHAIN`` windows in a row trained ahead from its own last candidate, on a network
+    that measures its leases' evidence, the next lease (granted ahead) is trained from its head."""
+    with _judged_edge(stack) as edge:
+        bridge = NativeBridge()
+        peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x48" * 32, max_windows=AHEAD_CHAIN + 3))
+        _run_to_end(peer, bridge, timeout_s=240.0)
+        client = EdgeClient(edge.url, reader=NodeIdentity.load_or_create(stack.validator_storage.identity_path))
+        heads = client.heads(BASELINE)
+        windows = {h.head_id: h.window for h in heads}
+        mine = sorted(
+            (c for c in client.candidates(BASELINE) if c.peer_id == peer.peer_id), key=lambda c: windows[c.base_head]
+        )
+        client.close()
+    merged = {candidate for head in heads for candidate in head.merged}
+    # the rule: a lease asked for ahead trains from its head after AHEAD_CHAIN windows in a row trained
+    # ahead (held), or after a candidate that was not merged (refused work is not carried)
+    expected, held, chain = [], 0, 0
+    for candidate in mine[:-1]:  # each published window, then the lease it asked for ahead
+        held += chain >= AHEAD_CHAIN
+        expected.append(chain >= AHEAD_CHAIN or candidate.candidate_id not in merged)
+        chain = 0 if expected[-1] else chain + 1
+    phases = [phase for phase, _ in itertools.groupby(s["phase"] for s in bridge.statuses)]  # each change once
+    trained_on_its_head = []  # for each lease granted ahead: whether it trained after its head came
+    for i, phase in enumerate(phases):
+        if re.fullmatch(r"downloading head \d+", phase):
+            rest = phases[i + 1 :]
+            published = next(j for j, p in enumerate(rest) if p.startswith("publishing candidate"))
+            trained_on_its_head.append(any(p.startswith("training window") for p in rest[:published]))
+    assert len(mine) == AHEAD_CHAIN + 3 and trained_on_its_head == expected, (expected, phases)
+    assert sum(p.endswith("ahead; training it from its head") for p in phases) == held
 
 
 def test_browser_peer_reconnects_after_edge_restart(stack: LocalNetwork) -> None:

@@ -12,11 +12,13 @@ under CI a missing one fails the test, elsewhere it is skipped with the reason."
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import shutil
 import ssl
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,9 @@ from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_problem
 from lab.stack import PYODIDE_DIR, Fleet, free_port, prepare_network, validating
 from native_peer.identity import NodeIdentity
 from native_peer.trainer import WindowOutcome
+from protocol.manifests import NetworkManifest
 from protocol.messages import READ_PROOF_HEADER, PeerProof
-from tools.networks import BASELINE
+from tools.networks import BASELINE, mnist_network
 
 from .support import missing, mnist_trainer, now_ms, private_postgres, private_redis, until
 from .test_scale_out import start_edge
@@ -265,6 +268,16 @@ class _KillsTheStagesEdge(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
+def _judged_without_statistics(validator_key: bytes) -> NetworkManifest:
+    """The demo's network with ``BASELINE`` judged by the ``minimal`` preset: a candidate is refused for
+    what its bytes are (undecodable, wrong shape, not finite), never for a holdout's or a lease's noise."""
+    network = mnist_network(validator_key)
+    return replace(
+        network,
+        experiments=tuple(replace(e, screening="minimal") if e.key == BASELINE else e for e in network.experiments),
+    )
+
+
 def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other_when_it_dies(
     tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,18 +286,20 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
     chunks to both, which the edges refuse with 409s). The edge holding a candidate's stage dies after
     two chunks: the trainer finds no stage on the other edge, stages it there from 0 and publishes it."""
     _nginx()
-    local = prepare_network(tmp_path, datasets=dataset_root)
+    local = prepare_network(tmp_path, datasets=dataset_root, network=_judged_without_statistics)
     spec = local.network.experiment(BASELINE)
     shared = {
         "store-url": private_postgres.create_database("staged_behind_nginx"),
         "redis-url": private_redis.url,
         "blobs-dir": tmp_path / "blobs",
     }
-    with Fleet(tmp_path) as fleet:
+    with Fleet(tmp_path) as fleet, contextlib.ExitStack() as opened:  # closed even when an assertion fails
         urls, public_url = _behind_nginx(fleet, tmp_path, dataset_root, monkeypatch, **shared)
-        edges = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
+        edges = {name: opened.enter_context(httpx.Client(base_url=url, timeout=30)) for name, url in urls.items()}
         validator = local.validator(public_url)
+        opened.callback(validator.close)
         trainer = mnist_trainer(local.network, tmp_path / "trainer", public_url)
+        opened.callback(trainer.close)
         for client in (validator.edge, trainer.edge):
             client._chunk_bytes = CHUNK  # every artifact of this model is over it: all are staged
         experiment = trainer.experiment(*BASELINE.parts)
@@ -315,8 +330,4 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
         assert _metric(survivor, 'dtn_rejected_uploads_total{error="Conflict"}') == 1
         assert _metric(survivor, "dtn_staged_upload_bytes") == 0
         heads = [h["head_id"] for h in survivor.get(f"{BASE}/heads").json()]
-        trainer.close()
-        validator.close()
-        for http in edges.values():
-            http.close()
     assert len(heads) == 4 and heads[-1] == report.head.head_id

@@ -24,11 +24,12 @@ from native_peer.learner import SCAN_LENGTHS, TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
 from native_peer.shard_cache import ShardCache
-from native_peer.trainer import AHEAD_CHAIN, Trainer, WindowOutcome
+from native_peer.trainer import Trainer, WindowOutcome
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
 from protocol.errors import SignatureError
+from protocol.evidence import AHEAD_CHAIN
 from protocol.ids import ContentId
 from protocol.manifests import ExperimentSpec, FetchManifest
 from protocol.messages import Candidate, HeadDescriptor, Verdict

@@ -43,8 +43,7 @@ def test_every_figure_in_the_readme_points_to_its_results() -> None:
 def test_the_readmes_own_model_section_is_the_worked_example_ci_trains() -> None:
     example = REPO / "examples" / "flax_cnn"
     assert _block("Your own model") == (example / "model.py").read_text()
-    assert _block("Your own model", "toml") == (example / "network.toml").read_text()
-    assert 'workload = "examples.flax_cnn.model:learner"' in _block("Your own model", "toml")
+    assert 'workload = "examples.flax_cnn.model:learner"' in (example / "network.toml").read_text()
 
 
 def test_the_readme_trainer_example_trains_a_window_and_prints_its_candidate(

@@ -23,6 +23,7 @@ from protocol.deadline import (
 )
 from protocol.errors import InvalidMessage
 from protocol.evidence import (
+    AHEAD_CHAIN,
     CONTROL_SHARDS,
     DECISIVE_Z,
     EVIDENCE_EXAMPLES,
@@ -31,6 +32,7 @@ from protocol.evidence import (
     evidence_decided,
     lease_evidence_z,
     lease_measurable,
+    restarts_from_head,
 )
 from protocol.judging import FRESH_TRUST, Submission, WindowDecision, judge_window
 from protocol.model import Params, mlp
@@ -604,6 +606,22 @@ def test_lease_evidence_z_needs_finite_examples_on_both_sides(lease: list[float]
 )
 def test_a_lease_of_more_than_half_the_pool_is_not_measured(lease: int, pool: int, measured: bool) -> None:
     assert lease_measurable(lease, pool) is measured
+
+
+@pytest.mark.parametrize(
+    ("chain", "asks", "lease", "restarts"),
+    [
+        (AHEAD_CHAIN, True, 4_000, True),
+        (AHEAD_CHAIN + 3, True, 4_000, True),
+        (AHEAD_CHAIN - 1, True, 4_000, False),  # the chain is not long yet
+        (AHEAD_CHAIN, False, 4_000, False),  # a preset that does not ask for lease evidence
+        (AHEAD_CHAIN, True, 33_000, False),  # a lease of most of the pool is not measured
+    ],
+)
+def test_a_chain_of_work_trained_ahead_restarts_from_the_head_only_where_its_lease_is_measured(
+    chain: int, asks: bool, lease: int, restarts: bool
+) -> None:
+    assert restarts_from_head(chain, asks, lease, 37_000) is restarts
 
 
 _SHARDS = [f"train-{n:05d}" for n in range(40)]
