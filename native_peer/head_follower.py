@@ -92,9 +92,9 @@ class HeadFollower:
             self._take(head)
         return self.current()
 
-    def newer(self, than: HeadId, wait_s: float) -> FollowedHead | None:
-        """The newest head once it is not ``than``, waiting up to ``wait_s``; after that, the newest
-        fetched (``than`` itself when none came)."""
+    def newer(self, than: HeadId | None, wait_s: float) -> FollowedHead | None:
+        """The newest head once it is not ``than`` (``None``: once there is one), waiting up to
+        ``wait_s``; after that, the newest fetched (``than`` itself when none came)."""
         self.current()
         with self._changed:
             self._changed.wait_for(lambda: self._latest is not None and self._latest.head.head_id != than, wait_s)

@@ -404,9 +404,9 @@ class Trainer:
             wait_s = min(wait_s, retry_at - time.monotonic())
         follower = self._follower(experiment.key)
         followed = follower.refresh() if refresh else follower.current()
-        if followed is not None and followed.head.head_id in done and wait_s > 0:
+        if wait_s > 0 and (followed is None or followed.head.head_id in done):  # no head yet, or trained on
             waited = time.perf_counter()
-            followed = follower.newer(followed.head.head_id, wait_s)
+            followed = follower.newer(None if followed is None else followed.head.head_id, wait_s)
             work = self._carry.get(experiment.key)
             if work is not None and work.ahead is not None:  # its lease trained, idle: a larger one would fit
                 self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited

@@ -12,7 +12,7 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
     leave_one_out    a candidate the linear merge is worse with than without is a regression
     outer_step       the merge rule over the rest (weight caps per peer kind, ``staleness_weight``),
                      then the outer optimizer's step from the base
-    promote          of that step's shares (``policy.step_shares``), the one of lowest holdout loss
+    promote          of that step's shares (``policy.step_shares``), shortened while the holdout loss falls
     blocked_screens  the promotion rule on it, and the blame when it blocks the merge
     next_trust       the trust book after the window
 
@@ -457,23 +457,28 @@ def promote(
     base_metrics: Mapping[str, float],
     policy: ScreeningPolicy,
 ) -> tuple[Params, dict[str, float], Vector | None]:
-    """The step the window proposes, its holdout metrics and the next outer state: of ``outer_step``
-    at each share of ``policy.step_shares`` of the merge's update, the one with the lowest holdout
-    loss (the first of equals); ``blocked_screens`` then applies the promotion rule to it.
+    """The step the window proposes, its holdout metrics and the next outer state: ``outer_step`` at
+    the shares of ``policy.step_shares`` of the merge's update (longest first), measured on the
+    holdout in turn until one does not lower the loss below the share before it; the last that did
+    is proposed (the first of equals). ``blocked_screens`` then applies the promotion rule to it.
 
     Peers that each hold a few classes each fit their own; the mean of their updates overshoots
     where a shorter step along it lowers the loss, and the whole step, blocked, leaves the head where
     it was for the next window to overshoot the same way (decision 0028). A share only shortens the
-    merge's step along the direction the merge rule chose."""
+    merge's step along the direction the merge rule chose. Along that line the holdout loss falls
+    then rises: once a shorter share is no better, a shorter one still would not be (a backtracking
+    line search), so a window whose whole step is best pays two evaluations, not one per share."""
+    if not policy.step_shares:
+        raise ValueError("the policy names no share of the merge's step")
     best: tuple[Params, dict[str, float], Vector | None] | None = None
     update = merge.update(rows)  # the merge rule runs once; each share scales its update
-    for share in policy.step_shares:
+    for share in sorted(policy.step_shares, reverse=True):
         merged, state = outer_step(merge, update, outer, momentum, share)
         metrics = evaluate(merged)
-        if best is None or metrics["loss"] < best[1]["loss"]:
-            best = merged, metrics, state
-    if best is None:
-        raise ValueError("the policy names no share of the merge's step")
+        if best is not None and metrics["loss"] >= best[1]["loss"]:
+            break
+        best = merged, metrics, state
+    assert best is not None
     return best
 
 

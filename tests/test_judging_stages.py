@@ -448,6 +448,39 @@ def test_the_window_takes_the_share_of_its_step_of_lowest_holdout_loss(
         assert decision.merged_metrics == _holdout(decision.merged)
 
 
+@pytest.mark.parametrize(("overshoot", "shares_measured"), [(1.0, 2), (2.0, 3), (4.0, 3)])
+def test_the_share_search_stops_at_the_first_shorter_share_that_is_no_better(
+    overshoot: float, shares_measured: int
+) -> None:
+    """Updates ``overshoot`` × the holdout's optimum. At 1 the whole step is best: ½ is measured, no
+    better, and ¼ is not measured; at 2, ½ is best (¼ measured, no better); at 4, ¼ (every share
+    better than the one before). Each window lands on the optimum, as a search of every share would."""
+    policy = replace(
+        PRESETS["balanced"], anchored=False, aggregator="weighted_mean", promotion_margin=0.001, noise_z=0.0,
+        rejects_copies=False,
+    )  # fmt: skip
+    window = [_sub(30, overshoot * OPTIMUM), _sub(31, overshoot * OPTIMUM + _noise(1e-4))]
+    steps: list[float] = []  # the norm of each measured step from the base
+
+    def holdout(params: Mapping[str, np.ndarray]) -> dict[str, float]:
+        steps.append(float(np.linalg.norm(flatten(SPEC, params) - flatten(SPEC, BASE))))
+        return _holdout(params)
+
+    decision = judge_window(SPEC, BASE, BASE_METRICS, window, policy, holdout)
+    whole_only: list[int] = []  # the evaluations of the same window measuring the whole step alone
+    judge_window(SPEC, BASE, BASE_METRICS, window, replace(policy, step_shares=(1.0,)),
+                 lambda params: whole_only.append(1) or _holdout(params))  # fmt: skip
+    assert len(steps) == len(whole_only) - 1 + shares_measured
+    searched = steps[-shares_measured:]  # after each alone and leave-one-out
+    assert [step / searched[0] for step in searched] == pytest.approx([1.0, 0.5, 0.25][:shares_measured], rel=1e-4)
+    each = [judge_window(SPEC, BASE, BASE_METRICS, window, replace(policy, step_shares=(share,)), _holdout)
+            for share in policy.step_shares]  # fmt: skip
+    best = min(each, key=lambda d: d.merged_metrics["loss"] if d.merged_metrics else np.inf)
+    assert decision.merged is not None and best.merged is not None
+    np.testing.assert_array_equal(flatten(SPEC, decision.merged), flatten(SPEC, best.merged))  # as every share measured
+    np.testing.assert_allclose(flatten(SPEC, decision.merged) - flatten(SPEC, BASE), OPTIMUM, atol=5e-4)
+
+
 @pytest.mark.parametrize(
     ("reason", "promoted", "strikes", "score"),
     [
