@@ -62,7 +62,9 @@ def create_app(settings: Settings) -> FastAPI:
     generate_openapi = app.openapi
     app.openapi = lambda: replace_validation_docs(generate_openapi())  # type: ignore[method-assign]
     app.add_middleware(
-        SecurityHeaders, docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+        SecurityHeaders,
+        docs_paths=[p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p],
+        mirrors=settings.mirror_urls,
     )
     for module in (
         dataset_routes,

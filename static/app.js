@@ -21,9 +21,41 @@ function setText(id, value) {
   $(id).textContent = value;
 }
 
+// The edge this page came from may go away with its disk (another operator's edge then carries the
+// network: docs/edge.md). After MIRROR_AFTER_MS of the worker failing to reach it, the page moves to the
+// first of the edge's mirrors (the relay welcome's `mirrors`, checked by protocol/edge_urls.py) that
+// answers, contributing there if it was here; the validator pins in the address go along. On the
+// mirror's origin the tab has a key and progress of its own.
+const MIRROR_AFTER_MS = 10_000;
+async function moveToMirror() {
+  state.moving = true;
+  for (const mirror of state.status.mirrors ?? []) {
+    // an opaque answer is enough to know it is up; a network error is not (no CORS needed for that)
+    const up = await fetch(`${mirror}/livez`, { mode: "no-cors", cache: "no-store" }).then(() => true, () => false);
+    if (!up) continue;
+    const query = new URLSearchParams(location.search);
+    if (state.running) {
+      query.set("contribute", "1");
+      query.set("experiment", state.status.experiment ?? query.get("experiment") ?? "");
+    }
+    state.movedTo = mirror; // read by the browser tests
+    location.assign(`${mirror}/?${query}${pins ? `#validators=${pins}` : ""}`);
+    return;
+  }
+  state.disconnectedSince = Date.now(); // none answers: look again after as long
+  state.moving = false;
+}
+
+function followEdge(s) {
+  if (s.connected !== false) state.disconnectedSince = null;
+  else if (state.disconnectedSince == null) state.disconnectedSince = Date.now();
+  else if (Date.now() - state.disconnectedSince >= MIRROR_AFTER_MS && !state.moving) moveToMirror();
+}
+
 function renderStatus(status) {
   state.status = { ...state.status, ...status };
   const s = state.status;
+  followEdge(s);
   setText("phase", s.phase ?? "idle");
   setText("rate", s.samples_per_s ? `${Math.round(s.samples_per_s).toLocaleString()}` : "–");
   setText("windows", s.windows_done ?? 0);

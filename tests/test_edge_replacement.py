@@ -1,8 +1,8 @@
 """The network outlives its edge: an edge killed and replaced by one on an empty store (a new key, no
 heads) gets the lineage back from its validator, and the running validator and trainer go on with it;
 or a second edge that follows the first (``server.follower``, its own store) carries the network on
-for a validator and a trainer given both edges. Real uvicorn edges, a real validator and trainer in
-threads, real MNIST."""
+for a validator and a trainer given both edges, and a contributing page moves to it. Real uvicorn
+edges, a real validator and trainer in threads (or processes), real MNIST, a real Chromium."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_problem
+from lab.stack import PYODIDE_DIR, Fleet, free_port, prepare_network
 from native_peer import StorageConfig, Validator
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
@@ -30,7 +32,8 @@ from server.serve import BackgroundEdge
 from server.store import Store
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings, mnist_trainer, until
+from .support import edge_settings, missing, mnist_trainer, until
+from .test_scale_out import start_edge
 
 
 def _heads(url: str) -> list[HeadDescriptor]:
@@ -273,3 +276,46 @@ def test_a_head_proposed_to_an_edge_that_then_died_is_proposed_again_to_the_next
         second.stop()
         first.stop()
     assert [h.head_id for h in heads] == [genesis.head_id, report.head.head_id]
+
+
+def _accepted(url: str) -> set[str]:
+    """The candidates the verdicts on the edge at ``url`` accepted."""
+    response = httpx.get(f"{url}/v1/experiments/{BASELINE}/verdicts", timeout=10)
+    return {v["candidate_id"] for v in response.json() if v["accepted"]} if response.status_code == 200 else set()
+
+
+def _browsers(url: str) -> float:
+    """Browser peers joined to the relay of the edge at ``url``."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('dtn_ws_connections{kind="browser"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.slow  # Chromium, two edge processes and a validator, real windows
+def test_a_contributing_page_moves_to_a_mirror_when_its_edge_dies(tmp_path: Path, dataset_root: Path) -> None:
+    """A page contributing on the first edge, whose relay welcome names the second (``--mirrors``), a
+    follower on a store of its own: the first edge is killed, and the page moves to the second and
+    contributes there, where the validator goes on too."""
+    if (problem := browser_problem()) is not None:
+        missing(problem)
+    local = prepare_network(tmp_path, datasets=dataset_root)
+    ports = free_port(), free_port()
+    first, second = (f"http://127.0.0.1:{port}" for port in ports)
+    with Fleet(tmp_path) as fleet:
+        for name, port, settings in (("a", ports[0], {"mirrors": second}), ("b", ports[1], {"follow": first})):
+            start_edge(fleet, name, tmp_path, dataset_root, port=port, **{"pyodide-dir": PYODIDE_DIR}, **settings)
+        fleet.start("validator", local.validator_argv(f"{first},{second}"))
+        fleet.start(
+            "chromium",
+            [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}",
+             f"{first}/?contribute=1&experiment={BASELINE}"],
+        )  # fmt: skip
+        until("the page's candidate accepted on the first edge", lambda: _accepted(first), 150, fleet=fleet)
+        before = _accepted(second)  # mirrored from the first
+        killed = fleet.processes["a"]
+        killed.kill()  # SIGKILL: its connections just vanish
+        assert killed.wait(10) < 0
+        fleet.stop("a")
+        until("the page on the second edge's relay", lambda: _browsers(second) >= 1, 150, fleet=fleet)
+        until("its candidate accepted there", lambda: _accepted(second) - before, 150, fleet=fleet)

@@ -74,6 +74,19 @@ def test_every_response_carries_security_headers(edge: BackgroundEdge) -> None:
         assert docs == {"frame-ancestors": {"'none'"}, "object-src": {"'none'"}, "base-uri": {"'none'"}}
 
 
+def test_a_page_may_reach_its_edges_mirrors_at_their_livez_only(tmp_path: Path, dataset_root: Path) -> None:
+    """An edge with mirrors lets its page probe each mirror's ``/livez`` (``static/app.js`` moves the page to
+    one that answers when this edge is gone), and connect nowhere else there."""
+    mirrors = "https://b.example:8443,https://c.example/dtn"
+    running = _start(tmp_path, dataset_root, mirrors=mirrors)
+    try:
+        policy = _policy(httpx.get(running.url + "/"))
+    finally:
+        running.stop()
+    assert policy["connect-src"] == {"'self'", "https://b.example:8443/livez", "https://c.example/dtn/livez"}
+    assert policy["default-src"] == {"'self'"}
+
+
 def test_the_page_needs_nothing_inline() -> None:
     """What the policy forbids, the web app does not do: inline scripts, styles or event handlers."""
     page = (REPO / "static" / "index.html").read_text()

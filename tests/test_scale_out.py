@@ -214,9 +214,11 @@ class Edges:
         return httpx.Client(base_url=self.urls[name], timeout=30, **options)
 
 
-def start_edge(fleet: Fleet, name: str, root: Path, dataset_root: Path, **settings: object) -> str:
-    """``python -m server`` as its own process; its URL once it answers."""
-    port = free_port()
+def start_edge(
+    fleet: Fleet, name: str, root: Path, dataset_root: Path, port: int | None = None, **settings: object
+) -> str:
+    """``python -m server`` as its own process (on ``port``, else a free one); its URL once it answers."""
+    port = port or free_port()
     options = {
         "port": port,
         "data-dir": root / name,
