@@ -47,7 +47,7 @@ async function moveToMirror() {
 }
 
 function followEdge(s) {
-  if (s.connected !== false) state.disconnectedSince = null;
+  if (!state.running || s.connected !== false) state.disconnectedSince = null; // stopped here: not gone
   else if (state.disconnectedSince == null) state.disconnectedSince = Date.now();
   else if (Date.now() - state.disconnectedSince >= MIRROR_AFTER_MS && !state.moving) moveToMirror();
 }
