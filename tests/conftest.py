@@ -12,6 +12,7 @@ the same programs again, and compiling was most of the native tests' time (71.7 
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -58,6 +59,25 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     with _watching(item):
         return (yield)
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest collects the teardown's unraisable warnings (trylast)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A failed test's leaks (sockets, files an assertion left open) are collected in its own teardown
+    and reported there, not by whichever later test the garbage collector happens to run in."""
+    if item.stash.get(_FAILED, False):
+        gc.collect()
 
 
 @contextmanager
