@@ -34,13 +34,14 @@ next head arrives it reconciles by carrying that progress over (training goes on
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
-for that head (never two windows ahead). After ``protocol.evidence.AHEAD_CHAIN`` windows in a row trained
-ahead, where validators measure its lease evidence, the next lease is trained from its head instead
-(granted ahead, trained once the head is there; ``restarts_from_head``, decision 0041). Work on a head that moved on while training is carried over the same way
-instead of dropped. A candidate claims only the examples of its own lease. A
-continuous trainer sizes its leases to that wait (``protocol.lease_size``): more shards while it
-waits for heads, within the experiment's ``max_shards_per_lease``, fewer when its work comes late. Each
-outcome records the trainer's compute and wall seconds, so its utilization can be measured.
+for that head (never two windows ahead). After ``protocol.evidence.AHEAD_CHAIN`` windows in a row
+trained ahead, where validators measure its lease evidence, the next lease is trained from its head
+instead (granted ahead, trained once the head is there; ``restarts_from_head``, decision 0041). Work
+on a head that moved on while training is carried over the same way instead of dropped. A candidate
+claims only the examples of its own lease. A continuous trainer sizes its leases to that wait
+(``protocol.lease_size``): more shards while it waits for heads, within the experiment's
+``max_shards_per_lease``, fewer when its work comes late. Each outcome records the trainer's compute
+and wall seconds, so its utilization can be measured.
 """
 
 from __future__ import annotations

@@ -290,6 +290,19 @@ def mnist_network_env(root: Path, datasets: Path) -> Iterator[tuple[BackgroundEd
             validator.close()
 
 
+def metric(http: httpx.Client, series: str) -> float:
+    """The value of ``series`` (a name, or a name with its labels) on the edge ``http`` talks to; 0 when absent."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(series + " ") or line.startswith(series + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def browsers(http: httpx.Client) -> float:
+    """Browser peers joined to the relay of the edge ``http`` talks to."""
+    return metric(http, 'dtn_ws_connections{kind="browser"}')
+
+
 def until(
     what: str, check: Callable[[], Any], timeout_s: float, *, poll_s: float = 0.2, fleet: Fleet | None = None
 ) -> Any:

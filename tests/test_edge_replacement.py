@@ -32,7 +32,7 @@ from server.serve import BackgroundEdge
 from server.store import Store
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings, missing, mnist_trainer, until
+from .support import browsers, edge_settings, missing, mnist_trainer, until
 from .test_scale_out import start_edge
 
 
@@ -284,14 +284,6 @@ def _accepted(url: str) -> set[str]:
     return {v["candidate_id"] for v in response.json() if v["accepted"]} if response.status_code == 200 else set()
 
 
-def _browsers(url: str) -> float:
-    """Browser peers joined to the relay of the edge at ``url``."""
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith('dtn_ws_connections{kind="browser"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @pytest.mark.slow  # Chromium, two edge processes and a validator, real windows
 def test_a_contributing_page_moves_to_a_mirror_when_its_edge_dies(tmp_path: Path, dataset_root: Path) -> None:
     """A page contributing on the first edge, whose relay welcome names the second (``--mirrors``), a
@@ -317,5 +309,6 @@ def test_a_contributing_page_moves_to_a_mirror_when_its_edge_dies(tmp_path: Path
         killed.kill()  # SIGKILL: its connections just vanish
         assert killed.wait(10) < 0
         fleet.stop("a")
-        until("the page on the second edge's relay", lambda: _browsers(second) >= 1, 150, fleet=fleet)
+        with httpx.Client(base_url=second, timeout=10) as http:
+            until("the page on the second edge's relay", lambda: browsers(http) >= 1, 150, fleet=fleet)
         until("its candidate accepted there", lambda: _accepted(second) - before, 150, fleet=fleet)

@@ -34,7 +34,7 @@ from protocol.manifests import NetworkManifest
 from protocol.messages import READ_PROOF_HEADER, PeerProof
 from tools.networks import BASELINE, mnist_network
 
-from .support import missing, mnist_trainer, now_ms, private_postgres, private_redis, until
+from .support import browsers, metric, missing, mnist_trainer, now_ms, private_postgres, private_redis, until
 from .test_scale_out import start_edge
 
 __all__ = ["private_postgres", "private_redis"]  # fixtures, used by name
@@ -98,18 +98,6 @@ def _behind_nginx(
     return urls, public_url
 
 
-def _metric(http: httpx.Client, series: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(series + " ") or line.startswith(series + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def _browsers(http: httpx.Client) -> float:
-    """Browser peers joined to the relay of the edge ``http`` talks to."""
-    return _metric(http, 'dtn_ws_connections{kind="browser"}')
-
-
 def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_browsers_edge_dies(
     tmp_path: Path, dataset_root: Path, private_postgres: Any, private_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,8 +129,8 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
                 f"{public_url}/?contribute=1&experiment={BASELINE}",
             ],
         )
-        until("the browser joined the relay", lambda: any(_browsers(http) for http in edges.values()), 120, fleet=fleet)
-        home = next(name for name, http in edges.items() if _browsers(http))
+        until("the browser joined the relay", lambda: any(browsers(http) for http in edges.values()), 120, fleet=fleet)
+        home = next(name for name, http in edges.items() if browsers(http))
         other = next(name for name in edges if name != home)
         survivor = edges[other]
         identity = NodeIdentity.load_or_create(local.validator_storage.identity_path)
@@ -179,7 +167,7 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
             try:
                 # windows through nginx: the browser's candidates merged, its edge taking native requests too
                 def trained_together() -> bool:
-                    served = _metric(edges[home], "dtn_leases_total") + _metric(edges[home], "dtn_candidates_total")
+                    served = metric(edges[home], "dtn_leases_total") + metric(edges[home], "dtn_candidates_total")
                     return len(lineage()) >= 3 and served > 0 and bool(browser_accepted())
 
                 until(
@@ -193,7 +181,7 @@ def test_two_edges_behind_nginx_a_browser_and_a_native_trainer_go_on_when_the_br
 
                 def browser_merged_after_the_kill() -> bool:
                     later = {h["head_id"] for h in lineage()[len(before_heads) :]}
-                    return len(later) >= 2 and _browsers(survivor) >= 1 and bool(browser_accepted(later))
+                    return len(later) >= 2 and browsers(survivor) >= 1 and bool(browser_accepted(later))
 
                 until(
                     "the browser back on the other edge, merged again", browser_merged_after_the_kill, 150, fleet=fleet
@@ -262,7 +250,7 @@ class _KillsTheStagesEdge(httpx.HTTPTransport):
         if request.method == "PUT":
             self.chunks += 1
             if self.chunks == 3:
-                self.killed = next(n for n, http in self.edges.items() if _metric(http, "dtn_staged_upload_bytes"))
+                self.killed = next(n for n, http in self.edges.items() if metric(http, "dtn_staged_upload_bytes"))
                 self.fleet.processes[self.killed].kill()
                 assert self.fleet.processes[self.killed].wait(10) < 0
         return super().handle_request(request)
@@ -312,8 +300,8 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
             assert report.head.outer_state is not None
         # every chunk met its stage, every publish found it: no upload refused on either edge
         for http in edges.values():
-            assert _metric(http, "dtn_rejected_uploads_total") == 0 and _metric(http, "dtn_staged_upload_bytes") == 0
-        assert sum(_metric(http, 'dtn_candidates_total{via="http"}') for http in edges.values()) == 2
+            assert metric(http, "dtn_rejected_uploads_total") == 0 and metric(http, "dtn_staged_upload_bytes") == 0
+        assert sum(metric(http, 'dtn_candidates_total{via="http"}') for http in edges.values()) == 2
 
         killer = _KillsTheStagesEdge(
             fleet, edges, verify=ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
@@ -327,7 +315,7 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
         report = validator.poll(spec)
         assert report is not None and report.head.merged == (outcome.candidate_id,), report
         # the survivor refused the third chunk (its stage was on the dead edge) and took the whole artifact
-        assert _metric(survivor, 'dtn_rejected_uploads_total{error="Conflict"}') == 1
-        assert _metric(survivor, "dtn_staged_upload_bytes") == 0
+        assert metric(survivor, 'dtn_rejected_uploads_total{error="Conflict"}') == 1
+        assert metric(survivor, "dtn_staged_upload_bytes") == 0
         heads = [h["head_id"] for h in survivor.get(f"{BASE}/heads").json()]
     assert len(heads) == 4 and heads[-1] == report.head.head_id
