@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.edge_urls import edge_urls
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.errors import IntegrityError, InvalidMessage, ProtocolError
-from protocol.fields import read_list, read_object
+from protocol.fields import read_list, read_object, read_str
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
@@ -53,7 +54,7 @@ from protocol.messages import (
 )
 from protocol.network_pins import NetworkSignature, served_by
 from protocol.run_control import MAX_ORDERS, SignedRunControl
-from protocol.signing import Signer
+from protocol.signing import Signer, b64decode
 from protocol.transfers import (
     Done,
     Exchange,
@@ -68,9 +69,24 @@ from protocol.transfers import (
 from protocol.uploads import UPLOAD_CHUNK_BYTES
 from protocol.window import lease_window
 
-__all__ = ["EdgeClient", "EdgeRequestError"]
+__all__ = ["Activity", "EdgeClient", "EdgeRequestError"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Activity:
+    """An answer of the edge's activity long poll: its token, and the key the edge signs leases with
+    (``None``: the edge did not say), so a waiter notices a replaced edge without asking for the network."""
+
+    since: str
+    edge_key: bytes | None
+
+    @classmethod
+    def from_wire(cls, value: object) -> Activity:
+        d = read_object(value, "activity")
+        key = d.get("edge_key")
+        return cls(read_str(d, "since", max_len=80), None if key is None else b64decode(key, size=32))
 
 
 class EdgeRequestError(Exception):
@@ -93,6 +109,11 @@ def _refusal(answer: Response) -> EdgeRequestError:
     except ProtocolError:
         error, detail = "", answer.body[:200].decode(errors="replace")
     return EdgeRequestError(answer.status, error, detail, float(retry) if retry.isdigit() else None)
+
+
+def _canonical(response: httpx.Response) -> HeadDescriptor | None:
+    """The head a publish of a head or an attestation answered, when the edge holds it canonical (201)."""
+    return HeadDescriptor.from_wire(response.json()) if response.status_code == 201 else None
 
 
 class EdgeClient:
@@ -328,14 +349,15 @@ class EdgeClient:
         """Every candidate this client may read (of ``base_head`` when given), page after page."""
         return self.candidates_since(key, 0, base_head)[0]
 
-    def leases(self, key: ExperimentKey, base_head: HeadId) -> list[Lease]:
-        response = self._request("GET", f"{self._experiment_path(key)}/leases", params={"base_head": base_head})
+    def leases(self, key: ExperimentKey, *base_heads: HeadId) -> list[Lease]:
+        """The leases granted on ``base_heads`` (one or two heads), in one request."""
+        response = self._request("GET", f"{self._experiment_path(key)}/leases", params={"base_head": base_heads})
         return [Lease.from_wire(lease) for lease in response.json()]
 
     def window_leases(self, key: ExperimentKey, head: HeadDescriptor) -> list[Lease]:
         """The leases of the window on ``head``: those granted on it for its window, and those granted
         ahead on its parent (``protocol.window.lease_window``)."""
-        granted = [*self.leases(key, head.head_id), *(self.leases(key, head.parent) if head.parent else [])]
+        granted = self.leases(key, head.head_id, *([head.parent] if head.parent else []))
         return [lease for lease in granted if lease_window(lease, head)]
 
     def lease(self, lease_id: LeaseId) -> Lease | None:
@@ -477,32 +499,34 @@ class EdgeClient:
     def publish_candidate(self, key: ExperimentKey, envelope: bytes) -> None:
         self._publish(key, "candidates", envelope)
 
-    def publish_head(self, key: ExperimentKey, envelope: bytes) -> None:
-        self._publish(key, "heads", envelope)
+    def publish_head(self, key: ExperimentKey, envelope: bytes) -> HeadDescriptor | None:
+        """Propose a head; the head as the edge then holds it when that made it canonical (201: with its
+        certificate, unverified), ``None`` while it waits for attestations (202)."""
+        return _canonical(self._publish(key, "heads", envelope))
 
     def publish_outer_state(self, key: ExperimentKey, envelope: bytes) -> None:
         """The outer optimizer state a proposed head names: its envelope of (head, state), before the head."""
         self._publish(key, "outer-states", envelope)
 
-    def _publish(self, key: ExperimentKey, collection: str, envelope: bytes) -> None:
+    def _publish(self, key: ExperimentKey, collection: str, envelope: bytes) -> httpx.Response:
         """POST ``envelope`` to the experiment's ``collection``; an artifact over ``chunk_bytes`` is
         staged first and the envelope sent without it (``protocol.transfers.StagedUpload``: from the
-        edge's offset, staged again where a publish finds no stage)."""
+        edge's offset, staged again where a publish finds no stage). The publish's answer."""
         path = f"{self._experiment_path(key)}/{collection}"
         descriptor, artifact = unpack_envelope(envelope)
         if len(artifact) <= self._chunk_bytes:
-            self._request("POST", path, content=envelope)
-            return
+            return self._request("POST", path, content=envelope)
         bare = pack_envelope(descriptor, b"")
-        self._on_any_edge(
+        return self._on_any_edge(
             lambda: self._drive(
                 StagedUpload(key, artifact, path, bare, chunk_bytes=self._chunk_bytes, policy=self._policy)
             )
         )
 
-    def publish_attestation(self, attestation: Attestation) -> None:
+    def publish_attestation(self, attestation: Attestation) -> HeadDescriptor | None:
+        """Vouch for a proposed head; the head when that made it canonical, as ``publish_head``."""
         path = f"{self._experiment_path(attestation.experiment)}/attestations"
-        self._request("POST", path, json=attestation.to_wire())
+        return _canonical(self._request("POST", path, json=attestation.to_wire()))
 
     def publish_evaluation(self, evaluation: Evaluation) -> None:
         self._request("POST", f"{self._experiment_path(evaluation.experiment)}/evaluations", json=evaluation.to_wire())
@@ -516,7 +540,7 @@ class EdgeClient:
             batch = [v.to_wire() for v in verdicts[start : start + VERDICT_BATCH]]
             self._request("POST", f"{self._experiment_path(key)}/verdict-batches", json=batch)
 
-    def activity(self, since: str | None, wait_s: float) -> str:
-        """The edge's activity token once it moved past ``since``, or after ``wait_s`` (``server.hub``)."""
+    def activity(self, since: str | None, wait_s: float) -> Activity:
+        """The edge's activity once its token moved past ``since``, or after ``wait_s`` (``server.hub``)."""
         params: dict[str, Any] = {"wait_s": wait_s} if since is None else {"since": since, "wait_s": wait_s}
-        return str(self._request("GET", "/v1/activity", params=params, timeout=wait_s + 30).json()["since"])
+        return Activity.from_wire(self._request("GET", "/v1/activity", params=params, timeout=wait_s + 30).json())

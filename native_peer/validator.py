@@ -108,7 +108,7 @@ from protocol.errors import InvalidMessage, ProtocolError, SignatureError
 from protocol.evidence import lease_measurable
 from protocol.fields import read_bool, read_float, read_int, read_list, read_object
 from protocol.hashing import content_id
-from protocol.ids import ContentId, ExperimentKey, HeadId
+from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId
 from protocol.judging import (
     REFERENCE_BATCH_FACTOR,
     Submission,
@@ -376,6 +376,7 @@ class Validator:
         # before the window's candidates arrive (``warm``)
         self._anchors: dict[str, Anchor] = {}
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
+        self._answered: dict[str, HeadDescriptor] = {}  # experiment -> the head a publish made canonical (``_publish``)
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
         # experiment -> when its open window may close without activity: the newcomers' grace and the
         # deadline (this validator's turn)
@@ -581,8 +582,6 @@ class Validator:
         self._current[spec.key] = head
         self._remember(head)
         self._settle(head)
-        if self._windows.get(spec.key, (None, 0.0))[0] != head.head_id:  # a new window: is it the same edge?
-            self._follow_edge_key()
         fresh = self._unjudged(spec)
         arrived = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
         ids = {c.candidate_id for c in arrived}
@@ -644,7 +643,7 @@ class Validator:
             self._delivered.missed(lease.peer_id)
         if self._rollback_to(spec, head) is not None:
             window = []  # its candidates are judged on the head it makes (stale there)
-        return self._close_window(spec, head, window)
+        return self._close_window(spec, head, window, leases)
 
     def _follow_control(self, spec: ExperimentSpec) -> bool:
         """Apply the run-control orders the edge holds for ``spec``'s experiment, each checked here for
@@ -714,9 +713,12 @@ class Validator:
         return order.index(self.identity.public_key)
 
     def _judge(
-        self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate]
+        self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate], leases: Sequence[Lease] = ()
     ) -> tuple[HeadDescriptor, bytes, WindowDecision]:
-        """Judge ``window`` on top of ``head``: the signed next head, its artifact, the decision."""
+        """Judge ``window`` on top of ``head``: the signed next head, its artifact, the decision.
+        ``leases``: the window's leases as the edge listed them (a candidate's lease not among them is
+        read from the edge)."""
+        known = {lease.lease_id: lease for lease in leases}
         policy = PRESETS[spec.screening]
         val_x, val_y = self._split(spec, "holdout")
         base = self._head_params(head)
@@ -729,7 +731,9 @@ class Validator:
             learner.model,
             base,
             _unnamed("val", head.metrics) | _lineage_step(head),
-            share_principal_weight([self._precheck(spec, head, base, window_steps, c, salt) for c in window], policy),
+            share_principal_weight(
+                [self._precheck(spec, head, base, window_steps, c, salt, known) for c in window], policy
+            ),
             policy,
             lambda params: self._evaluators[spec.model.name](learner.from_tensors(params), val_x, val_y),
             self.state.trust,
@@ -861,8 +865,10 @@ class Validator:
             pending.pop(0)
         return published
 
-    def _close_window(self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate]) -> WindowReport:
-        promoted, artifact, decision = self._judge(spec, head, window)
+    def _close_window(
+        self, spec: ExperimentSpec, head: HeadDescriptor, window: list[Candidate], leases: Sequence[Lease]
+    ) -> WindowReport:
+        promoted, artifact, decision = self._judge(spec, head, window, leases)
         write_atomic(self.storage.head_path(promoted.head_id), artifact)
         verdicts = self._verdicts(window, decision, promoted)
         self._decide_on(spec, promoted, [c.candidate_id for c in window], decision.trust, verdicts)
@@ -943,8 +949,11 @@ class Validator:
             attestation = Attestation.of(head, considered, self.identity, self.clock.now_ms())
         self.state.decisions[head.head_id] = Decision(replace(head, certificate=()), mine, attestation, trust, verdicts)
         self.state.save(self._state_path)
+        self._answered.pop(spec.key, None)
         self._flush()
-        current = self.edge.current_head(spec.key)
+        answered = self._answered.pop(spec.key, None)  # ``head`` itself, when publishing it made it canonical
+        current = answered if answered is not None and answered.head_id == head.head_id else None
+        current = current or self.edge.current_head(spec.key)
         if current is not None:
             current.verify_trusted(self.network.validator_key_set, self.network.quorum)
             self._current[spec.key] = current
@@ -988,6 +997,7 @@ class Validator:
         window_steps: int,
         candidate: Candidate,
         salt: bytes,
+        known: Mapping[LeaseId, Lease],
     ) -> tuple[Submission, str | None]:
         """Fetch what ``protocol.judging.precheck`` needs (lease, manifest, the candidate's base head),
         then the artifact, decoded with the experiment's update codec against its base head's
@@ -996,8 +1006,9 @@ class Validator:
         units of ``window_steps`` (``protocol.judging.reference_steps``). Its lease evidence is
         measured when the preset asks for it and the lease holds at most half the training pool
         (``protocol.evidence.lease_measurable``; ``_lease_evidence``, drawn with the window's ``salt``).
-        With the submission, the principal its lease names (its admission token's id)."""
-        lease = self.edge.lease(candidate.lease_id)
+        With the submission, the principal its lease names (its admission token's id). Its lease is
+        taken from ``known`` when there (the window's, listed by the edge), else read from the edge."""
+        lease = known.get(candidate.lease_id) or self.edge.lease(candidate.lease_id)
         if lease is not None:
             self._signed_by_edge(lease)
         leased = 0
@@ -1194,16 +1205,21 @@ class Validator:
                 log.warning("verdict on %s not taken: %s", verdict.candidate_id[:19], exc)
 
     def _publish(self, decision: Decision) -> None:
+        """Publish ``decision``'s proposal and attestation; a head the edge answers canonical is kept
+        (``_answered``) for the decision's settling, which then needs no read of the current head."""
         head = decision.head
         try:
+            canonical = None
             if decision.propose:
                 if head.outer_state is not None:
                     state = self.storage.head_path(head.outer_state).read_bytes()
                     self.edge.publish_outer_state(head.experiment, pack_envelope(head.to_wire(), state))
                 artifact = self.storage.head_path(head.head_id).read_bytes()
-                self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
+                canonical = self.edge.publish_head(head.experiment, pack_envelope(head.to_wire(), artifact))
             if decision.attestation is not None:
-                self.edge.publish_attestation(decision.attestation)
+                canonical = self.edge.publish_attestation(decision.attestation) or canonical
+            if canonical is not None:
+                self._answered[head.experiment] = canonical
         except EdgeRequestError as exc:
             if exc.status not in (404, 409, 413, 429):  # 413, 429: past this validator's budgets for the window
                 raise
@@ -1224,7 +1240,10 @@ class Validator:
                 if not signed:
                     self.sign_network()
                     signed = True
-                since = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
+                activity = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
+                since = activity.since
+                if activity.edge_key != self.network.edge_key:  # another edge now, or one that does not say
+                    self._follow_edge_key()
                 for spec in specs:
                     self.poll(spec)
                 for spec in specs:  # after every head is published: what only its own window needs,

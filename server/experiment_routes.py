@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import StringConstraints
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
@@ -20,6 +21,7 @@ from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.lease_work import MAX_NONCE
 from protocol.leases import MAX_CACHE_BYTES
 from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
+from protocol.signing import b64encode
 
 from .admission import reads_as_validator
 from .deps import Experiment, Issuer, State, body_doc, client_address, read_body, read_json
@@ -76,11 +78,14 @@ async def activity(
     since: Annotated[str | None, Query(max_length=40)] = None,
     wait_s: Annotated[float, Query(ge=0)] = 0.0,
 ) -> JSON:
-    """``{"since": <token>}``, this edge's activity token (``server.hub``): with ``since=<token>&wait_s=N``
-    answered once a candidate, lease, head or quorum event of any experiment moved it, or after N s.
-    Validators wait here instead of polling; the token says only that something happened."""
+    """``{"since": <token>, "edge_key": <base64>}``: this edge's activity token (``server.hub``), with
+    ``since=<token>&wait_s=N`` answered once a candidate, lease, head or quorum event of any experiment
+    moved it, or after N s, and the key this edge signs leases with (as ``/v1/network`` serves it).
+    Validators wait here instead of polling; the token says only that something happened, the key
+    that the edge is still the one they follow (a replaced edge signs with another)."""
     await _long_poll(request, state.hub.wait_activity(since, min(wait_s, state.settings.max_long_poll_s)))
-    return JSON({"since": state.hub.activity})
+    key = state.network.edge_key
+    return JSON({"since": state.hub.activity, "edge_key": None if key is None else b64encode(key)})
 
 
 @router.get(f"{EXPERIMENT}/head", responses=_READ)
@@ -328,13 +333,19 @@ async def request_lease(
 
 @router.get(f"{EXPERIMENT}/leases", responses=_GUARDED_READ)
 async def list_leases(
-    key: Experiment, state: State, request: Request, base_head: Annotated[str, Query(max_length=80)]
+    key: Experiment,
+    state: State,
+    request: Request,
+    base_head: Annotated[list[Annotated[str, StringConstraints(max_length=80)]], Query(min_length=1, max_length=2)],
 ) -> JSON:
-    """The leases granted on one head (never their secrets): its window's, and the next window's
-    granted ahead (``server.leasing``); with admission on, validators only."""
+    """The leases granted on one head or two (``base_head`` given once or twice; never their secrets):
+    each head's window's, and the next window's granted ahead (``server.leasing``), so a window's leases
+    (on its head, and ahead on its parent) are one request; with admission on, validators only."""
     state.admission.check_header(request.headers.get("authorization"), "read_leases")
     state.experiment(key)
-    return JSON([lease.to_wire() for lease in state.store.leases(key, HeadId(base_head))])
+    return JSON(
+        [lease.to_wire() for head in dict.fromkeys(base_head) for lease in state.store.leases(key, HeadId(head))]
+    )
 
 
 @router.get("/leases/{lease_id}", responses=_GUARDED_READ)

@@ -18,7 +18,7 @@ import pytest
 import protocol.evidence
 from datasets.layout import read_train_manifest
 from native_peer import Project, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
-from native_peer.edge_client import EdgeRequestError
+from native_peer.edge_client import Activity, EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.learner import SCAN_LENGTHS, TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
@@ -847,8 +847,9 @@ def test_the_edge_wakes_a_waiting_validator_when_a_candidate_arrives(
         ValidatorConfig(idle_s=4.0),
     )
     token = validator.edge.activity(None, 0.0)
+    assert token.edge_key == validator.network.edge_key  # the edge says which key it signs with
     started = time.monotonic()
-    assert validator.edge.activity(token, 0.3) == token  # nothing happened: it waited out its time
+    assert validator.edge.activity(token.since, 0.3) == token  # nothing happened: it waited out its time
     assert time.monotonic() - started >= 0.3
     stop = threading.Event()
     thread = threading.Thread(target=validator.run, args=([spec], stop), daemon=True)
@@ -989,7 +990,7 @@ def test_a_validator_that_finds_its_edge_untrusted_waits_and_goes_on(
     stop, calls = threading.Event(), []
     activity = validator.edge.activity
 
-    def untrusted_once(*args: Any, **kwargs: Any) -> str:
+    def untrusted_once(*args: Any, **kwargs: Any) -> Activity:
         calls.append(args)
         if len(calls) == 1:
             raise SignatureError("the edge now serves network 'other' on other terms")
@@ -999,6 +1000,46 @@ def test_a_validator_that_finds_its_edge_untrusted_waits_and_goes_on(
     validator.edge.activity = untrusted_once  # type: ignore[method-assign]
     validator.run([spec], stop)
     assert len(calls) == 2 and "edge not trusted" in caplog.text
+
+
+def test_a_validator_reads_the_network_again_only_when_its_edges_activity_names_another_key(
+    network_env: tuple[BackgroundEdge, Validator, Path],
+) -> None:
+    """The activity answer carries the key the edge signs with: a validator asks for the network (to
+    follow a replaced edge, ``Validator._follow_edge_key``) when that key changes, not every window."""
+    _, fixture_validator, _ = network_env
+    spec = fixture_validator.network.experiment(BASELINE)
+    fixture_validator.ensure_genesis(spec)
+    validator = Validator(
+        fixture_validator.learners,
+        fixture_validator.network,
+        fixture_validator.storage,
+        fixture_validator.edge.url,
+        fixture_validator.datasets_dir,
+        ValidatorConfig(idle_s=0.05),
+    )
+    stop, events = threading.Event(), []
+    activity, network = validator.edge.activity, validator.edge.network
+
+    def rekeyed_on_the_third(*args: Any, **kwargs: Any) -> Activity:
+        events.append("activity")
+        answer = activity(*args, **kwargs)
+        if events.count("activity") == 4:
+            stop.set()
+        return replace(answer, edge_key=b"\x01" * 32) if events.count("activity") == 3 else answer
+
+    def read_network() -> Any:
+        events.append("network")
+        return network()
+
+    validator.edge.activity = rekeyed_on_the_third  # type: ignore[method-assign]
+    validator.edge.network = read_network  # type: ignore[method-assign]
+    try:
+        validator.run([spec], stop)
+    finally:
+        validator.close()
+    assert events == ["activity"] * 3 + ["network", "activity"]
+    assert validator.network.edge_key == fixture_validator.network.edge_key  # the same edge, after all
 
 
 def test_a_trainer_that_finds_its_edge_untrusted_waits_and_goes_on(

@@ -51,9 +51,9 @@ class ByzantineValidator(Validator):
         return 0
 
     def _judge(
-        self, spec: ExperimentSpec, head: HeadDescriptor, window: Any
+        self, spec: ExperimentSpec, head: HeadDescriptor, window: Any, leases: Any = ()
     ) -> tuple[HeadDescriptor, bytes, WindowDecision]:
-        _, _, decision = super()._judge(spec, head, window)
+        _, _, decision = super()._judge(spec, head, window, leases)
         params = self._head_params(head)
         skewed = {name: (value + np.float32(0.05)).astype(np.float32) for name, value in params.items()}
         promoted, artifact = self._sign_head(
