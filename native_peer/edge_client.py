@@ -37,6 +37,8 @@ from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
 from protocol.messages import (
+    CANDIDATE_PAGE,
+    CURRENT_HEAD_HEADER,
     EVALUATION_PAGE,
     LEASE_SECRET_HEADER,
     NEXT_SINCE_HEADER,
@@ -330,20 +332,21 @@ class EdgeClient:
 
     def candidates_since(
         self, key: ExperimentKey, since: int, base_head: HeadId | None = None
-    ) -> tuple[list[Candidate], int]:
+    ) -> tuple[list[Candidate], int, HeadId | None]:
         """The candidates received after cursor ``since`` (0: from the start; of ``base_head`` when
-        given), every page of them, and the cursor to continue from: a follower that never lists
-        history twice."""
+        given), every page of them, the cursor to continue from (a follower that never lists history
+        twice), and the experiment's current head id as the last page was read (``None``: no head yet)."""
         path = f"{self._experiment_path(key)}/candidates"
-        params: dict[str, Any] = {} if base_head is None else {"base_head": base_head}
+        params: dict[str, Any] = {"limit": CANDIDATE_PAGE} | ({} if base_head is None else {"base_head": base_head})
         found: list[Candidate] = []
         while True:
             response = self._request("GET", path, params={**params, "since": since}, read_proof=True)
             page = [Candidate.from_wire(c) for c in response.json()]
             found += page
             since = int(response.headers[NEXT_SINCE_HEADER])
-            if not page:
-                return found, since
+            if len(page) < CANDIDATE_PAGE:  # nothing more for now
+                current = response.headers.get(CURRENT_HEAD_HEADER)
+                return found, since, None if current is None else HeadId(current)
 
     def candidates(self, key: ExperimentKey, base_head: HeadId | None = None) -> list[Candidate]:
         """Every candidate this client may read (of ``base_head`` when given), page after page."""

@@ -472,7 +472,7 @@ class Validator:
         or attested. With a quorum above one it is canonical once enough validators have done so. An
         edge without a head (a new network, or an edge that lost its store) is given this validator's
         signature of the network's terms first."""
-        head = self._edge_head(spec)
+        head = self._edge_head(spec, None)
         if head is not None:
             head.verify_trusted(self.network.validator_key_set, self.network.quorum)
             return head
@@ -497,9 +497,13 @@ class Validator:
             )
         return self._journals[key]
 
-    def _edge_head(self, spec: ExperimentSpec) -> HeadDescriptor | None:
-        """The edge's current head of ``spec`` (unverified), once the edge holds every head of the
-        lineage held here (``_restore``)."""
+    def _edge_head(self, spec: ExperimentSpec, listed: HeadId | None) -> HeadDescriptor | None:
+        """The edge's current head of ``spec``, once the edge holds every head of the lineage held here
+        (``_restore``): the one taken here already (``_take``) when the edge's candidate listing named it
+        (``listed``) and the same edge answers, else read from the edge (unverified)."""
+        known = self._current.get(spec.key)
+        if known is not None and listed == known.head_id and self.edge.failovers == self._failovers:
+            return known
         head = self.edge.current_head(spec.key)
         if self.edge.failovers != self._failovers:  # another edge of the list answers now
             self._failovers = self.edge.failovers
@@ -574,14 +578,14 @@ class Validator:
         """Judge what is ready; close the window and propose its head when its time has come (with a
         quorum above one: attest the proposals of other validators that reach the same head)."""
         self._flush()
-        head = self._edge_head(spec)
+        head = self._edge_head(spec, self._follow_candidates(spec))
         if head is None:  # no head yet, so no candidate either: propose or attest the genesis head
             self.ensure_genesis(spec)
             return None
-        head.verify_trusted(self.network.validator_key_set, self.network.quorum)
-        self._current[spec.key] = head
-        self._remember(head)
-        self._settle(head)
+        if head is not self._current.get(spec.key):
+            self._take(head)  # settled: its candidates are judged now
+        if spec.key not in self._followed:  # another edge, or a lineage given back: its candidates from its first
+            self._follow_candidates(spec)
         fresh = self._unjudged(spec)
         arrived = [c for c in fresh if staleness(c.base_head, head) is not None]  # late ones of its parent too
         ids = {c.candidate_id for c in arrived}
@@ -691,15 +695,21 @@ class Validator:
         for head_id, decision in self.state.decisions.items():
             self.state.decisions[head_id] = replace(decision, trust=decision.trust.pardoned(peer_id))
 
-    def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
-        """The experiment's candidates not judged yet, in arrival order. The edge is followed with a
-        cursor, so each poll reads only what arrived since the last one (history once, at start-up)."""
+    def _follow_candidates(self, spec: ExperimentSpec) -> HeadId | None:
+        """Read the experiment's candidates that arrived since the last read (the edge is followed with a
+        cursor: history once, at start-up) into those waiting to be judged; the edge's current head id
+        as it listed them."""
         since, waiting = self._followed.get(spec.key, (0, {}))
-        arrived, since = self.edge.candidates_since(spec.key, since)
+        arrived, since, listed = self.edge.candidates_since(spec.key, since)
         waiting.update({c.candidate_id: c for c in arrived})
+        self._followed[spec.key] = (since, waiting)
+        return listed
+
+    def _unjudged(self, spec: ExperimentSpec) -> list[Candidate]:
+        """The candidates read (``_follow_candidates``) and not judged yet, in arrival order."""
+        waiting = self._followed[spec.key][1]
         for judged in [cid for cid in waiting if cid in self.state.judged]:
             del waiting[judged]
-        self._followed[spec.key] = (since, waiting)
         return list(waiting.values())
 
     def _turn(self, head: HeadDescriptor) -> int:
@@ -955,9 +965,16 @@ class Validator:
         current = answered if answered is not None and answered.head_id == head.head_id else None
         current = current or self.edge.current_head(spec.key)
         if current is not None:
-            current.verify_trusted(self.network.validator_key_set, self.network.quorum)
-            self._current[spec.key] = current
-            self._settle(current)
+            self._take(current)
+
+    def _take(self, current: HeadDescriptor) -> None:
+        """Take ``current``, the edge's current head of its experiment: verified for the network's
+        quorum, remembered, settled (``_settle``), then held as the current head, which later polls
+        use without reading it again while the edge lists it (``_edge_head``)."""
+        current.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        self._remember(current)
+        self._settle(current)
+        self._current[current.experiment] = current
 
     def _settle(self, current: HeadDescriptor) -> None:
         """Once ``current`` is canonical: the decision that computed it takes effect (its verdicts are

@@ -29,6 +29,8 @@ from .reasons import Reason
 from .signing import Signer, b64decode, b64encode, canonical_json, peer_id_from_public_key, require_signature
 
 __all__ = [
+    "CANDIDATE_PAGE",
+    "CURRENT_HEAD_HEADER",
     "EVALUATION_PAGE",
     "EVALUATION_SPLITS",
     "LEASE_SECRET_HEADER",
@@ -56,6 +58,8 @@ READ_NONCE_MIN_CHARS = 16  # the fresh part of a read proof's nonce (PeerProof.f
 EVALUATION_PAGE = 1000  # evaluations one listing answers at most
 EVALUATION_SPLITS = ("test",)  # what validators measure heads on apart from the heads themselves
 NEXT_SINCE_HEADER = "dtn-next-since"  # the cursor to continue a ``since=`` listing from
+CANDIDATE_PAGE = 1000  # candidates one listing answers at most (a shorter page: nothing more for now)
+CURRENT_HEAD_HEADER = "dtn-current-head"  # a candidate listing's: the experiment's current head id as it was read
 VERDICT_BATCH = 1024  # the most verdicts one request publishes
 MAX_WINDOW_CANDIDATES = 4096  # the most candidates a head merges and an attestation lists as considered
 PEER_KINDS = ("native", "browser", "validator", "viewer")

@@ -20,7 +20,14 @@ from protocol.errors import CodecError, IntegrityError, InvalidMessage, Signatur
 from protocol.ids import HeadId, LeaseId, PeerId
 from protocol.lease_work import MAX_NONCE
 from protocol.leases import MAX_CACHE_BYTES
-from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, VERDICT_BATCH, PeerProof
+from protocol.messages import (
+    CANDIDATE_PAGE,
+    CURRENT_HEAD_HEADER,
+    EVALUATION_PAGE,
+    NEXT_SINCE_HEADER,
+    VERDICT_BATCH,
+    PeerProof,
+)
 from protocol.signing import b64encode
 
 from .admission import reads_as_validator
@@ -41,7 +48,6 @@ router = APIRouter(prefix="/v1", tags=["experiments"])
 
 EXPERIMENT = "/experiments/{study}/{experiment}/{revision}"
 LEASE_PROOF_MAX_AGE_MS = 120_000
-CANDIDATE_PAGE = 1000  # a window's candidates fit in one page or a few (MAX_WINDOW_CANDIDATES)
 ENVELOPE = (
     "DTN1 envelope: b'DTN1', a 4-byte big-endian descriptor length, the signed descriptor as JSON, "
     "then the safetensors artifact it names by content id"
@@ -267,11 +273,12 @@ async def list_candidates(
 ) -> JSON:
     """Candidate descriptors in arrival order (of ``base_head`` when given), one page at a time: at
     most ``limit`` (``CANDIDATE_PAGE`` at most) received after cursor ``since`` (0, the default: from
-    the first), and the cursor to continue from in the ``NEXT_SINCE_HEADER`` header (an empty page:
-    nothing more for now), so a follower never lists history twice. Those of the open window only to
-    validators (a signed ``READ_PROOF_HEADER``): a page for anyone else ends before the open window's
-    first candidate (it continues there once the window closes). With admission on, to validator
-    tokens only."""
+    the first), and the cursor to continue from in the ``NEXT_SINCE_HEADER`` header (a page shorter
+    than ``limit``: nothing more for now), so a follower never lists history twice; the current head's
+    id as the page was read in ``CURRENT_HEAD_HEADER`` (none before the genesis), so a follower that
+    knows that head need not ask for it. Those of the open window only to validators (a signed
+    ``READ_PROOF_HEADER``): a page for anyone else ends before the open window's first candidate (it
+    continues there once the window closes). With admission on, to validator tokens only."""
     state.admission.check_header(request.headers.get("authorization"), "read_candidates")
     state.experiment(key)
     validator = reads_as_validator(request, state.network.validator_key_set, state.clock.now_ms(), state.read_proofs)
@@ -283,7 +290,8 @@ async def list_candidates(
             break
         page.append(candidate.to_wire())
         cursor = position
-    return JSON(page, headers={NEXT_SINCE_HEADER: str(cursor)})
+    headers = {NEXT_SINCE_HEADER: str(cursor)} | ({} if current is None else {CURRENT_HEAD_HEADER: current.head_id})
+    return JSON(page, headers=headers)
 
 
 @router.post(

@@ -27,9 +27,15 @@ from websockets.sync.client import ClientConnection, connect
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, pack_envelope
 from protocol.hashing import content_id
 from protocol.manifests import FetchManifest
-from protocol.messages import LEASE_SECRET_HEADER, NEXT_SINCE_HEADER, Lease
+from protocol.messages import (
+    CANDIDATE_PAGE,
+    CURRENT_HEAD_HEADER,
+    LEASE_SECRET_HEADER,
+    NEXT_SINCE_HEADER,
+    HeadDescriptor,
+    Lease,
+)
 from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
-from server.experiment_routes import CANDIDATE_PAGE
 from server.portal import PEER_PAGE
 from server.serve import BackgroundEdge
 from server.settings import Settings
@@ -684,6 +690,7 @@ def test_candidates_are_followed_with_a_cursor(client: httpx.Client) -> None:
     assert client.post(path, content=body).status_code == 201
     page = client.get(path, params={"since": 0}, headers=validator_reads(path))
     assert [c["candidate_id"] for c in page.json()] == [first.candidate_id]
+    assert page.headers[CURRENT_HEAD_HEADER] == genesis  # the head as the page was read
     cursor = int(page.headers[NEXT_SINCE_HEADER])
     again = client.get(path, params={"since": cursor}, headers=validator_reads(path))
     assert again.json() == [] and int(again.headers[NEXT_SINCE_HEADER]) == cursor
@@ -694,6 +701,7 @@ def test_candidates_are_followed_with_a_cursor(client: httpx.Client) -> None:
     public = client.get(path, params={"since": 0})
     assert [c["candidate_id"] for c in public.json()] == [first.candidate_id]
     assert int(public.headers[NEXT_SINCE_HEADER]) == cursor
+    assert public.headers[CURRENT_HEAD_HEADER] == HeadDescriptor.from_wire(client.get(f"{BASE}/head").json()).head_id
 
 
 def test_lists_answer_bounded_pages_with_a_cursor(client: httpx.Client) -> None:

@@ -102,6 +102,32 @@ def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_i
     trainer.close()
 
 
+def test_a_validator_closes_a_window_without_reading_again_what_it_knows(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window that follows the validator's own head reads no head (the candidate listing names the
+    current one, the publish answered it canonical), no network (the activity answer carries the edge's
+    key), the window's leases in one request and no lease by id (the candidate's is among them)."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "counted", continuous=True)
+    experiment = trainer.experiment(*BASELINE.parts)
+    trainer.train_window_once(experiment)
+    assert validator.poll(spec) is not None  # the first window: the validator reads the head it starts from
+    sent: list[tuple[str, str]] = []
+    request = validator.edge._request
+    monkeypatch.setattr(validator.edge, "_request", lambda m, p, **o: sent.append((m, p)) or request(m, p, **o))
+    trainer.train_window_once(experiment)
+    report = validator.poll(spec)
+    assert report is not None and report.merged, report
+    reads = [path.removeprefix(f"/v1/experiments/{BASELINE}") for method, path in sent if method == "GET"]
+    assert "/head" not in reads and "/v1/network" not in reads, reads
+    assert reads.count("/leases") == 1 and not [r for r in reads if r.startswith("/v1/leases/")], reads
+    assert reads.count("/candidates") == 1, reads  # one page: shorter than a full one, so nothing more
+    trainer.close()
+
+
 def test_a_trainer_waits_for_a_first_head_instead_of_asking_again_at_once(
     network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
