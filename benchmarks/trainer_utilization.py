@@ -11,6 +11,9 @@ lease). Per run, for ``--seconds`` after the trainer's first window:
                   faster: uncontended compute)
     in steps      seconds the trainer spent in its training steps / wall seconds: the share of its
                   time not spent waiting (for a head, a lease), whatever the steps' speed
+    waiting       seconds it waited for a newer head, and for a lease it asked for ahead, / wall
+                  seconds (the rest of the wall outside the steps is its own work: shuffling a
+                  lease's examples, packaging and signing candidates)
     cpu           the trainer process's CPU seconds (all its threads) / wall seconds
     windows/min   heads the validator promoted per minute
 
@@ -51,6 +54,8 @@ class Run:
     config: str
     utilization: float
     in_steps: float
+    head_wait: float
+    lease_wait: float
     cpu: float
     windows_per_min: float
     samples: int
@@ -132,6 +137,8 @@ def run_once(local: LocalNetwork, root: Path, config: str, seconds: float, rate:
         config,
         utilization=samples / max(span, 1e-9) / rate,
         in_steps=(last["compute_s"] - first["compute_s"]) / max(span, 1e-9),
+        head_wait=(last["head_wait_s"] - first["head_wait_s"]) / max(span, 1e-9),
+        lease_wait=(last["lease_wait_s"] - first["lease_wait_s"]) / max(span, 1e-9),
         cpu=(cpu1 - cpu0) / wall,
         windows_per_min=(heads1 - heads0) * 60 / wall,
         samples=samples,
@@ -172,8 +179,9 @@ def main() -> None:
     lines = [
         f"standalone trainer on core {TRAINER_CORE}: {_spread(rates)} samples/s (median, min–max of {len(rates)})",
         "",
-        "| trainer | utilization | in steps / wall | process CPU / wall | windows / min |",
-        "| --- | --- | --- | --- | --- |",
+        "| trainer | utilization | in steps / wall | waiting for a head / wall | for a lease / wall "
+        "| process CPU / wall | windows / min |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     medians = {}
     for config in configs:
@@ -181,6 +189,7 @@ def main() -> None:
         medians[config] = statistics.median(r.utilization for r in mine)
         lines.append(
             f"| {config} | {_spread([r.utilization for r in mine])} | {_spread([r.in_steps for r in mine])} "
+            f"| {_spread([r.head_wait for r in mine])} | {_spread([r.lease_wait for r in mine])} "
             f"| {_spread([r.cpu for r in mine])} "
             f"| {_spread([r.windows_per_min for r in mine])} |"
         )

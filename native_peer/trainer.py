@@ -300,6 +300,7 @@ class Trainer:
         self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
+        self.waited_s = {"head": 0.0, "lease": 0.0}  # seconds waited for a newer head, for a lease asked ahead
         # every example trained on since spawn, by experiment, whatever became of the work
         self.trained_samples: dict[ExperimentKey, int] = {}
         log.info("trainer %s spawned (storage %s)", self.peer_id, storage.root)
@@ -408,6 +409,7 @@ class Trainer:
         if wait_s > 0 and (followed is None or followed.head.head_id in done):  # no head yet, or trained on
             waited = time.perf_counter()
             followed = follower.newer(None if followed is None else followed.head.head_id, wait_s)
+            self.waited_s["head"] += time.perf_counter() - waited
             work = self._carry.get(experiment.key)
             if work is not None and work.ahead is not None:  # its lease trained, idle: a larger one would fit
                 self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
@@ -622,6 +624,8 @@ class Trainer:
                 "optimizer_restored": experiment.key in self.restored_optimizers,
                 "candidate_bytes": len(envelope),
                 "compute_s": self.compute_s,
+                "head_wait_s": self.waited_s["head"],
+                "lease_wait_s": self.waited_s["lease"],
                 "trained_samples": self.trained_samples.get(experiment.key, 0),
                 "wall_s": time.perf_counter() - self._spawned_at,
                 "at_ms": self.clock.now_ms(),
@@ -705,6 +709,7 @@ class Trainer:
             waited = time.perf_counter()
             work.ahead = future.result()
             work.refused = work.ahead is None
+            self.waited_s["lease"] += time.perf_counter() - waited
             key = work.after.experiment  # waiting for the lease is idle too: a larger lease would hide it
             self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - waited
         return work.ahead

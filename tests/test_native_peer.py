@@ -99,6 +99,8 @@ def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_i
     assert not list((validator.storage.root / "candidates").iterdir())  # decided: their artifacts are deleted
     record = [json.loads(line) for line in trainer.storage.outcomes_path.read_text().splitlines()][-1]
     assert 0 < record["compute_s"] < record["wall_s"]
+    waited = record["head_wait_s"] + record["lease_wait_s"]  # what it waited for, apart from its steps
+    assert waited >= 0 and record["compute_s"] + waited <= record["wall_s"]
     trainer.close()
 
 
