@@ -129,6 +129,7 @@ class Fleet:
     out: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, BinaryIO] = field(default_factory=dict)
+    _sigterm: Any = field(default=None, repr=False)  # the SIGTERM handler ``__enter__`` replaced
 
     def log_path(self, name: str) -> Path:
         return self.out / "logs" / f"{name}.log"
@@ -189,10 +190,23 @@ class Fleet:
         self.start("validator", local.validator_argv(url))
 
     def __enter__(self) -> Fleet:
+        """In the main thread of a process that leaves SIGTERM to its default (a benchmark, ``python -m
+        lab``), SIGTERM ends the process through ``__exit__``, so its nodes are stopped too instead of
+        running on and taking the cores of whatever runs next."""
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.stop_all()
+        try:
+            self.stop_all()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @contextmanager

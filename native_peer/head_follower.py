@@ -100,6 +100,20 @@ class HeadFollower:
             self._changed.wait_for(lambda: self._latest is not None and self._latest.head.head_id != than, wait_s)
             return self._latest
 
+    def reach(self, head_id: HeadId) -> FollowedHead | None:
+        """Head ``head_id`` (unverified) with its tensors: the newest held when it is that one, else read
+        from the edge and downloaded now; ``None`` when the edge has no such head or a newer one is held
+        already (the head handed on never goes back)."""
+        latest = self.current()
+        if latest is not None and latest.head.head_id == head_id:
+            return latest
+        descriptor = self._edge.head(self._key, head_id)
+        if descriptor is None:
+            return None
+        self._take(descriptor)
+        latest = self.current()
+        return latest if latest is not None and latest.head.head_id == head_id else None
+
     def close(self) -> None:
         self._stop.set()
         with self._changed:

@@ -14,8 +14,12 @@ from the edge (``check_lease``: edge-signed, for this head, this peer and experi
 shards in the background while the head artifact downloads (or read them from a prepared copy on
 disk: ``TrainerBuilder.with_sharded_dataset``), train ``local_epochs`` over the leased
 examples in ``epoch_seed`` order with the user's optimizer (its state stays on this machine, saved
-in the storage dir), then sign and publish the candidate (``package_candidate``). If a newer head
-appeared while training, the work is dropped and the next window starts from that head.
+in the storage dir), then sign and publish the candidate (``package_candidate``). If the head of
+its own window appeared while training (the window closed without it), the candidate is still
+published, one head late: validators judge it in the next window as a delayed update
+(``protocol.window.lease_covers``: a lease of the window on its base head), so a trainer slower than
+the network's windows contributes instead of starting over forever. If two or more heads appeared,
+the work is dropped and the next window starts from the newest head.
 ``Trainer.run`` keeps going across windows, backing off (``protocol.backoff``) while the edge is
 unreachable. A lease signed by another edge key than the trainer knows (the edge was replaced, its
 store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
@@ -37,7 +41,8 @@ which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped
 for that head (never two windows ahead). After ``protocol.evidence.AHEAD_CHAIN`` windows in a row
 trained ahead, where validators measure its lease evidence, the next lease is trained from its head
 instead (granted ahead, trained once the head is there; ``restarts_from_head``, decision 0041). Work
-on a head that moved on while training is carried over the same way instead of dropped. A candidate
+on a head two or more heads behind when its training ends is carried over the same way instead of
+dropped. A candidate
 claims only the examples of its own lease. A continuous trainer sizes its leases to that wait
 (``protocol.lease_size``): more shards while it waits for heads, within the experiment's
 ``max_shards_per_lease``, fewer when its work comes late. Each outcome records the trainer's compute
@@ -451,6 +456,18 @@ class Trainer:
             self._full_windows[experiment.key] = (head.head_id, time.monotonic() + retry_s)
             raise WindowUnavailable(exc.detail) from None
 
+    def _reach(self, experiment: Experiment, grant: LeaseGrant) -> FollowedHead:
+        """The head ``grant``'s lease was granted on, newer than the head followed when it was asked for
+        (a follower behind a slow link lags fast windows): fetched now and checked like any head to train
+        on, so the lease is trained where it was granted (its candidate judged at worst one head late)
+        instead of asked for again on a head that will have moved on again by then. ``WindowUnavailable``
+        when that head is gone or overtaken here already."""
+        followed = self._follower(experiment.key).reach(grant.lease.base_head)
+        if followed is None:
+            raise WindowUnavailable("the head moved on while leasing")
+        head_to_train(followed.head, self.network.validator_key_set, None, quorum=self.network.quorum)
+        return followed
+
     def _check_lease(self, grant: LeaseGrant, head: HeadDescriptor, *, ahead: bool = False) -> None:
         """``check_lease`` of ``grant`` on ``head``; when its signature is not the known edge key's, once
         more with the key the edge serves now, if it serves the same network (``_follow_edge_key``)."""
@@ -527,6 +544,11 @@ class Trainer:
             done = ahead if carried is not None else _Ahead(grant, x, y)
         else:
             grant, ahead = self._lease(experiment, head), None
+            if grant.lease.window > head.window:  # granted on a newer head than the one followed here
+                followed = self._reach(experiment, grant)
+                head = followed.head
+                if carried is not None and carried.published is not None and carried.published not in head.merged:
+                    carried = None
             self._check_lease(grant, head)
             pending, done = self.shards.prefetch(grant), _Ahead(grant, np.empty(0), np.empty(0))
         lease = grant.lease
@@ -557,17 +579,18 @@ class Trainer:
             metrics.update({f"self_{k}": v for k, v in engine.evaluate(params, ex, ey).items()})
         all_steps = steps + (0 if carried is None else carried.steps)  # every optimizer step in the update
         latest = self._follower(experiment.key).current()
-        if latest is None or latest.head.head_id != head.head_id:
+        late = latest is not None and latest.head.parent == head.head_id  # its window closed while it trained
+        if latest is None or (latest.head.head_id != head.head_id and not late):  # two heads on: stale there
             self._opt_states[experiment.key] = opt_state
             if self.train_ahead:  # nothing of it reached the network: carry all of it over
                 self._size_leases(experiment, len(lease.shard_ids), 0.0, late=True)
                 self._carry[experiment.key] = _Carry(
                     head, base, params, all_steps, next_lease=self._ask_ahead(experiment, head)
                 )
-                raise WindowUnavailable("a newer head was promoted while training; carrying this work over")
-            raise WindowUnavailable("a newer head was promoted while training; dropping this window")
+                raise WindowUnavailable("newer heads were promoted while training; carrying this work over")
+            raise WindowUnavailable("newer heads were promoted while training; dropping this window")
         if self.train_ahead:  # the next window's lease travels while this one's candidate is packaged
-            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds)
+            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds, late=late)
             next_lease = self._ask_ahead(experiment, head)
         codec = experiment.spec.codec
         trained = self.project.learner.to_tensors(params)

@@ -19,6 +19,7 @@ import protocol.evidence
 from datasets.layout import read_train_manifest
 from native_peer import Project, StorageConfig, Validator, ValidatorConfig, WindowUnavailable
 from native_peer.edge_client import Activity, EdgeRequestError
+from native_peer.head_follower import FollowedHead
 from native_peer.identity import NodeIdentity
 from native_peer.learner import SCAN_LENGTHS, TrainEngine
 from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
@@ -43,7 +44,7 @@ from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
-from .support import candidate_envelope, mnist_network_env, mnist_trainer
+from .support import candidate_envelope, mnist_network_env, mnist_trainer, until
 
 SPEC = builtin_model("mnist-mlp")
 
@@ -128,6 +129,81 @@ def test_a_validator_closes_a_window_without_reading_again_what_it_knows(
     assert reads.count("/leases") == 1 and not [r for r in reads if r.startswith("/v1/leases/")], reads
     assert reads.count("/candidates") == 1, reads  # one page: shorter than a full one, so nothing more
     trainer.close()
+
+
+def test_a_trainer_whose_window_closed_while_it_trained_publishes_one_head_late_and_is_merged(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer slower than the network's windows: its window closes without it (at the deadline, with
+    another trainer's candidate) while it trains. It publishes anyway, one head late, and the validator
+    judges that candidate in the next window as a delayed update and merges it (before, it started
+    over from the new head, and a trainer always one window late never contributed)."""
+    edge, fixture_validator, root = network_env
+    spec = fixture_validator.network.experiment(BASELINE)
+    clock = ManualClock(wall_ms=int(time.time() * 1000))
+    validator = Validator(
+        fixture_validator.learners,
+        fixture_validator.network,
+        fixture_validator.storage,
+        edge.url,
+        fixture_validator.datasets_dir,
+        ValidatorConfig(clock=clock),
+    )
+    validator.ensure_genesis(spec)
+    slow, other = _trainer(edge, root, "slow"), _trainer(edge, root, "other")
+    other.train_window_once(other.experiment(*BASELINE.parts))  # a first window: past the untrained genesis,
+    assert validator.poll(spec) is not None  # where a lease's evidence is weak whoever trained it
+    experiment = slow.experiment(*BASELINE.parts)
+    engine = slow._engine(experiment)
+    train = engine.train_epoch
+
+    def overtaken(*args: Any) -> Any:  # its window closes, and the next head comes, while it trains
+        monkeypatch.setattr(engine, "train_epoch", train)
+        other.train_window_once(other.experiment(*BASELINE.parts))
+        for _ in range(60):  # past the window's deadline: it closes without the slow trainer's lease
+            if validator.poll(spec) is not None:
+                break
+            clock.advance(5.0)
+        until(
+            "the next head at the slow trainer", lambda: slow._follower(experiment.key).current().head.window == 2, 10
+        )
+        return train(*args)
+
+    monkeypatch.setattr(engine, "train_epoch", overtaken)
+    try:
+        outcome = slow.train_window_once(experiment)  # published, one head late
+        assert outcome.window == 1
+        report = validator.poll(spec)  # the next window: its candidate, a delayed update
+        assert report is not None and outcome.candidate_id in report.head.merged, report
+    finally:
+        slow.close()
+        other.close()
+        validator.close()
+
+
+def test_a_trainer_whose_head_lags_the_edge_trains_its_lease_on_the_head_it_was_granted_on(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer behind a slow link follows heads late: the edge grants its lease on a newer head than
+    the one it holds. It fetches that head and trains the lease there (before, it refused the lease as
+    "the head moved on" and asked again, on a head that had moved on again by then, for ever)."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    genesis = validator.ensure_genesis(spec)
+    other, lagging = _trainer(edge, root, "other"), _trainer(edge, root, "lagging")
+    other.train_window_once(other.experiment(*BASELINE.parts))
+    report = validator.poll(spec)
+    assert report is not None
+    experiment = lagging.experiment(*BASELINE.parts)
+    held = FollowedHead(genesis, decode_tensors(lagging.edge.artifact(genesis.head_id, root / "genesis"))[0])
+    monkeypatch.setattr(lagging, "_head_to_train", lambda *args, **kwargs: held)  # its follower is a head behind
+    try:
+        outcome = lagging.train_window_once(experiment)
+        assert outcome.base_head_id == report.head.head_id  # trained where the lease was granted
+        assert (validator.poll(spec) or report).head.merged == (outcome.candidate_id,)
+    finally:
+        other.close()
+        lagging.close()
 
 
 def test_a_trainer_waits_for_a_first_head_instead_of_asking_again_at_once(
