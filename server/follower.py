@@ -46,7 +46,15 @@ from protocol.errors import InvalidMessage, ProtocolError, TooLarge
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.lineage import Lineage
 from protocol.manifests import ExperimentSpec
-from protocol.messages import EVALUATION_PAGE, NEXT_SINCE_HEADER, Candidate, Evaluation, HeadDescriptor, Verdict
+from protocol.messages import (
+    CANDIDATE_PAGE,
+    EVALUATION_PAGE,
+    NEXT_SINCE_HEADER,
+    Candidate,
+    Evaluation,
+    HeadDescriptor,
+    Verdict,
+)
 from protocol.run_control import MAX_ORDERS, SignedRunControl
 
 from .errors import Conflict, NotFound
@@ -60,7 +68,7 @@ log = logging.getLogger(__name__)
 
 ACTIVITY_WAIT_S = 10.0  # one long poll on the upstream's activity
 HEADS_PER_IMPORT = 16  # heads (and their blobs, in memory) taken as one lineage
-MAX_CANDIDATE_PAGES = 64  # pages of candidates (each at most the edge's CANDIDATE_PAGE) one round reads
+MAX_CANDIDATE_PAGES = 64  # pages of candidates (each at most CANDIDATE_PAGE) one round reads
 MAX_LIST_BYTES = 64 * 1024 * 1024  # a page of candidates or the verdicts listed
 MAX_SEEN_VERDICTS = 100_000  # verdicts remembered as taken (then forgotten: taking one again changes nothing)
 
@@ -127,16 +135,18 @@ class Upstream:
         only validators read them (admission)."""
         found: list[Candidate] = []
         for _ in range(MAX_CANDIDATE_PAGES):
-            status, headers, body = await self.get(f"/v1/experiments/{key}/candidates", MAX_LIST_BYTES, since=since)
+            status, headers, body = await self.get(
+                f"/v1/experiments/{key}/candidates", MAX_LIST_BYTES, since=since, limit=CANDIDATE_PAGE
+            )
             if status in (401, 403):
                 return found, since
             if status != 200:
                 raise UpstreamError(f"{self.url} answered {status} for the candidates of {key}")
             page = [Candidate.from_wire(c) for c in _json_list(body)]
             since = int(headers.get(NEXT_SINCE_HEADER, since))
-            if not page:
-                break
             found += page
+            if len(page) < CANDIDATE_PAGE:  # nothing more for now
+                break
         return found, since
 
     async def verdicts(self, key: ExperimentKey) -> list[Verdict]:

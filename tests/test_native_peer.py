@@ -140,15 +140,7 @@ def test_a_trainer_whose_window_closed_while_it_trained_publishes_one_head_late_
     over from the new head, and a trainer always one window late never contributed)."""
     edge, fixture_validator, root = network_env
     spec = fixture_validator.network.experiment(BASELINE)
-    clock = ManualClock(wall_ms=int(time.time() * 1000))
-    validator = Validator(
-        fixture_validator.learners,
-        fixture_validator.network,
-        fixture_validator.storage,
-        edge.url,
-        fixture_validator.datasets_dir,
-        ValidatorConfig(clock=clock),
-    )
+    validator, clock = _validator_with(fixture_validator, edge, fixture_validator.datasets_dir)
     validator.ensure_genesis(spec)
     slow, other = _trainer(edge, root, "slow"), _trainer(edge, root, "other")
     other.train_window_once(other.experiment(*BASELINE.parts))  # a first window: past the untrained genesis,
