@@ -31,9 +31,10 @@ unreachable; the new edge's key is taken the same way, at its first lease. A win
 Timestamps come from an injectable ``protocol.clock.Clock``.
 
 Continuous training (``TrainerBuilder.with_continuous_training``, the CLI's default): a trainer
-never waits for validators to judge its window. The moment it publishes on head h it leases the
-next window (``after`` h: a lease granted before that window's head exists, ``server.leasing``)
-and trains it from where its published window stopped, on that lease's fresh examples. When the
+never waits for validators to judge its window. As head h arrives it asks for the next window's
+lease (``after`` h: a lease granted before that window's head exists, ``server.leasing``; asked in
+the follower's thread, so the request travels while the window on h is packaged) and, once it has
+published on h, trains it from where its published window stopped, on that lease's fresh examples. When the
 next head arrives it reconciles by carrying that progress over (training goes on from
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
@@ -164,6 +165,7 @@ class _Ahead:
     steps: int = 0
     seconds: float = 0.0  # in its training steps
     loss: float = float("nan")  # of its last epoch
+    trained_at: float = 0.0  # when its last epoch ended (``time.perf_counter``)
 
 
 @dataclass
@@ -303,6 +305,7 @@ class Trainer:
         self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
         self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
         self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
+        self._sized_on: dict[str, HeadId] = {}  # experiment -> the head whose arrival sized the next lease
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         self.waited_s = {"head": 0.0, "lease": 0.0}  # seconds waited for a newer head, for a lease asked ahead
@@ -392,15 +395,21 @@ class Trainer:
         return self._followers[key]
 
     def _on_head(self, key: ExperimentKey, head: HeadDescriptor) -> None:
-        """A new head arrived (in the follower's thread). A continuous trainer still training the lease
-        of that head's window asks for the lease after it at once, so the lease is there when that
-        training ends (``_ask_ahead`` takes it); one that is done and waiting asks itself, with a lease
-        sized by its wait. The edge gives a peer its lease again when it asks again in that window, so
-        no lease asked for here is left unused."""
+        """A new head arrived (in the follower's thread, before the trainer is handed it). A continuous
+        trainer asks for the lease after it at once, so the lease travels while the window's candidate
+        is packaged, or while that window's lease still trains (``_ask_ahead`` takes it): one whose lease
+        is trained and waits sizes it by that wait now (``_size_leases``); one still training asks for
+        the size it has. The edge gives a peer its lease again when it asks again in that window, so no
+        lease asked for here is left unused."""
         work = self._carry.get(key)
-        experiment = Experiment(key, self.network.experiment(key))
-        if work is None or (work.ahead is not None and work.ahead.epochs >= experiment.spec.local_epochs):
+        if work is None:
             return
+        experiment = Experiment(key, self.network.experiment(key))
+        ahead = work.ahead
+        if ahead is not None and ahead.epochs >= experiment.spec.local_epochs:  # trained: it waited since
+            self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - ahead.trained_at
+            self._size_leases(experiment, len(ahead.grant.lease.shard_ids), ahead.seconds)
+            self._sized_on[key] = head.head_id  # its wait is counted: not again when the trainer wakes
         self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
 
     def _head_to_train(self, experiment: Experiment, wait_s: float, refresh: bool) -> FollowedHead:
@@ -416,7 +425,8 @@ class Trainer:
             followed = follower.newer(None if followed is None else followed.head.head_id, wait_s)
             self.waited_s["head"] += time.perf_counter() - waited
             work = self._carry.get(experiment.key)
-            if work is not None and work.ahead is not None:  # its lease trained, idle: a larger one would fit
+            counted = followed is not None and self._sized_on.get(experiment.key) == followed.head.head_id
+            if work is not None and work.ahead is not None and not counted:  # idle: a larger lease would fit
                 self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
         head = followed.head if followed is not None else None
         last = head.head_id if head is not None and head.head_id in done else None
@@ -552,6 +562,11 @@ class Trainer:
             self._check_lease(grant, head)
             pending, done = self.shards.prefetch(grant), _Ahead(grant, np.empty(0), np.empty(0))
         lease = grant.lease
+        next_lease: Future[_Ahead | None] | None = None
+        if self.train_ahead and done.epochs >= experiment.spec.local_epochs:  # nothing left to train here
+            if self._sized_on.get(experiment.key) != head.head_id:  # not at the head's arrival (``_on_head``)
+                self._size_leases(experiment, len(lease.shard_ids), done.seconds)
+            next_lease = self._ask_ahead(experiment, head)  # travels while this window's candidate is packaged
         base = followed.tensors
         start = base if carried is None else self._reconciled(base, carried)
         params = self.project.learner.from_tensors(start)
@@ -585,11 +600,11 @@ class Trainer:
             if self.train_ahead:  # nothing of it reached the network: carry all of it over
                 self._size_leases(experiment, len(lease.shard_ids), 0.0, late=True)
                 self._carry[experiment.key] = _Carry(
-                    head, base, params, all_steps, next_lease=self._ask_ahead(experiment, head)
+                    head, base, params, all_steps, next_lease=next_lease or self._ask_ahead(experiment, head)
                 )
                 raise WindowUnavailable("newer heads were promoted while training; carrying this work over")
             raise WindowUnavailable("newer heads were promoted while training; dropping this window")
-        if self.train_ahead:  # the next window's lease travels while this one's candidate is packaged
+        if self.train_ahead and next_lease is None:  # the next lease travels while the candidate is packaged
             self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds, late=late)
             next_lease = self._ask_ahead(experiment, head)
         codec = experiment.spec.codec
@@ -786,6 +801,7 @@ class Trainer:
         self.compute_s += seconds
         self._count_trained(experiment.key, xb.shape[0] * xb.shape[1])
         ahead.seconds += seconds
+        ahead.trained_at = time.perf_counter()
         ahead.epochs += 1
         ahead.steps += len(xb)
         work.steps += len(xb)

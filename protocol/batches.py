@@ -25,5 +25,8 @@ def make_batches(
     usable = len(x) // batch_size * batch_size
     if usable == 0:
         raise ValueError(f"{len(x)} examples do not fill one batch of {batch_size}")
-    order = np.random.default_rng(seed).permutation(len(x))[:usable].reshape(-1, batch_size)
-    return x[order], y[order]
+    order = np.random.default_rng(seed).permutation(len(x))[:usable]
+    shape = (usable // batch_size, batch_size)  # ``take`` copies whole rows: faster than ``x[order]``
+    return np.take(x, order, axis=0).reshape(*shape, *x.shape[1:]), np.take(y, order, axis=0).reshape(
+        *shape, *y.shape[1:]
+    )

@@ -1026,6 +1026,43 @@ def test_a_continuous_trainer_that_waits_for_heads_asks_for_larger_leases(
     trainer.close()
 
 
+def test_a_continuous_trainer_waiting_for_a_head_asks_for_the_next_lease_as_the_head_arrives(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its lease trained, a continuous trainer waits for the head; the lease after that head is asked for
+    in the follower's thread as the head arrives, before the trainer is handed it (so the request
+    travels while the candidate is packaged), sized by the wait, which is counted once."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainer = _trainer(edge, root, "eager", continuous=True)
+    experiment = trainer.experiment(*BASELINE.parts)
+    before = trainer.train_window_once(experiment).base_head_id
+    assert trainer.train_ahead_once(experiment) and not trainer.train_ahead_once(experiment)
+    asked: list[tuple[str, str, str]] = []
+    submit = trainer._submit_ahead
+
+    def spy(experiment: Any, after: HeadDescriptor) -> Any:
+        held = trainer._follower(experiment.key).current()
+        asked.append((after.head_id, held.head.head_id if held else "", threading.current_thread().name))
+        return submit(experiment, after)
+
+    monkeypatch.setattr(trainer, "_submit_ahead", spy)
+    judged = threading.Timer(0.5, validator.poll, (spec,))
+    judged.start()
+    try:
+        outcome = trainer.train_window_once(experiment, wait_s=10.0)
+        judged.join()
+        assert [(after, held) for after, held, _ in asked] == [(outcome.base_head_id, before)], asked
+        assert asked[0][2] != threading.current_thread().name  # the follower's, not the trainer's
+        assert experiment.key not in trainer._idle_s  # the wait sized the lease once, then was gone
+        assert trainer.train_ahead_once(experiment)
+        ahead = trainer._carry[experiment.key].ahead
+        assert ahead is not None and len(ahead.grant.lease.shard_ids) > spec.shards_per_lease  # it waited
+    finally:
+        trainer.close()
+
+
 def test_a_continuous_trainer_two_heads_behind_starts_again_from_the_current_head(
     network_env: tuple[BackgroundEdge, Validator, Path], dataset_root: Path
 ) -> None:
