@@ -303,6 +303,7 @@ class Trainer:
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._chain: dict[str, int] = {}  # experiment -> windows in a row trained from its own last candidate
         self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
+        self._calm: dict[str, int] = {}  # experiment -> windows in a row sized without a wait (``next_lease_shards``)
         self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
         self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
         self._sized_on: dict[str, HeadId] = {}  # experiment -> the head whose arrival sized the next lease
@@ -760,8 +761,8 @@ class Trainer:
         ``train_s`` seconds, from the time waited for heads since the last one was sized."""
         least, most = experiment.spec.lease_bounds
         idle_s = self._idle_s.pop(experiment.key, 0.0)
-        self._lease_shards[experiment.key] = next_lease_shards(
-            shards, train_s, idle_s, least=least, most=most, late=late
+        self._lease_shards[experiment.key], self._calm[experiment.key] = next_lease_shards(
+            shards, train_s, idle_s, least=least, most=most, late=late, calm=self._calm.get(experiment.key, 0)
         )
 
     def _loader(self, experiment: Experiment) -> BatchLoader:

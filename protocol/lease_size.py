@@ -4,11 +4,15 @@ A continuous trainer trains the next window's lease while the last window is jud
 Once that lease is trained it can only wait for the next head: the wait is compute the network did not
 get. ``next_lease_shards`` sizes the next lease from the last one, its training time t and the wait w
 that followed it: to fill the window period it saw, ``n × (t + w) / t`` shards, within the experiment's
-bounds (``ExperimentSpec.lease_shards``). When it did not wait (it was the one the window waited for)
-it gives one shard back, and when its work came too late for its window (a newer head arrived while it
-trained) it halves: so a fleet of trainers settles on windows the validator's pace (or the slowest
-trainer's lease) sets, instead of ratcheting them up to the bound on measurement noise. Pure: every
-trainer, native or browser, computes the same sizes from the same measurements.
+bounds (``ExperimentSpec.lease_shards``). After ``CALM_WINDOWS`` windows in a row in which it did not
+wait (it was the one the window waited for) it gives one shard back, and when its work came too late for
+its window (a newer head arrived while it trained) it halves: so a fleet of trainers settles on windows
+the validator's pace (or the slowest trainer's lease) sets, instead of ratcheting them up to the bound
+on measurement noise. A wait under ``IDLE_SLACK`` of the training time counts as none. With a shard
+back every window and a slack of 5 %, a lone trainer whose validator just kept up settled where it
+waits just under the slack and oscillated around it: it waited 3-5 % of its time
+(``benchmarks.trainer_utilization``; ``tests/test_lease_size.py`` models it). Pure: every trainer,
+native or browser, computes the same sizes from the same measurements.
 
 ``granted_shards`` is the edge's side: how many of the free shards of a window a lease may take. More
 than the experiment's least only out of what is free beyond a reserve of the least for each peer
@@ -25,24 +29,37 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["IDLE_SLACK", "granted_shards", "next_lease_shards"]
+__all__ = ["CALM_WINDOWS", "IDLE_SLACK", "granted_shards", "next_lease_shards", "waited"]
 
-IDLE_SLACK = 0.05  # a wait under this share of the training time counts as none (measurement noise)
+IDLE_SLACK = 0.02  # a wait under this share of the training time counts as none (measurement noise)
+CALM_WINDOWS = 3  # windows in a row without a wait before a trainer gives a shard back
 
 
-def next_lease_shards(shards: int, train_s: float, idle_s: float, *, least: int, most: int, late: bool = False) -> int:
-    """The next lease's shard count after one of ``shards`` shards trained in ``train_s`` seconds and
-    followed by ``idle_s`` seconds of waiting for the next head; ``late``: the work missed its window.
-    Always within [``least``, ``most``]."""
+def waited(train_s: float, idle_s: float) -> bool:
+    """Whether ``idle_s`` seconds of waiting after ``train_s`` of training count as a wait."""
+    return train_s > 0.0 and idle_s > IDLE_SLACK * train_s
+
+
+def next_lease_shards(
+    shards: int, train_s: float, idle_s: float, *, least: int, most: int, late: bool = False, calm: int = 0
+) -> tuple[int, int]:
+    """The next lease's shard count, always within [``least``, ``most``], after one of ``shards`` shards
+    trained in ``train_s`` seconds and followed by ``idle_s`` seconds of waiting for the next head
+    (``late``: the work missed its window), and the ``calm`` to pass with the next: the windows in a
+    row that did not wait nor come late since the last shard given back (``calm`` here: those before
+    this one)."""
+    calm += 1
     if late:
-        size = shards // 2
+        size, calm = shards // 2, 0
     elif train_s <= 0.0:
-        size = shards
-    elif idle_s > IDLE_SLACK * train_s:
-        size = math.ceil(shards * (train_s + idle_s) / train_s)
+        size, calm = shards, calm - 1
+    elif waited(train_s, idle_s):
+        size, calm = math.ceil(shards * (train_s + idle_s) / train_s), 0
+    elif calm >= CALM_WINDOWS:
+        size, calm = shards - 1, 0
     else:
-        size = shards - 1
-    return min(max(size, least), most)
+        size = shards
+    return min(max(size, least), most), calm
 
 
 def granted_shards(asked: int, free: int, *, least: int, expected_peers: int, served_first: int = 0) -> int:

@@ -17,20 +17,44 @@ from .support import EXPERIMENT, edge_settings, experiment_spec, head_envelope, 
 
 
 @pytest.mark.parametrize(
-    ("shards", "train_s", "idle_s", "late", "expected"),
+    ("shards", "train_s", "idle_s", "late", "calm", "expected"),
     [
-        (4, 0.1, 0.3, False, 16),  # waited 3 x its training: four times the shards fill the period
-        (4, 0.1, 0.004, False, 3),  # no wait worth counting (under 5 %): it was the one waited for, one back
-        (4, 0.1, 0.3, True, 2),  # its work came late: halve
-        (4, 0.1, 10.0, False, 20),  # never past the experiment's most
-        (2, 0.1, 0.0, False, 2),  # never below its least
-        (5, 0.0, 1.0, False, 5),  # nothing trained: nothing to go by
+        (4, 0.1, 0.3, False, 2, (16, 0)),  # waited 3 x its training: four times the shards fill the period
+        (4, 0.1, 0.001, False, 0, (4, 1)),  # no wait worth counting (under 2 %): the first calm window
+        (4, 0.1, 0.001, False, 1, (4, 2)),  # the second: it keeps its size
+        (4, 0.1, 0.001, False, 2, (3, 0)),  # the third in a row: it was the one waited for, one back
+        (4, 0.1, 0.3, True, 2, (2, 0)),  # its work came late: halve
+        (4, 0.1, 10.0, False, 0, (20, 0)),  # never past the experiment's most
+        (2, 0.1, 0.0, False, 2, (2, 0)),  # never below its least
+        (5, 0.0, 1.0, False, 1, (5, 1)),  # nothing trained: nothing to go by
     ],
 )
 def test_next_lease_fills_the_period_it_waited_through(
-    shards: int, train_s: float, idle_s: float, late: bool, expected: int
+    shards: int, train_s: float, idle_s: float, late: bool, calm: int, expected: tuple[int, int]
 ) -> None:
-    assert next_lease_shards(shards, train_s, idle_s, least=2, most=20, late=late) == expected
+    assert next_lease_shards(shards, train_s, idle_s, least=2, most=20, late=late, calm=calm) == expected
+
+
+def test_a_lone_trainer_whose_validator_just_keeps_up_waits_under_two_percent_of_its_time() -> None:
+    """A trainer whose next head comes ``period(n)`` seconds after the last for a lease of n shards (its
+    validator's pace: a fixed cost and a little per shard), training 4 ms a shard: it settles near the
+    size where it stops waiting (27) and waits under 1.5 % of its time (the rule of a shard back every
+    calm window and a 5 % slack: 3.5 %, around 26 shards)."""
+
+    def period(n: int) -> float:
+        return 0.1 + 0.0003 * n
+
+    shards, calm, sizes = 4, 0, []
+    for _ in range(300):
+        train_s = 0.004 * shards
+        shards, calm = next_lease_shards(
+            shards, train_s, max(0.0, period(shards) - train_s), least=4, most=40, calm=calm
+        )
+        sizes.append(shards)
+    steady = sizes[100:]
+    idle = sum(max(0.0, period(n) - 0.004 * n) for n in steady) / sum(max(period(n), 0.004 * n) for n in steady)
+    assert idle < 0.015, idle
+    assert all(25 <= n <= 29 for n in steady), sorted(set(steady))
 
 
 @pytest.mark.parametrize(
