@@ -8,11 +8,10 @@ bounds (``ExperimentSpec.lease_shards``). After ``CALM_WINDOWS`` windows in a ro
 wait (it was the one the window waited for) it gives one shard back, and when its work came too late for
 its window (a newer head arrived while it trained) it halves: so a fleet of trainers settles on windows
 the validator's pace (or the slowest trainer's lease) sets, instead of ratcheting them up to the bound
-on measurement noise. A wait under ``IDLE_SLACK`` of the training time counts as none. With a shard
-back every window and a slack of 5 %, a lone trainer whose validator just kept up settled where it
-waits just under the slack and oscillated around it: it waited 3-5 % of its time
-(``benchmarks.trainer_utilization``; ``tests/test_lease_size.py`` models it). Pure: every trainer,
-native or browser, computes the same sizes from the same measurements.
+on measurement noise (a wait under ``IDLE_SLACK`` of the training time counts as none). Giving shards
+back only after calm windows keeps a lone trainer whose validator just keeps up from oscillating
+around the size at which it waits (decision 0043). Pure: every trainer, native or browser, computes
+the same sizes from the same measurements.
 
 ``granted_shards`` is the edge's side: how many of the free shards of a window a lease may take. More
 than the experiment's least only out of what is free beyond a reserve of the least for each peer
@@ -31,7 +30,7 @@ import math
 
 __all__ = ["CALM_WINDOWS", "IDLE_SLACK", "granted_shards", "next_lease_shards", "waited"]
 
-IDLE_SLACK = 0.02  # a wait under this share of the training time counts as none (measurement noise)
+IDLE_SLACK = 0.05  # a wait under this share of the training time counts as none (measurement noise)
 CALM_WINDOWS = 3  # windows in a row without a wait before a trainer gives a shard back
 
 
