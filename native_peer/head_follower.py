@@ -59,7 +59,8 @@ class HeadFollower:
         *,
         on_head: Callable[[HeadDescriptor], None] | None = None,
     ) -> None:
-        """``on_head``: called (in the follower's thread) with each new head, before anyone is handed it."""
+        """``on_head``: called with each new head, before anyone is handed it, in the thread that took it
+        (the follower's, or the caller's of ``refresh`` or ``reach``)."""
         self._edge = edge
         self._on_head = on_head
         self._key = key

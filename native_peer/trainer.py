@@ -33,7 +33,7 @@ Timestamps come from an injectable ``protocol.clock.Clock``.
 Continuous training (``TrainerBuilder.with_continuous_training``, the CLI's default): a trainer
 never waits for validators to judge its window. As head h arrives it asks for the next window's
 lease (``after`` h: a lease granted before that window's head exists, ``server.leasing``; asked in
-the follower's thread, so the request travels while the window on h is packaged) and, once it has
+a lease thread, so the request travels while the window on h is packaged) and, once it has
 published on h, trains it from where its published window stopped, on that lease's fresh examples. When the
 next head arrives it reconciles by carrying that progress over (training goes on from
 head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
@@ -396,7 +396,7 @@ class Trainer:
         return self._followers[key]
 
     def _on_head(self, key: ExperimentKey, head: HeadDescriptor) -> None:
-        """A new head arrived (in the follower's thread, before the trainer is handed it). A continuous
+        """A new head arrived (``HeadFollower``'s ``on_head``: before the trainer is handed it). A continuous
         trainer asks for the lease after it at once, so the lease travels while the window's candidate
         is packaged, or while that window's lease still trains (``_ask_ahead`` takes it): one whose lease
         is trained and waits sizes it by that wait now (``_size_leases``); one still training asks for
