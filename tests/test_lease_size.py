@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from protocol.errors import InvalidMessage
-from protocol.lease_size import IDLE_SLACK, granted_shards, next_lease_shards
+from protocol.lease_size import granted_shards, next_lease_shards, waited
 from protocol.messages import LeaseGrant
 from protocol.signing import PureSigner
 from server.serve import BackgroundEdge
@@ -48,7 +48,7 @@ def test_a_lone_trainer_whose_validator_just_keeps_up_waits_in_fewer_windows() -
     for _ in range(300):
         train_s = 0.004 * shards
         idle_s = max(0.0, period(shards) - train_s)
-        waits.append(idle_s > IDLE_SLACK * train_s)
+        waits.append(waited(train_s, idle_s))
         shards, calm = next_lease_shards(shards, train_s, idle_s, least=4, most=40, calm=calm)
         sizes.append(shards)
     steady = sizes[100:]
