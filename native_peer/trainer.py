@@ -319,12 +319,14 @@ class Trainer:
         return self.identity.peer_id
 
     def close(self) -> None:
-        """Finish delivering published windows, then stop following heads and close the connections."""
+        """Finish delivering published windows, then stop following heads, let a lease request under
+        way end (its shard fetches not begun are cancelled), and close the connections: a request still
+        running on a closed client would leave its socket open."""
         self._write_behind.shutdown(wait=True)
         for follower in self._followers.values():
             follower.close()
-        self._leaser.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._leaser.shutdown(wait=True, cancel_futures=True)
         self.edge.close()
 
     def experiment(self, study: StudyId, experiment: ExperimentId, revision: RevisionId) -> Experiment:
