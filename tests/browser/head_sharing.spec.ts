@@ -1,5 +1,5 @@
 import { expect, test, type APIRequestContext } from "@playwright/test";
-import { heads, holdingTheHead, pause, status, tab } from "./tabs";
+import { heads, holdingTheHead, pause, resume, standingBy, status, tab } from "./tabs";
 
 // Heads from peers: several browser profiles (contexts: each its own IndexedDB, so its own peer key) on
 // one running stack fetch the current head from each other over WebRTC (static/head_sharing.js), each
@@ -11,18 +11,19 @@ async function headBytesServed(request: APIRequestContext): Promise<number> {
 
 test("heads move from tab to tab over WebRTC, and the edge serves fewer head bytes", async ({ browser, baseURL, request }, testInfo) => {
   const before = await headBytesServed(request);
+  const [b, c] = await Promise.all([tab(browser, baseURL!), tab(browser, baseURL!)]);
+  await Promise.all([b, c].map(standingBy));
   const a = await tab(browser, baseURL!);
   await holdingTheHead(a);
-  // B and C start together: the head they need is the one A holds
-  const [b, c] = await Promise.all([tab(browser, baseURL!), tab(browser, baseURL!)]);
-  await Promise.all([b.locator("#toggle").click(), c.locator("#toggle").click()]);
+  // B and C go on together: the head they need is the one A holds
+  await Promise.all([b, c].map(resume));
   for (const page of [b, c]) {
     await expect.poll(async () => (await status(page)).head_peer_bytes ?? 0, { timeout: 120_000 }).toBeGreaterThan(0);
   }
   const served = await heads(a);
   expect(served.served).toBeGreaterThanOrEqual(1); // A served B, and C took it from A or B
   // then all three train on, each new head fetched by one tab from the edge and by the others from it
-  await a.evaluate(() => (window as any).dtn.worker.postMessage({ type: "resume" }));
+  await resume(a);
   await a.locator("#share").fill("100");
   for (const page of [a, b, c]) {
     await expect.poll(async () => (await status(page)).windows_done ?? 0, { timeout: 180_000 }).toBeGreaterThanOrEqual(2);
@@ -64,9 +65,10 @@ test("a tab that sends a wrong head is dropped, and the asker falls back to the 
       return send.call(this, bytes);
     } as any;
   });
-  const lying = await holdingTheHead(liar);
   const asker = await tab(browser, baseURL!);
-  await asker.locator("#toggle").click();
+  await standingBy(asker);
+  const lying = await holdingTheHead(liar);
+  await resume(asker);
   await expect.poll(async () => (await status(asker)).peers_dropped ?? [], { timeout: 120_000 }).toEqual([lying.peer_id]);
   expect((await heads(asker)).dropped).toEqual([lying.peer_id]); // the page closed it and asks it no more
   expect((await heads(liar)).served).toBeGreaterThanOrEqual(1);

@@ -24,6 +24,18 @@ export const status = (page: Page): Promise<Status> => page.evaluate(() => (wind
 export const heads = (page: Page): Promise<Status> => page.evaluate(() => (window as any).dtn.heads);
 export const pause = (page: Page) =>
   page.evaluate(() => (window as any).dtn.worker.postMessage({ type: "pause", reason: "holding" }));
+export const resume = (page: Page) => page.evaluate(() => (window as any).dtn.worker.postMessage({ type: "resume" }));
+
+export async function standingBy(page: Page): Promise<void> {
+  // contributing with the Python runtime booted and the peer started, but paused before its first window:
+  // once resumed it asks for the current head at once. A fresh profile boots its runtime only when it
+  // starts (10-30 s, more for tabs booting together on 2 busy cores); booted first, the tabs that need
+  // a held head ask for it while it is still current.
+  await page.locator("#toggle").click();
+  await expect.poll(() => page.evaluate(() => Boolean((window as any).dtn.running))).toBe(true);
+  await pause(page); // after the start's own resume, before the runtime is up: the peer starts paused
+  await expect.poll(async () => (await status(page)).paused ?? null, { timeout: 120_000 }).toBe("holding");
+}
 
 export async function holdingTheHead(page: Page): Promise<Status> {
   // contributing, the current head fetched, verified and announced, then paused mid-window: the head
