@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -419,23 +420,58 @@ def leave_one_out(
     base_metrics: Mapping[str, float],
 ) -> tuple[dict[str, float], dict[str, Screen]]:
     """Each of ``merge``'s candidates (``trusted``, its rows) judged by what it adds: its marginal loss,
-    the holdout loss of the linear merge (``Merge.probe``) with it − without it (a lone one's: − the
-    base's), and ``regression`` where that exceeds ``policy.candidate_margin``; nothing when the margin
-    is infinite. The linear merge keeps the robust rule's own jumps out of the comparison (decision 0004)."""
+    the holdout loss of the linear merge (``Merge.probe``) with it − without it, and ``regression``
+    where that exceeds ``policy.candidate_margin``; nothing when the margin is infinite. The linear
+    merge keeps the robust rule's own jumps out of the comparison (decision 0004).
+
+    A lone candidate is compared with the base head, and the window takes the share of its step the
+    holdout prefers (``promote``). Where its whole step rises past the margin, its shares
+    (``policy.step_shares``) are measured with that search: if one has a lower holdout loss than the
+    base, that share's is its marginal loss, and the window takes a share of it; else its whole
+    step's, so an update that raises the loss at every share stays a regression (decision 0044)."""
     if not trusted or not np.isfinite(policy.candidate_margin):
         return {}, {}
     with_all = evaluate(merge.probe())["loss"]
+    share = 1.0
+    if len(trusted) == 1 and with_all - float(base_metrics["loss"]) > policy.candidate_margin:
+        whole = with_all
+        shorter, loss = line_search(
+            policy.step_shares, lambda s: whole if s == 1.0 else evaluate(merge.probe(share=s))["loss"], float
+        )
+        if loss < float(base_metrics["loss"]):  # else it is judged by its whole step
+            share, with_all = shorter, loss
     marginal: dict[str, float] = {}
     regressions: dict[str, Screen] = {}
     for i, sub in enumerate(trusted):
         without = evaluate(merge.probe(without=i))["loss"] if len(trusted) > 1 else float(base_metrics["loss"])
         marginal[sub.candidate_id] = with_all - without
         if marginal[sub.candidate_id] > policy.candidate_margin:
+            at = "" if share == 1.0 else f" (at its best share, {share:g} of its step)"
             regressions[sub.candidate_id] = Screen(
                 Reason.REGRESSION,
-                f"val loss with this update {with_all:.4f} > without {without:.4f} + {policy.candidate_margin}",
+                f"val loss with this update {with_all:.4f}{at} > without {without:.4f} + {policy.candidate_margin}",
             )
     return marginal, regressions
+
+
+T = TypeVar("T")
+
+
+def line_search(shares: Sequence[float], measure: Callable[[float], T], loss: Callable[[T], float]) -> tuple[float, T]:
+    """The share of ``shares`` whose ``measure`` has the lowest ``loss``, measured longest first until a
+    share does not lower it below the share before (the first of equals): along a step the holdout loss
+    falls then rises, so once a shorter share is no better a shorter one still would not be (a
+    backtracking line search). Returns the share and its measure."""
+    if not shares:
+        raise ValueError("the policy names no share of the merge's step")
+    best: tuple[float, T] | None = None
+    for share in sorted(shares, reverse=True):
+        measured = measure(share)
+        if best is not None and loss(measured) >= loss(best[1]):
+            break
+        best = share, measured
+    assert best is not None
+    return best
 
 
 def outer_step(
@@ -458,28 +494,21 @@ def promote(
     policy: ScreeningPolicy,
 ) -> tuple[Params, dict[str, float], Vector | None]:
     """The step the window proposes, its holdout metrics and the next outer state: ``outer_step`` at
-    the shares of ``policy.step_shares`` of the merge's update (longest first), measured on the
-    holdout in turn until one does not lower the loss below the share before it; the last that did
-    is proposed (the first of equals). ``blocked_screens`` then applies the promotion rule to it.
+    the share of ``policy.step_shares`` of the merge's update that ``line_search`` finds on the
+    holdout. ``blocked_screens`` then applies the promotion rule to it.
 
     Peers that each hold a few classes each fit their own; the mean of their updates overshoots
     where a shorter step along it lowers the loss, and the whole step, blocked, leaves the head where
     it was for the next window to overshoot the same way (decision 0028). A share only shortens the
-    merge's step along the direction the merge rule chose. Along that line the holdout loss falls
-    then rises: once a shorter share is no better, a shorter one still would not be (a backtracking
-    line search), so a window whose whole step is best pays two evaluations, not one per share."""
-    if not policy.step_shares:
-        raise ValueError("the policy names no share of the merge's step")
-    best: tuple[Params, dict[str, float], Vector | None] | None = None
+    merge's step along the direction the merge rule chose; a window whose whole step is best pays two
+    evaluations, not one per share."""
     update = merge.update(rows)  # the merge rule runs once; each share scales its update
-    for share in sorted(policy.step_shares, reverse=True):
+
+    def measure(share: float) -> tuple[Params, dict[str, float], Vector | None]:
         merged, state = outer_step(merge, update, outer, momentum, share)
-        metrics = evaluate(merged)
-        if best is not None and metrics["loss"] >= best[1]["loss"]:
-            break
-        best = merged, metrics, state
-    assert best is not None
-    return best
+        return merged, evaluate(merged), state
+
+    return line_search(policy.step_shares, measure, lambda step: step[1]["loss"])[1]
 
 
 def blocked_screens(
@@ -571,16 +600,16 @@ class Merge:
         self._sum = (self.weights[:, None] * self._rows).sum(axis=0)
         self._total = float(self.weights.sum())
 
-    def probe(self, without: int | None = None) -> Params:
+    def probe(self, without: int | None = None, share: float = 1.0) -> Params:
         """The linear merge the leave-one-out check compares, of every screened-in update or of all
         but row ``without``: the example-weighted mean of the updates, each clipped to ‖Δ_ref‖ when
-        anchored. Running sums minus one row: O(D) a probe, so a window's n probes cost O(n·D), not
-        O(n²·D)."""
+        anchored, ``share`` of it stepped from the base. Running sums minus one row: O(D) a probe, so a
+        window's n probes cost O(n·D), not O(n²·D)."""
         total, weighted = self._sum, self._total
         if without is not None:
             total = total - self.weights[without] * self._rows[without]
             weighted -= float(self.weights[without])
-        return unflatten(self.spec, self.base + total / weighted)
+        return unflatten(self.spec, self.base + share * total / weighted)
 
     def median_norm(self, rows: Sequence[int]) -> float:
         """The median norm of the updates ``rows`` before clipping (a delayed one discounted)."""

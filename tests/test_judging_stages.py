@@ -373,6 +373,33 @@ def test_leave_one_out(
     assert {k: s.reason for k, s in rejected.items()} == {_id(i): Reason.REGRESSION for i in regressions}
 
 
+@pytest.mark.parametrize(
+    ("update", "marginal", "measured", "reasons"),
+    [
+        (4 * OPTIMUM, 1.0 - 400 * OPTIMUM @ OPTIMUM - 1.0, 3, []),  # a quarter of it lands on the optimum
+        (0.5 * OPTIMUM, -300 * OPTIMUM @ OPTIMUM, 1, []),  # the whole step helps: measured once
+        (-2 * OPTIMUM, 3200 * OPTIMUM @ OPTIMUM, 3, [0]),  # harmful at every length: its whole step's harm
+    ],
+)
+def test_a_lone_candidate_whose_whole_step_overshoots_is_judged_at_its_best_share(
+    update: np.ndarray, marginal: float, measured: int, reasons: list[int]
+) -> None:
+    """A lone candidate's direction decides (decision 0044): one that lowers the holdout loss at a share
+    of its step is no regression though its whole step overshoots; one that raises it at every share
+    is, by what its whole step costs. ``measured``: the holdout evaluations of its probe."""
+    trusted = [_sub(0, update)]
+    evaluations: list[int] = []
+
+    def holdout(params: Mapping[str, np.ndarray]) -> dict[str, float]:
+        evaluations.append(1)
+        return _holdout(params)
+
+    found, rejected = leave_one_out(_merge(trusted), trusted, PRESETS["balanced"], holdout, BASE_METRICS)
+    assert found == {_id(0): pytest.approx(marginal, abs=1e-4)}
+    assert {k: s.reason for k, s in rejected.items()} == {_id(i): Reason.REGRESSION for i in reasons}
+    assert len(evaluations) == measured
+
+
 _MOMENTUM = np.full(N, 0.01)
 
 
