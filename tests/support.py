@@ -290,17 +290,28 @@ def mnist_network_env(root: Path, datasets: Path) -> Iterator[tuple[BackgroundEd
             validator.close()
 
 
-def metric(http: httpx.Client, series: str) -> float:
-    """The value of ``series`` (a name, or a name with its labels) on the edge ``http`` talks to; 0 when absent."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(series + " ") or line.startswith(series + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+def metric(source: httpx.Client | str, name: str, **labels: str) -> float:
+    """``sum(name{labels})`` in a Prometheus text exposition: the values of the series ``name`` whose
+    labels include ``labels`` (in any order), summed; 0 when there is none (a labelled counter appears
+    once counted). ``source``: the exposition's text, or a client of the edge, whose ``/metrics`` is read."""
+    text = source if isinstance(source, str) else source.get("/metrics").text
+    wanted = {f'{key}="{value}"' for key, value in labels.items()}
+    total = 0.0
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        metric_name, _, rest = series.partition("{")
+        if (
+            not line.startswith("#")
+            and metric_name == name
+            and wanted <= set(filter(None, rest.rstrip("}").split(",")))
+        ):
+            total += float(value)
+    return total
 
 
 def browsers(http: httpx.Client) -> float:
     """Browser peers joined to the relay of the edge ``http`` talks to."""
-    return metric(http, 'dtn_ws_connections{kind="browser"}')
+    return metric(http, "dtn_ws_connections", kind="browser")
 
 
 def until(

@@ -38,7 +38,7 @@ from protocol.messages import LEASE_SECRET_HEADER, LeaseGrant, PeerProof
 from protocol.signing import PureSigner, b64encode
 
 from .conftest import REPO
-from .support import now_ms
+from .support import metric, now_ms
 
 pytestmark = pytest.mark.slow  # nginx, the edge and a validator as processes, Chromium
 
@@ -302,13 +302,13 @@ def test_a_trainer_on_another_machine_joins_by_the_validator_key_and_trains(host
     deadline = time.monotonic() + 60
     while True:
         metrics = httpx.get(f"{host.edge_url}/metrics").text
-        accepted = _value(metrics, f'dtn_verdicts_total{{decision="accepted",experiment="{EXPERIMENT}"}}')
+        accepted = metric(metrics, "dtn_verdicts_total", decision="accepted", experiment=str(EXPERIMENT))
         if accepted >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert accepted >= 2, metrics
-    assert _value(metrics, f'dtn_window{{experiment="{EXPERIMENT}"}}') >= 2
-    assert _value(metrics, "dtn_shard_bytes_total") > 0 and _value(metrics, "dtn_leases_total") >= 2
+    assert metric(metrics, "dtn_window", experiment=str(EXPERIMENT)) >= 2
+    assert metric(metrics, "dtn_shard_bytes_total") > 0 and metric(metrics, "dtn_leases_total") >= 2
 
 
 def test_the_web_page_in_chromium_on_the_public_url(host: Host) -> None:
@@ -339,10 +339,3 @@ def _unverifiable_proof() -> dict[str, object]:
     wire = PeerProof("lease", signer.public_key, "native", "-", now_ms()).signed(signer).to_wire()
     wire["signature"] = b64encode(b"\x00" * 64)
     return wire
-
-
-def _value(metrics: str, series: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith(series + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0

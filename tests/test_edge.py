@@ -47,6 +47,7 @@ from .support import (
     experiment_spec,
     grant_lease,
     head_envelope,
+    metric,
     proof,
     validator_reads,
     write_network,
@@ -533,8 +534,7 @@ def test_the_edge_counts_the_head_bytes_it_serves(client: httpx.Client) -> None:
     head_id = _genesis(client)
 
     def served() -> float:
-        line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith("dtn_head_bytes_total "))
-        return float(line.split()[1])
+        return metric(client, "dtn_head_bytes_total")
 
     before = served()
     size = len(client.get(f"/v1/artifacts/{head_id}").content)
@@ -670,12 +670,11 @@ def test_viewers_get_a_read_only_event_stream(edge: BackgroundEdge, client: http
         viewers[1].recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
     viewers[2].close()
-    gauge = 'dtn_ws_connections{kind="viewer"}'
     for _ in range(50):  # leaving is counted: the ones gone are no longer connections
-        if f"{gauge} 1.0" in client.get("/metrics").text:
+        if metric(client, "dtn_ws_connections", kind="viewer") == 1:
             break
         time.sleep(0.1)
-    assert f"{gauge} 1.0" in client.get("/metrics").text
+    assert metric(client, "dtn_ws_connections", kind="viewer") == 1
     assert client.get("/portal/snapshot").json()["peers"]["by_kind"] == {"viewer": 1}
 
 

@@ -301,7 +301,7 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
         # every chunk met its stage, every publish found it: no upload refused on either edge
         for http in edges.values():
             assert metric(http, "dtn_rejected_uploads_total") == 0 and metric(http, "dtn_staged_upload_bytes") == 0
-        assert sum(metric(http, 'dtn_candidates_total{via="http"}') for http in edges.values()) == 2
+        assert sum(metric(http, "dtn_candidates_total", via="http") for http in edges.values()) == 2
 
         killer = _KillsTheStagesEdge(
             fleet, edges, verify=ssl.create_default_context(cafile=str(tmp_path / "tls" / "cert.pem"))
@@ -315,7 +315,7 @@ def test_staged_uploads_through_nginx_meet_one_edge_and_start_again_on_the_other
         report = validator.poll(spec)
         assert report is not None and report.head.merged == (outcome.candidate_id,), report
         # the survivor refused the third chunk (its stage was on the dead edge) and took the whole artifact
-        assert metric(survivor, 'dtn_rejected_uploads_total{error="Conflict"}') == 1
+        assert metric(survivor, "dtn_rejected_uploads_total", error="Conflict") == 1
         assert metric(survivor, "dtn_staged_upload_bytes") == 0
         heads = [h["head_id"] for h in survivor.get(f"{BASE}/heads").json()]
     assert len(heads) == 4 and heads[-1] == report.head.head_id

@@ -22,7 +22,7 @@ from protocol.head_delta import apply_delta, encode_delta
 from protocol.model import init_params
 from server.serve import BackgroundEdge
 
-from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, write_network
+from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, metric, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -125,8 +125,7 @@ def _promote(http: httpx.Client, params: dict[str, np.ndarray], parent: str | No
 
 
 def _delta_bytes_served(http: httpx.Client) -> float:
-    line = next(x for x in http.get("/metrics").text.splitlines() if x.startswith("dtn_head_delta_bytes_total "))
-    return float(line.split()[1])
+    return metric(http, "dtn_head_delta_bytes_total")
 
 
 def test_the_edge_serves_a_head_as_a_delta_from_its_parent_only(edge: BackgroundEdge) -> None:

@@ -19,7 +19,7 @@ from native_peer.edge_client import EdgeClient
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE
 
-from .support import mnist_trainer
+from .support import metric, mnist_trainer
 
 HEADS = 6  # heads the experiment must promote under attack
 CAP = 96  # the edge's connection cap here; the idle holder asks for more
@@ -68,7 +68,7 @@ def test_an_experiment_keeps_making_heads_while_clients_squat_hold_connections_a
                     probes.append(0)
                 time.sleep(0.5)
             heads = edge_client.heads(BASELINE)
-            staged = _metric(edge.url, "dtn_staged_upload_bytes")
+            staged = metric(httpx.get(f"{edge.url}/metrics").text, "dtn_staged_upload_bytes")
             accepted = [v for v in edge_client.verdicts(BASELINE, trainer.peer_id) if v.accepted]
         finally:
             stop.set()
@@ -87,8 +87,3 @@ def test_an_experiment_keeps_making_heads_while_clients_squat_hold_connections_a
     assert staged <= settings.upload_stage_bytes
     # the attacks happened: leases squatted, more connections opened than the cap, stages opened
     assert squatter.granted > 0 and idle.opened > CAP and stager.opened > 0
-
-
-def _metric(url: str, name: str) -> float:
-    line = next(line for line in httpx.get(f"{url}/metrics").text.splitlines() if line.startswith(name + " "))
-    return float(line.split()[-1])

@@ -44,20 +44,29 @@ from protocol.window import epoch_seed, package_candidate
 from server.serve import BackgroundEdge
 from tools.networks import BASELINE, LOW_LR, mnist_network
 
-from .support import candidate_envelope, mnist_network_env, mnist_trainer, until
+from .support import candidate_envelope, metric, mnist_network_env, mnist_trainer, until
 
 SPEC = builtin_model("mnist-mlp")
+
+
+_OPEN: list[Trainer] = []  # made by ``_trainer``: ``network_env`` closes them, passed or failed, before its edge stops
 
 
 @pytest.fixture
 def network_env(tmp_path: Path, dataset_root: Path) -> Iterator[tuple[BackgroundEdge, Validator, Path]]:
     with mnist_network_env(tmp_path, dataset_root) as env:
-        yield env
+        try:
+            yield env
+        finally:
+            while _OPEN:
+                _OPEN.pop().close()
 
 
 def _trainer(edge: BackgroundEdge, root: Path, name: str, continuous: bool = False) -> Trainer:
     network = mnist_network(NodeIdentity.load_or_create(root / "validator" / "identity.key").public_key)
-    return mnist_trainer(network, root / name, edge.url, continuous=continuous)
+    trainer = mnist_trainer(network, root / name, edge.url, continuous=continuous)
+    _OPEN.append(trainer)
+    return trainer
 
 
 def test_a_continuous_trainer_leases_and_trains_the_next_window_while_its_last_is_judged(
@@ -817,8 +826,8 @@ def test_a_trainer_with_a_sharded_dataset_reads_only_its_leased_shards_from_disk
 def _served(edge: BackgroundEdge) -> dict[str, float]:
     """The edge's counters of bytes served: shards, whole heads and head deltas."""
     names = ("dtn_shard_bytes_total", "dtn_head_bytes_total", "dtn_head_delta_bytes_total")
-    lines = httpx.get(f"{edge.url}/metrics").text.splitlines()
-    return {name: float(line.split()[1]) for line in lines for name in names if line.startswith(name + " ")}
+    text = httpx.get(f"{edge.url}/metrics").text
+    return {name: metric(text, name) for name in names}
 
 
 def test_a_native_trainer_downloads_each_byte_once(network_env: tuple[BackgroundEdge, Validator, Path]) -> None:

@@ -34,6 +34,7 @@ from .support import (
     edge_settings,
     grant_lease,
     head_envelope,
+    metric,
     now_ms,
     proof,
     write_network,
@@ -108,7 +109,7 @@ def test_behind_a_proxy_the_edge_checks_the_lease_and_hands_the_file_to_the_prox
         ).status_code
         == 403
     )
-    served = _metric(http.get("/metrics").text, "dtn_shard_bytes_total")
+    served = metric(http.get("/metrics").text, "dtn_shard_bytes_total")
     assert served == len(on_disk)  # GETs without Range only: not HEAD, ranges or 304s
 
 
@@ -133,12 +134,12 @@ def test_liveness_readiness_and_metrics_from_the_store(accel_edge: tuple[Backgro
     body = ready.json()
     assert body["ready"] is True and body["failing"] == [] and body["windows"] == {str(EXPERIMENT): None}
     assert body["public_url"] == "https://dtn.example.org"
-    assert _metric(http.get("/metrics").text, "dtn_window", experiment=str(EXPERIMENT)) == -1
+    assert metric(http.get("/metrics").text, "dtn_window", experiment=str(EXPERIMENT)) == -1
     grant = _genesis_and_lease(http)
     trainer = PureSigner(b"\x31" * 32)
     candidate, envelope = candidate_envelope(trainer, grant.lease.base_head, grant.lease.lease_id)
     assert http.post(f"{BASE}/candidates", content=envelope).status_code in (200, 201)
-    assert _metric(http.get("/metrics").text, "dtn_window_leases", experiment=str(EXPERIMENT)) == 1
+    assert metric(http.get("/metrics").text, "dtn_window_leases", experiment=str(EXPERIMENT)) == 1
     verdict = Verdict(
         EXPERIMENT, candidate.candidate_id, grant.lease.base_head, candidate.peer_id, False, Reason.FREE_RIDER,
         "no update", VALIDATOR.public_key, now_ms(),
@@ -148,12 +149,12 @@ def test_liveness_readiness_and_metrics_from_the_store(accel_edge: tuple[Backgro
     assert http.post(f"{BASE}/verdicts", json=verdict.to_wire()).status_code == 201  # a quorum of 1: counted
     text = http.get("/metrics").text
     key = str(EXPERIMENT)
-    assert _metric(text, "dtn_window", experiment=key) == 1
-    assert _metric(text, "dtn_window_leases", experiment=key) == 0
-    assert 0 <= _metric(text, "dtn_head_age_seconds", experiment=key) < 60
-    assert _metric(text, "dtn_verdicts_total", experiment=key, decision="rejected") == 1
-    assert _metric(text, "dtn_verdicts_total", experiment=key, decision="accepted") == 0
-    assert _metric(text, "dtn_leases_total") == 1
+    assert metric(text, "dtn_window", experiment=key) == 1
+    assert metric(text, "dtn_window_leases", experiment=key) == 0
+    assert 0 <= metric(text, "dtn_head_age_seconds", experiment=key) < 60
+    assert metric(text, "dtn_verdicts_total", experiment=key, decision="rejected") == 1
+    assert metric(text, "dtn_verdicts_total", experiment=key, decision="accepted") == 0
+    assert metric(text, "dtn_leases_total") == 1
     assert "dtn_ws_connections" in text and "dtn_shard_bytes_total" in text
 
 
@@ -271,16 +272,3 @@ def test_a_trainer_pins_the_served_manifest_by_a_validator_key() -> None:
     with pytest.raises(SystemExit, match="without a pinned one"):
         pinned_network(three, [fingerprint(ours)], "edge")
     assert pinned_network(three, [fingerprint(ours), fingerprint(theirs)], "edge")
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """The value of ``name{labels}`` in a Prometheus exposition (labels in any order)."""
-    wanted = {f'{key}="{value}"' for key, value in labels.items()}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        series, _, value = line.rpartition(" ")
-        metric, _, rest = series.partition("{")
-        if metric == name and set(filter(None, rest.rstrip("}").split(","))) == wanted:
-            return float(value)
-    raise AssertionError(f"no {name}{labels} in the metrics")

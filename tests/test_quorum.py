@@ -39,7 +39,7 @@ from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import BASELINE, mnist_network
 
-from .support import edge_settings, mnist_trainer
+from .support import edge_settings, metric, mnist_trainer
 
 Env = tuple[BackgroundEdge, NetworkManifest, list[Validator], ManualClock, Path]
 
@@ -192,12 +192,7 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
         assert head.validator_key != byzantine.identity.public_key
     assert len(byzantine_heads) == 2  # it did propose, every window
     with httpx.Client(base_url=edge.url) as http:
-        conflicts = [
-            float(line.split()[-1])
-            for line in http.get("/metrics").text.splitlines()
-            if line.startswith("dtn_quorum_conflicts_total ")
-        ]
-        assert conflicts and conflicts[0] >= 2
+        assert metric(http, "dtn_quorum_conflicts_total") >= 2
         events = http.get("/portal/snapshot").json()["events"]
     disputes = [e["data"] for e in events if e["topic"] == "quorum" and e["data"]["rivals"]]
     assert disputes and any(set(d["rivals"]) & byzantine_heads or d["head_id"] in byzantine_heads for d in disputes)

@@ -40,6 +40,7 @@ from .support import (
     edge_settings,
     grant_lease,
     head_envelope,
+    metric,
     missing,
     mnist_trainer,
     now_ms,
@@ -131,14 +132,14 @@ def test_a_large_candidate_is_staged_across_a_broken_connection_then_published_w
         assert done.json() == {"offset": len(artifact), "total": len(artifact), "complete": True, "chunk_bytes": CHUNK}
         artifact_path = f"/v1/artifacts/{candidate.candidate_id}"
         assert http.get(artifact_path, headers=validator_reads(artifact_path)).status_code == 404  # staged: nobody's
-        before = _metric(http, "dtn_staged_upload_bytes")
+        before = metric(http, "dtn_staged_upload_bytes")
         assert before == len(artifact)
 
         published = http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), b""))
         assert published.status_code == 201, published.text
         served = http.get(artifact_path, headers=validator_reads(artifact_path))
         assert served.status_code == 200 and served.content == artifact
-        assert not _staged_files(tmp_path) and _metric(http, "dtn_staged_upload_bytes") == 0
+        assert not _staged_files(tmp_path) and metric(http, "dtn_staged_upload_bytes") == 0
         assert _held(http, artifact)["offset"] == 0
         again = http.post(f"{BASE}/candidates", content=pack_envelope(candidate.to_wire(), b""))
         assert again.status_code == 200  # a retry whose answer was lost: stored already, no stage needed
@@ -215,8 +216,8 @@ def test_staged_bytes_are_bounded_per_client_address_and_per_edge(tmp_path: Path
         with httpx.Client(base_url=edge.url, transport=httpx.HTTPTransport(local_address="127.0.0.3")) as third_client:
             full = _put(third_client, third, 0, CHUNK)
             assert full.status_code == 507 and "staging space is full" in full.json()["detail"]
-        assert _metric(http, "dtn_staged_upload_bytes") == len(first) + len(second)
-        assert _metric(http, 'dtn_rejected_uploads_total{error="QuotaExceeded"}') == 2
+        assert metric(http, "dtn_staged_upload_bytes") == len(first) + len(second)
+        assert metric(http, "dtn_rejected_uploads_total", error="QuotaExceeded") == 2
 
 
 def test_a_reservation_is_paid_for_in_bytes_sent_a_stalled_stage_gives_way(tmp_path: Path, dataset_root: Path) -> None:
@@ -246,11 +247,6 @@ def test_a_reservation_is_paid_for_in_bytes_sent_a_stalled_stage_gives_way(tmp_p
         finally:
             for client in clients:
                 client.close()
-
-
-def _metric(http: httpx.Client, name: str) -> float:
-    line = next(line for line in http.get("/metrics").text.splitlines() if line.startswith(name + " "))
-    return float(line.split()[-1])
 
 
 class _Network(httpx.HTTPTransport):
@@ -306,7 +302,7 @@ def test_every_request_of_a_stage_names_it_and_a_publish_that_finds_no_stage_sta
         client.close()
         path = f"/v1/artifacts/{candidate.candidate_id}"
         assert http.get(path, headers=validator_reads(path)).content == artifact
-        assert _metric(http, 'dtn_rejected_uploads_total{error="NotFound"}') == 1  # the first publish
+        assert metric(http, "dtn_rejected_uploads_total", error="NotFound") == 1  # the first publish
     chunks = -(-len(artifact) // CHUNK)
     assert late.sent.count(("PUT", candidate.candidate_id)) == 2 * chunks  # staged again from 0
     assert [method for method, _ in late.sent].count("POST") == 2
