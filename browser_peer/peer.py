@@ -63,7 +63,15 @@ from protocol.shards import decode_shard, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
 from protocol.uploads import UPLOAD_CHUNK_BYTES
-from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
+from protocol.window import (
+    NoWindow,
+    carried_onto,
+    check_lease,
+    epoch_seed,
+    head_to_train,
+    lease_window,
+    package_candidate,
+)
 
 from .bridge import Bridge, PeerBytes, Socket, SocketClosed
 from .costs import Costs
@@ -489,7 +497,9 @@ class BrowserPeer:
             self._report(phase=f"downloading head {head.window}", head_window=head.window)
             base = await self._base(socket, reader, head, model)
             if isinstance(ahead, _Trained) and self.status.get("last_candidate") in head.merged:
-                done = replace(ahead, params={k: base[k] + (ahead.params[k] - ahead.origin[k]) for k in base})
+                done = replace(
+                    ahead, params=carried_onto(head, base, ahead.params, ahead.origin, self.status["last_candidate"])
+                )
                 self._chain += 1
             else:  # held for its head, or trained on from a candidate the network turned down: from the head
                 done = await self._train(spec, head.window, grant, base)

@@ -80,7 +80,15 @@ from protocol.messages import HeadDescriptor, LeaseGrant
 from protocol.screening import PRESETS
 from protocol.shards import feature_scale
 from protocol.updates import encode_update
-from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_window, package_candidate
+from protocol.window import (
+    NoWindow,
+    carried_onto,
+    check_lease,
+    epoch_seed,
+    head_to_train,
+    lease_window,
+    package_candidate,
+)
 
 from .edge_client import EdgeClient, EdgeRequestError
 from .head_follower import FollowedHead, HeadFollower
@@ -571,7 +579,7 @@ class Trainer:
                 self._size_leases(experiment, len(lease.shard_ids), done.seconds)
             next_lease = self._ask_ahead(experiment, head)  # travels while this window's candidate is packaged
         base = followed.tensors
-        start = base if carried is None else self._reconciled(base, carried)
+        start = base if carried is None else self._reconciled(base, carried, head)
         params = self.project.learner.from_tensors(start)
         opt_state = at_learning_rate(
             self._optimizer_state(experiment, params), experiment.spec.learning_rate_at(head.window)
@@ -770,10 +778,11 @@ class Trainer:
     def _loader(self, experiment: Experiment) -> BatchLoader:
         return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
 
-    def _reconciled(self, base: dict[str, np.ndarray], carried: _Carry) -> dict[str, np.ndarray]:
-        """Where a window on ``base`` starts when work was carried over: base + (θ_now − origin)."""
+    def _reconciled(self, base: dict[str, np.ndarray], carried: _Carry, head: HeadDescriptor) -> dict[str, np.ndarray]:
+        """Where a window on ``head`` (parameters ``base``) starts when work was carried over
+        (``protocol.window.carried_onto``)."""
         now = self.project.learner.to_tensors(carried.params)
-        return {name: (base[name] + (now[name] - carried.origin[name])).astype(np.float32) for name in base}
+        return carried_onto(head, base, now, carried.origin, carried.published)
 
     def train_ahead_once(self, experiment: Experiment) -> bool:
         """One epoch of the next window's lease while the network judges the last one: the lease, asked

@@ -10,6 +10,9 @@ Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and 
     tensors, residual = encode_update(model, base, params, codec, residual)  # protocol.updates
     candidate, body = package_candidate(lease, head, tensors, signer, ...)  # signed, in one envelope
 
+Work a continuous trainer trained ahead, from its own last candidate, goes on from the next head where
+``carried_onto`` says.
+
 ``lease_covers`` is the one lease-ownership rule: the edge's intake and the validators' precheck
 both ask it whether a candidate names a lease its trainer holds for its window.
 """
@@ -25,7 +28,7 @@ from .batches import window_seed
 from .codec import encode_tensors
 from .envelope import pack_envelope
 from .errors import InvalidMessage
-from .ids import HeadId, PeerId
+from .ids import ContentId, HeadId, PeerId
 from .messages import Candidate, HeadDescriptor, Lease
 from .signing import Signer
 
@@ -98,6 +101,31 @@ def lease_covers(lease: Lease | None, candidate: Candidate, base: HeadDescriptor
         and lease.experiment == candidate.experiment
         and lease_window(lease, base)
     )
+
+
+def carried_onto(
+    head: HeadDescriptor,
+    base: Mapping[str, npt.ArrayLike],
+    trained: Mapping[str, npt.ArrayLike],
+    origin: Mapping[str, npt.ArrayLike],
+    published: ContentId | None,
+) -> dict[str, npt.NDArray[np.float32]]:
+    """Where work trained ahead from ``origin`` to ``trained`` goes on once ``head`` (parameters
+    ``base``) is out, ``origin`` being the trainer's candidate ``published`` (None: work that never
+    reached the network, trained on from the head it was leased on). Decision 0045:
+
+    - ``head`` merged that candidate alone: at ``trained`` itself. The window takes the share of a
+      step the holdout prefers (decision 0028), near convergence about half of it, so the head sits
+      part of a step behind ``origin``; the work trained from there mostly corrects the trainer's own
+      last step, and moved onto the head it would correct twice. The trainer keeps its own point, as
+      Lookahead's fast weights go on while its slow weights follow them (Zhang et al. 2019).
+    - else ``base + (trained − origin)``: the progress made, on the head with the others' work in it."""
+    if published is not None and tuple(head.merged) == (published,):
+        return {name: np.asarray(trained[name], np.float32) for name in base}
+    return {
+        name: (np.asarray(base[name]) + (np.asarray(trained[name]) - np.asarray(origin[name]))).astype(np.float32)
+        for name in base
+    }
 
 
 def epoch_seed(lease: Lease, epoch: int) -> int:

@@ -12,11 +12,19 @@ from protocol.codec import decode_tensors
 from protocol.envelope import unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError
 from protocol.hashing import content_id
-from protocol.ids import ExperimentKey, HeadId
+from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import init_params
 from protocol.signing import PureSigner, peer_id_from_public_key
-from protocol.window import NoWindow, check_lease, epoch_seed, head_to_train, lease_covers, package_candidate
+from protocol.window import (
+    NoWindow,
+    carried_onto,
+    check_lease,
+    epoch_seed,
+    head_to_train,
+    lease_covers,
+    package_candidate,
+)
 
 from .support import SPEC, VALIDATOR, head_envelope, signed_lease
 
@@ -189,3 +197,26 @@ def test_package_candidate_signs_the_artifact_it_ships(lease: Lease, head: HeadD
 def test_epoch_seed_is_the_shared_batch_seed(lease: Lease) -> None:
     assert [epoch_seed(lease, e) for e in range(2)] == [window_seed(lease.lease_id, e) for e in range(2)]
     assert epoch_seed(lease, 0) != epoch_seed(lease, 1)
+
+
+MINE, THEIRS = ContentId("sha256:" + "1" * 64), ContentId("sha256:" + "2" * 64)
+
+
+@pytest.mark.parametrize(
+    ("merged", "published", "start"),
+    [
+        ((MINE,), MINE, [3.5]),  # merged alone: the trainer's own point
+        ((MINE, THEIRS), MINE, [2.5]),  # with others: their work kept, the progress on top
+        ((THEIRS,), None, [2.5]),  # never published (trained on from the head it was leased on)
+        ((MINE,), None, [2.5]),
+    ],
+)
+def test_work_trained_ahead_goes_on_from_its_own_point_only_where_the_head_merged_its_candidate_alone(
+    merged: tuple[ContentId, ...], published: ContentId | None, start: list[float]
+) -> None:
+    """Decision 0045: the head (2.0) took a share of the candidate's step (origin 3.0), and the work
+    trained from the candidate went on to 3.5."""
+    head = dataclasses.replace(head_envelope()[0], merged=merged)
+    base, origin, trained = {"w": np.array([2.0])}, {"w": np.array([3.0])}, {"w": np.array([3.5])}
+    went_on = carried_onto(head, base, trained, origin, published)
+    assert went_on["w"].dtype == np.float32 and went_on["w"].tolist() == start
