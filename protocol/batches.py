@@ -26,7 +26,5 @@ def make_batches(
     if usable == 0:
         raise ValueError(f"{len(x)} examples do not fill one batch of {batch_size}")
     order = np.random.default_rng(seed).permutation(len(x))[:usable]
-    shape = (usable // batch_size, batch_size)  # ``take`` copies whole rows: faster than ``x[order]``
-    return np.take(x, order, axis=0).reshape(*shape, *x.shape[1:]), np.take(y, order, axis=0).reshape(
-        *shape, *y.shape[1:]
-    )
+    xs, ys = np.take(x, order, axis=0), np.take(y, order, axis=0)  # whole rows: faster than ``x[order]``
+    return xs.reshape(-1, batch_size, *x.shape[1:]), ys.reshape(-1, batch_size, *y.shape[1:])

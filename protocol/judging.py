@@ -9,7 +9,8 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
                      (``protocol.near_duplicates``); the others are ``near_duplicate``
     screen_updates   against the validator's reference update when anchored, else against the cohort
     measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
-    leave_one_out    a candidate the linear merge is worse with than without is a regression
+    leave_one_out    a candidate the linear merge is worse with than without is a regression (a lone
+                     one: at the share of its step below the base's loss, where one is)
     outer_step       the merge rule over the rest (weight caps per peer kind, ``staleness_weight``),
                      then the outer optimizer's step from the base
     promote          of that step's shares (``policy.step_shares``), shortened while the holdout loss falls

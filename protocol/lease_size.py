@@ -47,17 +47,16 @@ def next_lease_shards(
     (``late``: the work missed its window), and the ``calm`` to pass with the next: the windows in a
     row that did not wait nor come late since the last shard given back (``calm`` here: those before
     this one)."""
-    calm += 1
     if late:
         size, calm = shards // 2, 0
-    elif train_s <= 0.0:
-        size, calm = shards, calm - 1
+    elif train_s <= 0.0:  # nothing measured: the size and the calm windows as they were
+        size = shards
     elif waited(train_s, idle_s):
         size, calm = math.ceil(shards * (train_s + idle_s) / train_s), 0
-    elif calm >= CALM_WINDOWS:
+    elif calm + 1 >= CALM_WINDOWS:
         size, calm = shards - 1, 0
     else:
-        size = shards
+        size, calm = shards, calm + 1
     return min(max(size, least), most), calm
 
 
