@@ -117,8 +117,9 @@ def carried_onto(
     - ``head`` merged that candidate alone: at ``trained`` itself. The window takes the share of a
       step the holdout prefers (decision 0028), near convergence about half of it, so the head sits
       part of a step behind ``origin``; the work trained from there mostly corrects the trainer's own
-      last step, and moved onto the head it would correct twice. The trainer keeps its own point, as
-      Lookahead's fast weights go on while its slow weights follow them (Zhang et al. 2019).
+      last step, and moved onto the head it would correct twice. The trainer keeps its own point and
+      the heads follow it, as Lookahead's slow weights follow its fast ones (Zhang et al. 2019),
+      though here the fast weights are never reset to the slow.
     - else ``base + (trained − origin)``: the progress made, on the head with the others' work in it."""
     if published is not None and tuple(head.merged) == (published,):
         return {name: np.asarray(trained[name], np.float32) for name in base}
