@@ -31,6 +31,9 @@ export async function standingBy(page: Page): Promise<void> {
   // once resumed it asks for the current head at once. A fresh profile boots its runtime only when it
   // starts (10-30 s, more for tabs booting together on 2 busy cores); booted first, the tabs that need
   // a held head ask for it while it is still current.
+  // the page resumes its worker when it learns the battery's state (static/app.js, a good guest): once,
+  // from the one battery promise a page has, whose first handler is the page's; after it, no resume comes
+  await page.evaluate(async () => void (await (navigator as any).getBattery?.()));
   await page.locator("#toggle").click();
   await expect.poll(() => page.evaluate(() => Boolean((window as any).dtn.running))).toBe(true);
   await pause(page); // after the start's own resume, before the runtime is up: the peer starts paused

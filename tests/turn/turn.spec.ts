@@ -1,17 +1,16 @@
 import { expect, test } from "@playwright/test";
-import { heads, holdingTheHead, resume, standingBy, status, tab } from "../browser/tabs";
+import { heads, holdingTheHead, status, tab } from "../browser/tabs";
 
 // Two tabs on an edge whose pages may connect to each other only through its TURN server
 // (ice_relay_only): tests/test_turn.py starts coturn and the edge, runs one of these (--grep) and then
 // reads coturn's log for what it relayed, or refused. Each prints "turn-report <JSON>" for it.
 
 test("a head moves from tab to tab through the TURN server", async ({ browser, baseURL }) => {
-  const b = await tab(browser, baseURL!);
-  await standingBy(b);
   const a = await tab(browser, baseURL!);
   const holder = await holdingTheHead(a);
   expect(holder.ice_relay_only).toBe(true);
-  await resume(b);
+  const b = await tab(browser, baseURL!);
+  await b.locator("#toggle").click();
   await expect.poll(async () => (await status(b)).head_peer_bytes ?? 0, { timeout: 120_000 }).toBeGreaterThan(0);
   const asker = await status(b);
   expect(asker.peers_dropped).toEqual([]); // the bytes that came through the relay checked out
@@ -22,11 +21,10 @@ test("a head moves from tab to tab through the TURN server", async ({ browser, b
 });
 
 test("with a wrong TURN secret no connection forms and the tab takes the head from the edge", async ({ browser, baseURL }) => {
-  const b = await tab(browser, baseURL!);
-  await standingBy(b);
   const a = await tab(browser, baseURL!);
   const holder = await holdingTheHead(a);
-  await resume(b);
+  const b = await tab(browser, baseURL!);
+  await b.locator("#toggle").click();
   await expect.poll(async () => (await status(b)).windows_done ?? 0, { timeout: 150_000 }).toBeGreaterThanOrEqual(1);
   const asker = await status(b);
   expect(asker.head_peer_bytes).toBe(0);
