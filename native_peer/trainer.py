@@ -36,7 +36,8 @@ lease (``after`` h: a lease granted before that window's head exists, ``server.l
 a lease thread, so the request travels while the window on h is packaged) and, once it has
 published on h, trains it from where its published window stopped, on that lease's fresh examples. When the
 next head arrives it reconciles by carrying that progress over (training goes on from
-head + (θ_now − θ_published)), finishes the lease's epochs and publishes an update from that head
+head + (θ_now − θ_published), or from θ_now where that head merged its candidate alone:
+``protocol.window.carried_onto``), finishes the lease's epochs and publishes an update from that head
 which carries it: a delayed update in the sense of Streaming DiLoCo's overlapped outer steps
 (Douillard et al. 2025) and async local SGD. Once the next window's lease is trained it waits
 for that head (never two windows ahead). After ``protocol.evidence.AHEAD_CHAIN`` windows in a row
