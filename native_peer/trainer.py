@@ -74,7 +74,6 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import SignatureError
 from protocol.evidence import restarts_from_head
 from protocol.ids import ContentId, ExperimentId, ExperimentKey, HeadId, RevisionId, StudyId
-from protocol.lease_size import next_lease_shards
 from protocol.lease_work import lease_work
 from protocol.manifests import PROTOCOL_VERSION, ExperimentSpec, NetworkManifest, ReleaseManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor, LeaseGrant
@@ -95,6 +94,7 @@ from .edge_client import EdgeClient, EdgeRequestError
 from .head_follower import FollowedHead, HeadFollower
 from .identity import NodeIdentity
 from .learner import BatchLoader, JaxLearner, TrainEngine, at_learning_rate
+from .lease_sizer import LeaseSizer
 from .shard_cache import ShardCache
 from .storage import StorageConfig, write_atomic
 
@@ -311,11 +311,8 @@ class Trainer:
         self.restored_optimizers: set[str] = set()  # experiments whose optimizer state came from disk
         self._carry: dict[str, _Carry] = {}  # experiment -> progress past its last published window
         self._chain: dict[str, int] = {}  # experiment -> windows in a row trained from its own last candidate
-        self._lease_shards: dict[str, int] = {}  # experiment -> shards the next lease asks for (continuous)
-        self._calm: dict[str, int] = {}  # experiment -> windows in a row sized without a wait (``next_lease_shards``)
-        self._idle_s: dict[str, float] = {}  # experiment -> seconds waited for a head or lease since the last sizing
+        self._sizers: dict[str, LeaseSizer] = {}  # experiment -> its next lease's size (continuous)
         self._idle_since: dict[str, float] = {}  # experiment -> when it began to wait for a newer head (run)
-        self._sized_on: dict[str, HeadId] = {}  # experiment -> the head whose arrival sized the next lease
         self._spawned_at = time.perf_counter()
         self.compute_s = 0.0  # seconds spent in training steps since spawn (windows and work ahead)
         self.waited_s = {"head": 0.0, "lease": 0.0}  # seconds waited for a newer head, for a lease asked ahead
@@ -410,7 +407,7 @@ class Trainer:
         """A new head arrived (``HeadFollower``'s ``on_head``: before the trainer is handed it). A continuous
         trainer asks for the lease after it at once, so the lease travels while the window's candidate
         is packaged, or while that window's lease still trains (``_ask_ahead`` takes it): one whose lease
-        is trained and waits sizes it by that wait now (``_size_leases``); one still training asks for
+        is trained and waits sizes it by that wait now (``LeaseSizer``); one still training asks for
         the size it has. The edge gives a peer its lease again when it asks again in that window, so no
         lease asked for here is left unused."""
         work = self._carry.get(key)
@@ -419,9 +416,10 @@ class Trainer:
         experiment = Experiment(key, self.network.experiment(key))
         ahead = work.ahead
         if ahead is not None and ahead.epochs >= experiment.spec.local_epochs:  # trained: it waited since
-            self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - ahead.trained_at
-            self._size_leases(experiment, len(ahead.grant.lease.shard_ids), ahead.seconds)
-            self._sized_on[key] = head.head_id  # its wait is counted: not again when the trainer wakes
+            waited_s = time.perf_counter() - ahead.trained_at  # counted now: not again when the trainer wakes
+            self._sizer(experiment).size(
+                head.head_id, len(ahead.grant.lease.shard_ids), ahead.seconds, waited_s=waited_s
+            )
         self._asked[key] = (head.head_id, self._submit_ahead(experiment, head))
 
     def _head_to_train(self, experiment: Experiment, wait_s: float, refresh: bool) -> FollowedHead:
@@ -437,9 +435,9 @@ class Trainer:
             followed = follower.newer(None if followed is None else followed.head.head_id, wait_s)
             self.waited_s["head"] += time.perf_counter() - waited
             work = self._carry.get(experiment.key)
-            counted = followed is not None and self._sized_on.get(experiment.key) == followed.head.head_id
-            if work is not None and work.ahead is not None and not counted:  # idle: a larger lease would fit
-                self._idle_s[experiment.key] = self._idle_s.get(experiment.key, 0.0) + time.perf_counter() - waited
+            if work is not None and work.ahead is not None:  # idle: a larger lease would fit
+                until = None if followed is None else followed.head.head_id
+                self._sizer(experiment).waited(time.perf_counter() - waited, until=until)
         head = followed.head if followed is not None else None
         last = head.head_id if head is not None and head.head_id in done else None
         head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
@@ -467,7 +465,7 @@ class Trainer:
                 experiment.key,
                 self.identity,
                 self.peer_kind,
-                shards=self._lease_shards.get(experiment.key),
+                shards=self._sizer(experiment).shards,
                 cache_bytes=self.shards.capacity_bytes,
                 work=lease_work(experiment.spec.lease_work_bits, experiment.key, self.peer_id, head.head_id),
             )
@@ -576,9 +574,7 @@ class Trainer:
         lease = grant.lease
         next_lease: Future[_Ahead | None] | None = None
         if self.train_ahead and done.epochs >= experiment.spec.local_epochs:  # nothing left to train here
-            if self._sized_on.get(experiment.key) != head.head_id:  # not at the head's arrival (``_on_head``)
-                self._size_leases(experiment, len(lease.shard_ids), done.seconds)
-            next_lease = self._ask_ahead(experiment, head)  # travels while this window's candidate is packaged
+            next_lease = self._ask_next(experiment, head, len(lease.shard_ids), done.seconds)
         base = followed.tensors
         start = base if carried is None else self._reconciled(base, carried, head)
         params = self.project.learner.from_tensors(start)
@@ -610,15 +606,12 @@ class Trainer:
         if latest is None or (latest.head.head_id != head.head_id and not late):  # two heads on: stale there
             self._opt_states[experiment.key] = opt_state
             if self.train_ahead:  # nothing of it reached the network: carry all of it over
-                self._size_leases(experiment, len(lease.shard_ids), 0.0, late=True)
-                self._carry[experiment.key] = _Carry(
-                    head, base, params, all_steps, next_lease=next_lease or self._ask_ahead(experiment, head)
-                )
+                next_lease = next_lease or self._ask_next(experiment, head, len(lease.shard_ids), 0.0, late=True)
+                self._carry[experiment.key] = _Carry(head, base, params, all_steps, next_lease=next_lease)
                 raise WindowUnavailable("newer heads were promoted while training; carrying this work over")
             raise WindowUnavailable("newer heads were promoted while training; dropping this window")
-        if self.train_ahead and next_lease is None:  # the next lease travels while the candidate is packaged
-            self._size_leases(experiment, len(lease.shard_ids), done.seconds + train_seconds, late=late)
-            next_lease = self._ask_ahead(experiment, head)
+        if self.train_ahead and next_lease is None:
+            next_lease = self._ask_next(experiment, head, len(lease.shard_ids), done.seconds + train_seconds, late=late)
         codec = experiment.spec.codec
         trained = self.project.learner.to_tensors(params)
         tensors, residual = encode_update(self.project.learner.model, base, trained, codec, self._residual(experiment))
@@ -715,6 +708,16 @@ class Trainer:
             write_atomic(self.storage.experiment_dir(experiment.key) / "residual.safetensors", encode_tensors(residual))
         self._save(experiment.key, opt_state, progress)
 
+    def _ask_next(
+        self, experiment: Experiment, head: HeadDescriptor, shards: int, train_s: float, *, late: bool = False
+    ) -> Future[_Ahead | None]:
+        """The lease after ``head``, asked for once a lease of ``shards`` shards trained in ``train_s``
+        seconds on it (``late``: after its window closed) sized it, unless that head's arrival sized it
+        already (``_on_head``; ``LeaseSizer.size`` sizes once per head): it travels while this window's
+        candidate is packaged."""
+        self._sizer(experiment).size(head.head_id, shards, train_s, late=late)
+        return self._ask_ahead(experiment, head)
+
     def _ask_ahead(self, experiment: Experiment, after: HeadDescriptor) -> Future[_Ahead | None]:
         """The next window's lease (``after`` the head just trained on) with its shards assembled, in
         the background: asked for when ``after`` arrived (``_on_head``), or now."""
@@ -724,8 +727,8 @@ class Trainer:
         return self._submit_ahead(experiment, after)
 
     def _submit_ahead(self, experiment: Experiment, after: HeadDescriptor) -> Future[_Ahead | None]:
-        """Ask for the lease after ``after`` in the lease thread, sized by the last ``_size_leases``."""
-        return self._leaser.submit(self._lease_ahead, experiment, after, self._lease_shards.get(experiment.key))
+        """Ask for the lease after ``after`` in the lease thread, at the size last sized."""
+        return self._leaser.submit(self._lease_ahead, experiment, after, self._sizer(experiment).shards)
 
     def _lease_ahead(self, experiment: Experiment, after: HeadDescriptor, shards: int | None) -> _Ahead | None:
         """The next window's lease with its examples; ``None`` when none is to be had: no shard of that
@@ -761,20 +764,15 @@ class Trainer:
             work.refused = work.ahead is None
             self.waited_s["lease"] += time.perf_counter() - waited
             key = work.after.experiment  # waiting for the lease is idle too: a larger lease would hide it
-            self._idle_s[key] = self._idle_s.get(key, 0.0) + time.perf_counter() - waited
+            self._sizer(Experiment(key, self.network.experiment(key))).waited(time.perf_counter() - waited)
         return work.ahead
 
     def _count_trained(self, key: ExperimentKey, examples: int) -> None:
         self.trained_samples[key] = self.trained_samples.get(key, 0) + examples
 
-    def _size_leases(self, experiment: Experiment, shards: int, train_s: float, *, late: bool = False) -> None:
-        """Size the next lease (``protocol.lease_size``) after one of ``shards`` shards that trained in
-        ``train_s`` seconds, from the time waited for heads since the last one was sized."""
-        least, most = experiment.spec.lease_bounds
-        idle_s = self._idle_s.pop(experiment.key, 0.0)
-        self._lease_shards[experiment.key], self._calm[experiment.key] = next_lease_shards(
-            shards, train_s, idle_s, least=least, most=most, late=late, calm=self._calm.get(experiment.key, 0)
-        )
+    def _sizer(self, experiment: Experiment) -> LeaseSizer:
+        """The experiment's lease sizer, shared with the follower's thread (``_on_head``)."""
+        return self._sizers.setdefault(experiment.key, LeaseSizer(*experiment.spec.lease_bounds))
 
     def _loader(self, experiment: Experiment) -> BatchLoader:
         return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)

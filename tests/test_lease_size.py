@@ -7,13 +7,37 @@ from pathlib import Path
 import httpx
 import pytest
 
+from native_peer.lease_sizer import LeaseSizer
 from protocol.errors import InvalidMessage
+from protocol.ids import HeadId
 from protocol.lease_size import granted_shards, next_lease_shards, waited
 from protocol.messages import LeaseGrant
 from protocol.signing import PureSigner
 from server.serve import BackgroundEdge
 
 from .support import EXPERIMENT, edge_settings, experiment_spec, head_envelope, proof, write_network
+
+
+def _head(digit: str) -> HeadId:
+    return HeadId("sha256:" + digit * 64)
+
+
+def test_a_sizer_sizes_once_per_head_and_counts_a_wait_once() -> None:
+    """The trainer's thread and its follower's thread both size the lease after a head: the first
+    sizing on a head stands, and a wait already counted when that head arrived is not counted again."""
+    sizer = LeaseSizer(least=2, most=20)
+    assert sizer.shards is None
+    sizer.waited(0.3)
+    sizer.size(_head("1"), 4, 0.1)  # waited 3 x its training
+    assert (sizer.shards, sizer.idle_s) == (16, 0.0)
+    sizer.size(_head("1"), 16, 0.1, late=True)  # the same head again: no second sizing
+    assert sizer.shards == 16
+    sizer.size(_head("2"), 16, 0.1, waited_s=0.1)  # at h2's arrival, after a wait of its own
+    assert sizer.shards == 20  # 16 x (0.1 + 0.1) / 0.1, within the most
+    sizer.waited(0.1, until=_head("2"))  # the trainer woke on h2: that wait was counted at its arrival
+    assert sizer.idle_s == 0.0
+    sizer.waited(0.1, until=_head("3"))
+    assert sizer.idle_s == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize(

@@ -1063,7 +1063,7 @@ def test_a_continuous_trainer_waiting_for_a_head_asks_for_the_next_lease_as_the_
         outcome = trainer.train_window_once(experiment, wait_s=10.0)
         judged.join()
         assert asked == [(outcome.base_head_id, before)]  # once, before the trainer held that head
-        assert experiment.key not in trainer._idle_s  # the wait sized the lease once, then was gone
+        assert trainer._sizers[experiment.key].idle_s == 0.0  # the wait sized the lease once, then was gone
         assert trainer.train_ahead_once(experiment)
         ahead = trainer._carry[experiment.key].ahead
         assert ahead is not None and len(ahead.grant.lease.shard_ids) > spec.shards_per_lease  # it waited
