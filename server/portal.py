@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from protocol.errors import InvalidMessage
-from protocol.messages import merged_evaluations
+from protocol.messages import HeadDescriptor, merged_evaluations
 from protocol.network_pins import NetworkSignature
 
 from .control_routes import control_view
@@ -89,9 +89,28 @@ async def experiments(state: State) -> JSON:
     return JSON(result)
 
 
+RECENT_HEADS = 120  # the snapshot's lineage: the newest heads, each of them
+EARLIER_POINTS = 120  # and at most this many of the heads before them, evenly spaced (a chart's points)
+SNAPSHOT_PEERS = 50  # connected peers listed by the snapshot (``by_kind`` counts them all)
+
+
+def chart_heads(lineage: list[HeadDescriptor]) -> list[HeadDescriptor]:
+    """What the snapshot lists of ``lineage`` (oldest first): its first head, every one of its last
+    ``RECENT_HEADS``, and at most ``EARLIER_POINTS`` evenly spaced between; so a snapshot stays the same
+    size however long an experiment runs, and a page on a slow link refreshing it after each head does
+    not spend the link on history it drew already."""
+    earlier = lineage[:-RECENT_HEADS]
+    if len(earlier) > EARLIER_POINTS:
+        step = len(earlier) / EARLIER_POINTS
+        earlier = [earlier[int(i * step)] for i in range(EARLIER_POINTS)]
+    return earlier + lineage[-RECENT_HEADS:]
+
+
 @router.get("/portal/snapshot")
 async def snapshot(state: State) -> JSON:
-    """Everything a viewer page needs in one request."""
+    """Everything a viewer page needs in one request, bounded in size: each experiment's lineage as
+    ``chart_heads`` (``lineage_length``: how many heads it has), and at most ``SNAPSHOT_PEERS``
+    connected peers."""
     experiments = []
     for spec in state.network.experiments:
         lineage = state.store.heads(spec.key)
@@ -101,6 +120,7 @@ async def snapshot(state: State) -> JSON:
                 "key": spec.key,
                 "spec": spec.to_wire(),
                 "head": lineage[-1].to_wire() if lineage else None,
+                "lineage_length": len(lineage),
                 "lineage": [
                     {
                         "head_id": h.head_id,
@@ -110,7 +130,7 @@ async def snapshot(state: State) -> JSON:
                         "metrics": h.metrics | tests.get(h.head_id, {}),  # with its test-split evaluation
                         "created_at_ms": h.created_at_ms,
                     }
-                    for h in lineage
+                    for h in chart_heads(lineage)
                 ],
                 "verdicts": state.store.verdict_counts(spec.key),
                 "recent_verdicts": [v.to_wire() for v in state.store.verdicts(spec.key, limit=20)],
@@ -127,7 +147,7 @@ async def snapshot(state: State) -> JSON:
             "now_ms": int(time.time() * 1000),
             "experiments": experiments,
             "peers": {
-                "connected": connected,
+                "connected": connected[:SNAPSHOT_PEERS],
                 "by_kind": state.hub.peers_by_kind(),
                 "active_by_kind": _active_by_kind(state.store.peers()),
                 "known": len(state.store.peers()),

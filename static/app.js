@@ -231,7 +231,8 @@ function drawChart(experiments) {
   const [w, h, left, bottom, top] = [canvas.width, canvas.height, 44, 28, 12];
   ctx.clearRect(0, 0, w, h);
   ctx.font = "12px system-ui";
-  const maxWindow = Math.max(1, ...experiments.map((e) => e.lineage.length - 1));
+  // the snapshot lists the newest heads and evenly spaced earlier ones (server/portal.py chart_heads)
+  const maxWindow = Math.max(1, ...experiments.map((e) => e.lineage.at(-1)?.window ?? 0));
   const x = (i) => left + ((w - left - 12) * i) / maxWindow;
   const y = (a) => top + (h - top - bottom) * (1 - a);
   ctx.strokeStyle = "#e4e7ec";
@@ -368,7 +369,7 @@ function streamEvents(delay = 500) {
     const list = $("events");
     list.prepend(eventItem(event));
     while (list.children.length > 30) list.lastChild.remove();
-    if (["heads", "evaluations", "verdicts", "control"].includes(event.topic)) refresh();
+    if (["heads", "evaluations", "verdicts", "control"].includes(event.topic)) refreshSoon();
   };
   socket.onclose = () => {
     state.streaming = false;
@@ -377,8 +378,21 @@ function streamEvents(delay = 500) {
   };
 }
 
+// Events ask for a fresh snapshot at most every REFRESH_EVERY_MS: a window brings several (head, its
+// evaluation, verdicts), and on a contributor's home link the snapshots would compete with its work.
+const REFRESH_EVERY_MS = 2000;
 let refreshing = null;
+let refreshedAt = 0;
+let refreshTimer = null;
+function refreshSoon() {
+  refreshTimer ??= setTimeout(() => {
+    refreshTimer = null;
+    refresh();
+  }, Math.max(0, refreshedAt + REFRESH_EVERY_MS - Date.now()));
+}
+
 function refresh() {
+  refreshedAt = Date.now();
   refreshing ??= fetch("/portal/snapshot", { cache: "no-store" })
     .then((response) => (response.ok ? response.json() : null))
     .then((snapshot) => snapshot && renderSnapshot(snapshot))

@@ -4,6 +4,7 @@ into the viewer's snapshot, read back by clients only when a listed validator si
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from native_peer.edge_client import EdgeClient
 from protocol.errors import InvalidMessage
 from protocol.messages import EVALUATION_PAGE, Evaluation, HeadDescriptor, evaluated_metrics, merged_evaluations
 from protocol.signing import PureSigner
+from server.portal import EARLIER_POINTS, RECENT_HEADS, chart_heads
 from server.serve import BackgroundEdge
 
 from .support import EXPERIMENT, VALIDATOR, edge_settings, head_envelope, write_network
@@ -106,3 +108,19 @@ def test_the_edge_refuses_evaluations_it_cannot_check_with_a_reason(
     too_big = http.post(f"{BASE}/evaluations", content=b"{" + b" " * (32 << 10) + b"}")
     assert too_big.status_code == 413, too_big.text
     assert http.get(f"{BASE}/evaluations").json() == []  # nothing refused was kept
+
+
+@pytest.mark.parametrize("length", [0, 1, 120, 240, 241, 10_000])
+def test_the_snapshot_lists_a_bounded_lineage_with_every_recent_head(length: int) -> None:
+    """However long the lineage, the viewer's snapshot lists its first head, every one of its newest
+    ``RECENT_HEADS`` and at most ``EARLIER_POINTS`` evenly spaced before them, oldest first."""
+    lineage = list(range(length))
+    listed = chart_heads(lineage)  # type: ignore[arg-type]  # it only slices: windows stand for heads
+    assert len(listed) <= RECENT_HEADS + EARLIER_POINTS
+    assert listed[-RECENT_HEADS:] == lineage[-RECENT_HEADS:] and listed[:1] == lineage[:1]
+    assert listed == sorted(set(listed))
+    if length <= RECENT_HEADS + EARLIER_POINTS:
+        assert listed == lineage
+    else:
+        gaps = [b - a for a, b in itertools.pairwise(listed[:EARLIER_POINTS])]
+        assert max(gaps) - min(gaps) <= 1  # evenly spaced
