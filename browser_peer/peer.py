@@ -53,6 +53,7 @@ from protocol.hashing import verify_content
 from protocol.head_delta import apply_delta
 from protocol.ice import NO_ICE, IceConfig
 from protocol.ids import ExperimentKey, HeadId, ShardId
+from protocol.lease_size import next_lease_shards
 from protocol.lease_work import lease_work
 from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, PeerProof
@@ -187,6 +188,9 @@ class BrowserPeer:
         self._shards = ShardStore(bridge, config.shard_cache_bytes)
         self._held: tuple[HeadId, bytes] | None = None  # the last head's artifact: the next one's delta base
         self._ice_renewal: float | None = None  # when to ask the edge for new TURN credentials (monotonic s)
+        self._lease_shards: int | None = None  # what the next lease asks for (None: the experiment's default)
+        self._calm = 0  # windows in a row sized without a wait (``next_lease_shards``)
+        self._sized: tuple[float, float] | None = None  # training and waiting seconds (``Costs``) at the last sizing
 
     # -- status ----------------------------------------------------------------------------
     def _report(self, **changes: Any) -> None:
@@ -556,6 +560,7 @@ class BrowserPeer:
         await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
         last = self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows
         if self.config.train_ahead and not last:
+            self._size_lease(spec, len(lease.shard_ids))
             manifest = self._manifest
             assert manifest is not None  # fetched by ``_train``
             restarts = restarts_from_head(
@@ -581,11 +586,28 @@ class BrowserPeer:
         }
         if ahead:
             request["after"] = head.head_id
+        if self._lease_shards is not None:
+            request["shards"] = self._lease_shards
         work = lease_work(spec.lease_work_bits, self.key, self.peer_id, head.head_id)
         if work is not None:
             request["work"] = work
         await socket.send_text(json.dumps(request))
         return LeaseGrant.from_wire(await self._reply(reader, "lease"))
+
+    def _size_lease(self, spec: ExperimentSpec, shards: int) -> None:
+        """Size the next lease by the rule native trainers size theirs by (``protocol.lease_size``), after
+        a lease of ``shards`` shards, from the training and waiting seconds (``Costs``: paused time is
+        neither) since the last sizing. A tab fetches its head, publishes and waits for leases and heads
+        one after another, so all its waiting is time a larger lease would fill: behind a slow link it
+        takes more shards a window and pays each window's round trips over more examples."""
+        now = self.costs.status(self.clock.monotonic_s())
+        trained_s, waiting_s = float(now["training_s"]), float(now["waiting_s"])
+        if self._sized is not None:
+            least, most = spec.lease_bounds
+            self._lease_shards, self._calm = next_lease_shards(
+                shards, trained_s - self._sized[0], waiting_s - self._sized[1], least=least, most=most, calm=self._calm
+            )
+        self._sized = (trained_s, waiting_s)
 
     async def _base(
         self, socket: Socket, reader: asyncio.Task[None], head: HeadDescriptor, model: ModelSpec

@@ -23,6 +23,7 @@ from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
+from protocol.clock import ManualClock
 from protocol.evidence import AHEAD_CHAIN
 from protocol.run_control import RunControl, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -527,3 +528,24 @@ def test_costs_split_the_wall_time_and_count_the_bytes_of_each_published_window(
         "window_downloaded_bytes": 500,  # since the window before was published
         "window_sent_bytes": 400,
     }
+
+
+def test_a_tab_sizes_its_next_lease_by_the_time_it_waited_as_native_trainers_do() -> None:
+    """A tab sizes the lease it asks for ahead by ``protocol.lease_size``, from its ``Costs`` since the
+    last sizing: all its waiting (it fetches, publishes and waits one thing after another) and none of
+    its paused time."""
+    clock = ManualClock()
+    peer = BrowserPeer(NativeBridge(), PeerConfig("http://127.0.0.1:9", str(BASELINE), b"\x49" * 32), clock=clock)
+    spec = experiment_spec(shards_per_lease=4, max_shards_per_lease=20)
+    clock.advance(30.0)  # booting, then its first window: not measured
+    peer._size_lease(spec, 4)
+    assert peer._lease_shards is None  # the experiment's default until a window was measured
+    peer.costs.trained(0.1)
+    clock.advance(0.4)  # 0.1 s training a lease of 4 shards, 0.3 s waiting for transfers and the head
+    peer._size_lease(spec, 4)
+    assert peer._lease_shards == 16  # 4 x (0.1 + 0.3) / 0.1
+    peer.costs.paused(60.0)
+    peer.costs.trained(0.4)
+    clock.advance(60.41)  # hidden for a minute, then a lease of 16 that waited for nothing (under 5 %)
+    peer._size_lease(spec, 16)
+    assert (peer._lease_shards, peer._calm) == (16, 1)
