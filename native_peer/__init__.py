@@ -2,6 +2,7 @@
 
 trainer      Project → TrainerBuilder → Trainer: the user-facing trainer API
 head_follower  following an experiment's head in the background (long poll, download)
+lease_sizer  LeaseSizer: how many shards a continuous trainer's next lease asks for (protocol.lease_size)
 learner      JaxLearner (the user's model and optimizer), spec_learner, BatchLoader, TrainEngine, Evaluator
 jax_layers   the JAX side of protocol.layers: any model spec applied to flat parameters
 mnist        the MNIST MLP as a JaxLearner, its release and workload

@@ -772,7 +772,9 @@ class Trainer:
 
     def _sizer(self, experiment: Experiment) -> LeaseSizer:
         """The experiment's lease sizer, shared with the follower's thread (``_on_head``)."""
-        return self._sizers.setdefault(experiment.key, LeaseSizer(*experiment.spec.lease_bounds))
+        if experiment.key not in self._sizers:  # setdefault: the follower's thread may make it at the same time
+            self._sizers.setdefault(experiment.key, LeaseSizer(*experiment.spec.lease_bounds))
+        return self._sizers[experiment.key]
 
     def _loader(self, experiment: Experiment) -> BatchLoader:
         return replace(self.project.train_loader, batch_size=experiment.spec.batch_size)
