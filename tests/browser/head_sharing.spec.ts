@@ -1,5 +1,5 @@
 import { expect, test, type APIRequestContext } from "@playwright/test";
-import { heads, holdingTheHead, pause, resume, standingBy, status, tab } from "./tabs";
+import { freshWindow, heads, holdingTheHead, pause, resume, standingBy, status, tab } from "./tabs";
 
 // Heads from peers: several browser profiles (contexts: each its own IndexedDB, so its own peer key) on
 // one running stack fetch the current head from each other over WebRTC (static/head_sharing.js), each
@@ -10,6 +10,7 @@ async function headBytesServed(request: APIRequestContext): Promise<number> {
 }
 
 test("heads move from tab to tab over WebRTC, and the edge serves fewer head bytes", async ({ browser, baseURL, request }, testInfo) => {
+  await freshWindow(request); // A, B and C lease in one window: none of it held by earlier specs' tabs
   const before = await headBytesServed(request);
   const [b, c] = await Promise.all([tab(browser, baseURL!), tab(browser, baseURL!)]);
   await Promise.all([b, c].map(standingBy));
@@ -54,7 +55,9 @@ test("heads move from tab to tab over WebRTC, and the edge serves fewer head byt
 test("a tab that sends a wrong head is dropped, and the asker falls back to the edge and trains", async ({
   browser,
   baseURL,
+  request,
 }) => {
+  await freshWindow(request); // the liar and the asker both lease in one window: none of it held by earlier tabs
   // the liar's page flips the first byte of every binary message it sends on a data channel
   const liar = await tab(browser, baseURL!, () => {
     const send = RTCDataChannel.prototype.send;

@@ -1,4 +1,4 @@
-import { expect, type Browser, type Page } from "@playwright/test";
+import { expect, type APIRequestContext, type Browser, type Page } from "@playwright/test";
 
 // Tabs for the head-sharing specs (tests/browser/head_sharing.spec.ts, tests/turn/turn.spec.ts): each a
 // fresh profile (a context: its own IndexedDB, so its own peer key) on the running stack.
@@ -51,4 +51,23 @@ export async function holdingTheHead(page: Page): Promise<Status> {
   await pause(page);
   await expect.poll(async () => (await status(page)).paused ?? null).toBe("holding");
   return status(page);
+}
+
+export async function freshWindow(request: APIRequestContext): Promise<void> {
+  // a window no earlier tab holds a lease in: tabs of an earlier test, closed while holding leases they
+  // sized to their waits (up to the experiment's 16 shards), may have filled the open window's shards;
+  // those lapse at its deadline (60 s on the test stack) and close it, and until then a newcomer finds
+  // every shard leased (protocol.lease_size.granted_shards keeps one newcomer's share). Returns at once
+  // when the open window holds no lease (protocol.window.lease_window: granted on its head or, ahead, on
+  // its parent), else once the head moved on.
+  const base = `/v1/experiments/${EXPERIMENT}`;
+  const open = await (await request.get(`${base}/head`)).json();
+  const settled = async () => {
+    const now = await (await request.get(`${base}/head`)).json();
+    if (now.head_id !== open.head_id) return true;
+    const heads = [open.head_id, ...(open.parent ? [open.parent] : [])].map((h) => `base_head=${h}`).join("&");
+    const leases = await (await request.get(`${base}/leases?${heads}`)).json();
+    return !leases.some((lease: any) => lease.window === open.window);
+  };
+  await expect.poll(settled, { timeout: 120_000, intervals: [500] }).toBe(true);
 }

@@ -1,5 +1,5 @@
 import { expect, test } from "@playwright/test";
-import { heads, holdingTheHead, status, tab } from "../browser/tabs";
+import { freshWindow, heads, holdingTheHead, status, tab } from "../browser/tabs";
 
 // Two tabs on an edge whose pages may connect to each other only through its TURN server
 // (ice_relay_only): tests/test_turn.py starts coturn and the edge, runs one of these (--grep) and then
@@ -20,7 +20,8 @@ test("a head moves from tab to tab through the TURN server", async ({ browser, b
   for (const page of [b, a]) await page.close({ runBeforeUnload: true }); // the relay allocations released
 });
 
-test("with a wrong TURN secret no connection forms and the tab takes the head from the edge", async ({ browser, baseURL }) => {
+test("with a wrong TURN secret no connection forms and the tab takes the head from the edge", async ({ browser, baseURL, request }) => {
+  await freshWindow(request); // both tabs lease in one window: none of it held by the first test's tabs
   const a = await tab(browser, baseURL!);
   const holder = await holdingTheHead(a);
   const b = await tab(browser, baseURL!);
