@@ -24,7 +24,8 @@ and, behind a link, IP bytes (headers included, before loss) down and up per tra
 Configurations interleaved, ``--runs`` times; median and spread (min–max); ratios of the medians to
 loopback (and, for bytes, to direct), per peer kind, in the same run.
 
-    python -m benchmarks.home_link [--runs 3] [--seconds 40] [--peers native browser] [--out docs/results]
+    python -m benchmarks.home_link [--runs 3] [--seconds 40] [--warmup-s 60] [--peers native browser]
+        [--links loopback direct home] [--out docs/results]
 """
 
 from __future__ import annotations
