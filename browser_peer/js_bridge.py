@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import js  # type: ignore[import-not-found]
-from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, create_proxy, to_js  # type: ignore[import-not-found]
 from pyodide.http import pyfetch  # type: ignore[import-not-found]
 
 from protocol.ice import IceConfig
@@ -90,7 +90,10 @@ class JsBridge:
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpAnswer:
         options = {} if body is None else {"body": to_js(body)}
         response = await pyfetch(url, method=method, headers=headers, **options)  # OSError when it fails
-        answer = await response.bytes()
+        try:  # the body read here: pyfetch's ``bytes()`` fails with AttributeError when the transfer breaks
+            answer = (await response.js_response.arrayBuffer()).to_bytes()
+        except JsException as exc:  # the edge went away mid-body: a failed transfer like any other
+            raise OSError(f"{method} {url}: {exc}") from None
         return HttpAnswer(response.status, {name.lower(): value for name, value in response.headers.items()}, answer)
 
     async def connect(self, url: str) -> JsSocket:

@@ -224,7 +224,8 @@ class BrowserPeer:
 
     # -- sessions --------------------------------------------------------------------------
     async def run(self) -> None:
-        """Contribute until ``stop()`` (or ``max_windows``), reconnecting when the edge goes away."""
+        """Contribute until ``stop()`` (or ``max_windows``), reconnecting when the edge goes away; what
+        else ends it is reported (the page shows it) and raised."""
         backoff = Backoff(initial_s=0.5, max_s=self.config.reconnect_max_s)
         while self.running:
             try:
@@ -234,6 +235,10 @@ class BrowserPeer:
                 delay_s = backoff.next_delay_s()
                 self._report(phase=f"reconnecting in {delay_s:.1f} s ({exc})", connected=False)
                 await asyncio.sleep(delay_s)
+            except Exception as exc:
+                self.running = False
+                self._report(phase=f"error: stopped by {type(exc).__name__}: {exc}", connected=False)
+                raise
         self._report(phase="stopped", connected=False)
 
     async def _session(self) -> None:

@@ -117,7 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     stack.add_argument("--port", type=int, default=8765)
     stack.add_argument("--out", type=Path, default=REPO / "var" / "e2e")
     stack.add_argument(
-        "--min-deadline-s", type=float, default=5.0, help="the validator's least window deadline (default 5)"
+        "--min-deadline-s",
+        type=float,
+        default=5.0,
+        help="how long a window waits at least for a lease that never delivers (default 5; the experiments' "
+        "window_timeout_s is raised to it where shorter)",
     )
     stack.set_defaults(run=cmd_stack)
 

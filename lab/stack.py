@@ -233,16 +233,29 @@ def validating(
         validator.close()
 
 
+def held_windows(window_s: float) -> tuple[Callable[[bytes], NetworkManifest], ValidatorConfig]:
+    """The browser tests' network (the demo's, as ``"e2e"``) and validator, whose windows wait
+    ``window_s`` at least for a lease that never delivers: the validator's least deadline, and its
+    experiments' ``window_timeout_s`` (the most a deadline may be: ``protocol.deadline``) raised to it."""
+
+    def network(validator_key: bytes) -> NetworkManifest:
+        demo = mnist_network(validator_key, "e2e")
+        held = tuple(replace(s, window_timeout_s=max(s.window_timeout_s, window_s)) for s in demo.experiments)
+        return replace(demo, experiments=held)
+
+    return network, replace(DEFAULT_VALIDATOR, deadline=replace(DEFAULT_VALIDATOR.deadline, min_s=window_s))
+
+
 def serve_stack(out: Path, port: int, min_deadline_s: float = DEFAULT_VALIDATOR.deadline.min_s) -> None:
     """Edge + validator on ``port`` until SIGTERM or SIGINT (what the browser tests run against);
-    ``min_deadline_s``: the validator's least window deadline (``protocol.deadline``)."""
+    ``min_deadline_s``: how long a window waits at least for a lease that never delivers (``held_windows``)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    local = prepare_network(out, datasets=REPO / "var" / "datasets", network=lambda key: mnist_network(key, "e2e"))
+    network, config = held_windows(min_deadline_s)
+    local = prepare_network(out, datasets=REPO / "var" / "datasets", network=network)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    config = replace(DEFAULT_VALIDATOR, deadline=replace(DEFAULT_VALIDATOR.deadline, min_s=min_deadline_s))
     with BackgroundEdge(local.edge_settings(port)) as edge, validating(local, edge.url, config=config):
         log.info("stack serving at %s", edge.url)
         stopped.wait()

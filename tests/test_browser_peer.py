@@ -196,6 +196,25 @@ def test_browser_peer_stops_on_an_unknown_experiment(stack: LocalNetwork) -> Non
     assert peer.status["phase"] == "stopped" and peer.status["windows_done"] == 0
 
 
+def test_a_browser_peer_stopped_by_an_error_it_does_not_reconnect_after_says_so() -> None:
+    """An error ``run`` does not reconnect after (those are failed transfers and closed sockets) ends it,
+    reported for the page to show and raised: a tab's peer never stops without a word."""
+
+    class Broken(NativeBridge):
+        async def connect(self, url: str) -> Any:
+            raise AttributeError("'NoneType' object has no attribute 'message'")
+
+    bridge = Broken()
+    peer = BrowserPeer(bridge, PeerConfig("http://127.0.0.1:9", BASELINE, b"\x4a" * 32))
+    with pytest.raises(AttributeError):
+        asyncio.run(peer.run())
+    asyncio.run(bridge.aclose())
+    assert (
+        bridge.statuses[-1]["phase"] == "error: stopped by AttributeError: 'NoneType' object has no attribute 'message'"
+    )
+    assert bridge.statuses[-1]["connected"] is False and not peer.running
+
+
 @pytest.mark.slow  # several windows through a real edge: seconds of the fast tier's 3-minute budget
 def test_a_paused_browser_peer_leases_nothing_and_trains_once_resumed_at_its_cpu_share(stack: LocalNetwork) -> None:
     with _judged_edge(stack) as edge:

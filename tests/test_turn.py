@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,17 @@ import pytest
 
 from deploy.services import PrivateTurn, ServiceMissing
 from lab.demo import browser_problem
-from lab.stack import DEFAULT_VALIDATOR, REPO, free_port, prepare_network, validating
+from lab.stack import REPO, free_port, held_windows, prepare_network, validating
 from server.serve import BackgroundEdge
-from tools.networks import mnist_network
 
 from .support import missing, until
 
 pytestmark = pytest.mark.slow
 
-# the holding tab's window waits this long for a lease that never delivers (tests/browser/tabs.ts): the
-# main browser stack's 60 s (playwright.config.ts), where 30 s once let the head move on while tabs booted;
-# here the wrong-secret test's asker twice took the head from the edge without asking the holder at 30 s
-CONFIG = replace(DEFAULT_VALIDATOR, deadline=replace(DEFAULT_VALIDATOR.deadline, min_s=60.0))
+# the holding tab's window waits 60 s for a lease that never delivers (tests/browser/tabs.ts), as on the
+# main browser stack (playwright.config.ts): at the demo's window_timeout_s (30 s, the most a deadline may
+# be) the head moved on while the asker booted, and it took the head from the edge (fresh-clone CI)
+NETWORK, CONFIG = held_windows(60.0)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +46,7 @@ def turn() -> Iterator[PrivateTurn]:
 
 def _tabs(tmp_path: Path, dataset_root: Path, turn: PrivateTurn, secret_file: Path, grep: str) -> dict[str, Any]:
     """Run the spec ``grep`` against an edge whose pages use ``turn`` only, holding ``secret_file``; its report."""
-    local = prepare_network(tmp_path, datasets=dataset_root, network=lambda key: mnist_network(key, "e2e"))
+    local = prepare_network(tmp_path, datasets=dataset_root, network=NETWORK)
     settings = local.edge_settings(
         free_port(), ice_servers=turn.url, turn_secret_file=str(secret_file), ice_relay_only=True
     )

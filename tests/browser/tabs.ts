@@ -42,32 +42,41 @@ export async function standingBy(page: Page): Promise<void> {
 
 export async function holdingTheHead(page: Page): Promise<Status> {
   // contributing, the current head fetched, verified and announced, then paused mid-window: the head
-  // stays current until its window's deadline (60 s after this tab's lease on the test stack:
-  // playwright.config.ts) and this tab keeps serving it. At a 10 % CPU share the window lasts long
-  // enough for the pause to land before it is published.
+  // stays current until its window's deadline (60 s after the head on the test stack: lab.stack's
+  // held_windows) and this tab keeps serving it. The pause is posted from inside the page on the
+  // worker's first "training window" status (every 8 batches; a first lease of 4 shards is about 100),
+  // so it lands batches before the window ends: polled from here, a short window could publish first,
+  // and the head moved on without this tab.
   await page.locator("#share").fill("10");
   await page.locator("#toggle").click();
-  await expect.poll(async () => (await status(page)).phase ?? "", { timeout: 120_000 }).toMatch(/^training window/);
-  await pause(page);
-  await expect.poll(async () => (await status(page)).paused ?? null).toBe("holding");
-  return status(page);
+  await page.evaluate(async () => {
+    const dtn = (window as any).dtn;
+    while (!dtn.worker) await new Promise((resolve) => setTimeout(resolve, 5)); // made once the page starts
+    dtn.worker.addEventListener("message", function hold(event: MessageEvent) {
+      if (event.data.type !== "status" || !/^training window/.test(event.data.status.phase ?? "")) return;
+      dtn.worker.removeEventListener("message", hold);
+      dtn.worker.postMessage({ type: "pause", reason: "holding" });
+    });
+  });
+  await expect.poll(async () => (await status(page)).paused ?? null, { timeout: 120_000 }).toBe("holding");
+  const held = await status(page);
+  expect(held.windows_done ?? 0).toBe(0); // paused in its first window, before publishing it
+  return held;
 }
 
 export async function freshWindow(request: APIRequestContext): Promise<void> {
   // a window no earlier tab holds a lease in: tabs of an earlier test, closed while holding leases they
-  // sized to their waits (up to the experiment's 16 shards), may have filled the open window's shards;
-  // those lapse at its deadline (60 s on the test stack) and close it, and until then a newcomer finds
-  // every shard leased (protocol.lease_size.granted_shards keeps one newcomer's share). Returns at once
-  // when the open window holds no lease (protocol.window.lease_window: granted on its head or, ahead, on
-  // its parent), else once the head moved on.
+  // sized to their waits (up to the experiment's 16 shards), may have filled the open window's shards,
+  // on its head or ahead on its parent (a tab that published leases the next window at once); those lapse
+  // at its deadline (60 s on the test stack) and close it, and until then a newcomer finds every shard
+  // leased (protocol.lease_size.granted_shards keeps one newcomer's share). Asked of the head current at
+  // each look: when the head moves on, the window it opens may hold the leases taken ahead of it.
   const base = `/v1/experiments/${EXPERIMENT}`;
-  const open = await (await request.get(`${base}/head`)).json();
   const settled = async () => {
-    const now = await (await request.get(`${base}/head`)).json();
-    if (now.head_id !== open.head_id) return true;
+    const open = await (await request.get(`${base}/head`)).json();
     const heads = [open.head_id, ...(open.parent ? [open.parent] : [])].map((h) => `base_head=${h}`).join("&");
     const leases = await (await request.get(`${base}/leases?${heads}`)).json();
     return !leases.some((lease: any) => lease.window === open.window);
   };
-  await expect.poll(settled, { timeout: 120_000, intervals: [500] }).toBe(true);
+  await expect.poll(settled, { timeout: 150_000, intervals: [500] }).toBe(true);
 }
