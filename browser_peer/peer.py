@@ -178,6 +178,7 @@ class BrowserPeer:
         self._max_frame_bytes = 0  # the relay's, from its welcome
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._head_changed = asyncio.Event()
+        self._announced: HeadDescriptor | None = None  # the newest head the relay's heads events carried
         self._last_base: HeadId | None = None
         # the next window's lease, granted before its head existed: trained from this peer's last candidate,
         # or held to train from its head (``restarts_from_head``)
@@ -277,6 +278,7 @@ class BrowserPeer:
                 json.dumps({"type": "subscribe", "experiment": self.key, "topics": ["heads", "verdicts"]})
             )
             self._report(phase="joined", connected=True)
+            self._inbox, self._announced = asyncio.Queue(), None  # no answer or head of an earlier session
             reader = asyncio.ensure_future(self._read(socket))
             heartbeat = asyncio.ensure_future(self._heartbeat(socket))
             if self.bridge.shares_heads:
@@ -381,8 +383,7 @@ class BrowserPeer:
             elif message.get("type") == "ice" and self.bridge.shares_heads:
                 self._use_ice(message)
             elif message.get("type") == "event" and message.get("topic") == "heads":
-                self._head_changed.set()
-                self._report(head_window=message["data"]["window"])
+                self._announce(message["data"])
             elif message.get("type") == "event" and message.get("topic") == "verdicts":
                 verdict = message["data"]
                 if verdict["peer_id"] == self.peer_id:
@@ -393,6 +394,18 @@ class BrowserPeer:
                     )
             elif message.get("type") != "pong":
                 await self._inbox.put(message)
+
+    def _announce(self, wire: object) -> None:
+        """A heads event: the head it carries is kept for the next window (checked there, as a head the
+        edge serves is), the newest when several come."""
+        try:
+            head = HeadDescriptor.from_wire(wire)
+        except (ProtocolError, KeyError, TypeError, ValueError):
+            return  # the next window asks the edge for its head
+        if self._announced is None or head.window > self._announced.window:
+            self._announced = head
+        self._head_changed.set()
+        self._report(head_window=head.window)
 
     async def _reply(self, reader: asyncio.Task[None], *types: str) -> dict[str, Any]:
         getter = asyncio.ensure_future(self._inbox.get())
@@ -492,8 +505,11 @@ class BrowserPeer:
             paused = self.clock.monotonic_s()
             await self.guest.admit()
             self.costs.paused(self.clock.monotonic_s() - paused)
+        announced, self._announced = self._announced, None
+        if announced is None or announced.parent != self._last_base:  # not the head after the last trained on
+            announced = await self.http.current_head(self.key)
         head = head_to_train(
-            await self.http.current_head(self.key),
+            announced,
             self._network.validator_key_set,
             self._last_base,
             quorum=self._network.quorum,
@@ -517,7 +533,7 @@ class BrowserPeer:
             self._chain = 0
             self._report(phase=f"leasing shards for window {head.window}", head_window=head.window)
             try:
-                grant = await self._lease(socket, reader, spec, head, ahead=False)
+                grant = await self._lease(socket, reader, spec, head)
             except Halted:
                 raise  # ask again on this head: resumed, the experiment goes on from it
             except NoWindow:
@@ -545,11 +561,29 @@ class BrowserPeer:
             metrics={"train_loss": done.loss, "samples_per_s": rate, "workers": float(done.workers)},
         )
         self._report(phase=f"publishing candidate for window {head.window}", samples_per_s=rate, workers=done.workers)
-        if len(envelope) > self._max_frame_bytes:  # too large for a frame: staged and published over HTTP
+        last = self.config.max_windows is not None and self.status["windows_done"] + 1 >= self.config.max_windows
+        ahead = self.config.train_ahead and not last
+        if ahead:  # answered before the candidate's acknowledgement: the relay answers in order
+            self._size_lease(spec, len(lease.shard_ids))
+            self._report(phase=f"leasing window {head.window + 1} ahead")
+            await self._ask_lease(socket, spec, head, ahead=True)
+        staged = len(envelope) > self._max_frame_bytes
+        if staged:  # too large for a frame: staged and published over HTTP
             acknowledged = await self.http.publish_staged(self.key, candidate, unpack_envelope(envelope)[1])
-        else:
+        else:  # sent in the background while the lease ahead is trained
             await socket.send_bytes(envelope)
             self.status["sent_bytes"] += len(envelope)
+        if ahead:
+            manifest = self._manifest
+            assert manifest is not None  # fetched by ``_train``
+            restarts = restarts_from_head(
+                self._chain,
+                PRESETS[spec.screening].asks_lease_evidence,
+                sum(manifest.shard(shard_id).examples for shard_id in lease.shard_ids),
+                sum(entry.examples for entry in manifest.shards),
+            )
+            self._ahead = await self._train_ahead(reader, spec, head, done.params, restarts=restarts)
+        if not staged:
             acknowledged = (await self._reply(reader, "candidate.ack"))["candidate_id"]
         if acknowledged != candidate.candidate_id:
             raise ProtocolError("edge acknowledged another candidate")
@@ -563,26 +597,20 @@ class BrowserPeer:
         assert self._optimizer is not None
         progress = Progress(self._optimizer, self._residual, self.status["windows_done"], self._last_base)
         await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
-        last = self.config.max_windows is not None and self.status["windows_done"] >= self.config.max_windows
-        if self.config.train_ahead and not last:
-            self._size_lease(spec, len(lease.shard_ids))
-            manifest = self._manifest
-            assert manifest is not None  # fetched by ``_train``
-            restarts = restarts_from_head(
-                self._chain,
-                PRESETS[spec.screening].asks_lease_evidence,
-                sum(manifest.shard(shard_id).examples for shard_id in lease.shard_ids),
-                sum(entry.examples for entry in manifest.shards),
-            )
-            self._ahead = await self._train_ahead(socket, reader, spec, head, done.params, restarts=restarts)
         if self._ahead is None:
             await self._wait_for_head(60.0, reader)
 
     async def _lease(
-        self, socket: Socket, reader: asyncio.Task[None], spec: ExperimentSpec, head: HeadDescriptor, ahead: bool
+        self, socket: Socket, reader: asyncio.Task[None], spec: ExperimentSpec, head: HeadDescriptor
     ) -> LeaseGrant:
-        """A lease over the relay for the window on ``head`` (``ahead``: the window after it, before the
-        next head exists), with its proof of work where ``spec`` asks for one (``protocol.lease_work``)."""
+        """A lease over the relay for the window on ``head``."""
+        await self._ask_lease(socket, spec, head, ahead=False)
+        return LeaseGrant.from_wire(await self._reply(reader, "lease"))
+
+    async def _ask_lease(self, socket: Socket, spec: ExperimentSpec, head: HeadDescriptor, *, ahead: bool) -> None:
+        """Ask the relay for the lease of the window on ``head`` (``ahead``: the window after it, before
+        the next head exists), with its proof of work where ``spec`` asks for one (``protocol.lease_work``);
+        its answer is the next the relay sends this peer."""
         request: dict[str, object] = {
             "type": "lease.request",
             "experiment": self.key,
@@ -597,7 +625,6 @@ class BrowserPeer:
         if work is not None:
             request["work"] = work
         await socket.send_text(json.dumps(request))
-        return LeaseGrant.from_wire(await self._reply(reader, "lease"))
 
     def _size_lease(self, spec: ExperimentSpec, shards: int) -> None:
         """Size the next lease by the rule native trainers size theirs by (``protocol.lease_size``), after
@@ -624,7 +651,6 @@ class BrowserPeer:
 
     async def _train_ahead(
         self,
-        socket: Socket,
         reader: asyncio.Task[None],
         spec: ExperimentSpec,
         head: HeadDescriptor,
@@ -632,13 +658,12 @@ class BrowserPeer:
         *,
         restarts: bool,
     ) -> _Trained | LeaseGrant | None:
-        """The next window's lease (asked ``after`` ``head``, before its head exists), trained from where
-        the window on ``head`` stopped (``published``), or held to train from its head (``restarts``);
-        None when the next window is full."""
+        """The next window's lease (asked ``after`` ``head`` by ``_ask_lease``, before its head exists),
+        trained from where the window on ``head`` stopped (``published``), or held to train from its head
+        (``restarts``); None when the next window is full."""
         assert self._network is not None
-        self._report(phase=f"leasing window {head.window + 1} ahead")
         try:
-            grant = await self._lease(socket, reader, spec, head, ahead=True)
+            grant = LeaseGrant.from_wire(await self._reply(reader, "lease"))
         except NoWindow:
             return None
         check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self._network.edge_key, ahead=True)

@@ -129,10 +129,18 @@ class NativeBridge:
 
 def windows(received: list[tuple[str, int]], experiment: ExperimentKey) -> list[list[tuple[str, int]]]:
     """A page load's answers (``NativeBridge.received``) window by window: a window starts where the peer
-    reads ``experiment``'s current head."""
+    reads a head after the last window's: ``experiment``'s current head from the edge, or a head's bytes
+    (its delta or its artifact, whose Range pieces share one address) when it took the head from the
+    relay's heads event."""
     grouped: list[list[tuple[str, int]]] = []
+    heads: set[str] = set()  # the addresses of the head bytes in the window so far
     for url, size in received:
-        if url.endswith(f"/experiments/{experiment}/head") or not grouped:
+        head_bytes = "/v1/artifacts/" in url or "/delta?from=" in url
+        descriptor = url.endswith(f"/experiments/{experiment}/head")
+        if not grouped or (heads and (descriptor or (head_bytes and url not in heads))):
             grouped.append([])
+            heads = set()
+        if head_bytes:
+            heads.add(url)
         grouped[-1].append((url, size))
     return grouped
