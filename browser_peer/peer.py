@@ -597,7 +597,7 @@ class BrowserPeer:
         assert self._optimizer is not None
         progress = Progress(self._optimizer, self._residual, self.status["windows_done"], self._last_base)
         await self.bridge.save(storage_key(self.key), progress.encode(self.key, model))
-        if self._ahead is None:
+        if self._announced is None:  # the next head is announced on the relay: waited for, not asked for
             await self._wait_for_head(60.0, reader)
 
     async def _lease(
