@@ -400,7 +400,7 @@ class BrowserPeer:
         edge serves is), the newest when several come."""
         try:
             head = HeadDescriptor.from_wire(wire)
-        except (ProtocolError, KeyError, TypeError, ValueError):
+        except ProtocolError:  # what the protocol's readers raise for any malformed head
             return  # the next window asks the edge for its head
         if self._announced is None or head.window > self._announced.window:
             self._announced = head

@@ -27,8 +27,8 @@ from .support import missing, until
 pytestmark = pytest.mark.slow
 
 # the holding tab's window waits 60 s for a lease that never delivers (tests/browser/tabs.ts), as on the
-# main browser stack (playwright.config.ts): at the demo's window_timeout_s (30 s, the most a deadline may
-# be) the head moved on while the asker booted, and it took the head from the edge (fresh-clone CI)
+# main browser stack (playwright.config.ts): long enough for the asking tab to boot while the head it needs
+# is still current (the demo's window_timeout_s, 30 s, caps the deadline unless raised: held_windows)
 NETWORK, CONFIG = held_windows(60.0)
 
 
