@@ -46,6 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.issuer.close()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -59,6 +59,7 @@ TOPICS = frozenset(
 # what a subscription or an event names instead of an experiment key when it is about the whole
 # network (peers joining the relay): ``_`` keeps it apart from every key (study/experiment/revision)
 NETWORK_SCOPE = "_network"
+LEASES_KEPT = 8  # a connection's latest leases remembered: a trainer holds this window's and the next one's
 ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "control"})  # what can decide a window
 _PRIVATE_FIELDS = {"leases": ("lease_id", "shard_ids", "principal", "signature"), "candidates": ("lease_id",)}
 
@@ -96,6 +97,8 @@ class Connection:
     token: str | None = None
     redacted: bool = False  # sent events as ``public_event`` makes them
     revoked: bool = False  # its admission token was revoked: the relay closes it (``errors.CLOSE_REVOKED``)
+    # (experiment, lease id) of the latest leases granted over it: given back if the peer leaves undelivered
+    leases: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=LEASES_KEPT))
 
     def offer(self, item: str | bytes) -> bool:
         """Queue ``item`` without waiting; on a full queue flag the connection and drop the item."""
@@ -107,6 +110,11 @@ class Connection:
             self.overflowed.set()
             return False
         return True
+
+    def leased(self, experiment: str, lease_id: str) -> None:
+        """A lease was granted (or granted again) over this connection."""
+        if (experiment, lease_id) not in self.leases:
+            self.leases.append((experiment, lease_id))
 
     def revoke(self) -> None:
         """Its admission token no longer admits it: have the relay close it, sending nothing more."""
@@ -256,6 +264,10 @@ class Hub:
         delivered: int = sum(conn.offer(public if conn.redacted else text) for conn in subscribers)
         self.metrics.relay_messages.labels(message["topic"]).inc(delivered)
         return delivered
+
+    async def present(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is joined here or to another edge of the deployment."""
+        return PeerId(peer_id) in self.connections or await self.fanout.present(peer_id)
 
     async def send_to(self, peer_id: str, message: object) -> bool:
         """Queue ``message`` for ``peer_id``, joined here or to another edge; False when it is nowhere

@@ -34,6 +34,15 @@ An experiment with ``lease_work_bits`` asks for a proof of work with each lease 
 crossed a new head), checked before the rate limit and the store's write: 403 without it, 409 for work
 on an older head (ask again on the current one).
 
+A peer that leased over the relay and leaves it (its last connection closed, not joined again within
+the edge's ``lease_release_grace_s``) gives back the leases it took over it and did not deliver
+(``LeaseIssuer.holder_left``): each stored again, signed, lapsed now (``EdgeStore.release_leases``), and
+published on the ``leases`` topic, so that its shards go to the window's next asker and validators
+stop waiting for it at once instead of at the window's deadline; a candidate on it is refused (409).
+A page that closes or loses its connection abandons the window it was training (a new session starts
+a new one), so its lease holds nothing anyone will deliver. Such a lease lapsed undelivered as any
+other does (``Arrears``).
+
 Only the holder learns a lease's secret (``LeaseGrant``): an HMAC of the lease id under a key derived
 from the edge's own seed, so asking again in the same window, or after an edge restart, gives the
 same secret back, and nothing secret is stored. Shards are served only against it (``check_secret``).
@@ -42,10 +51,13 @@ same secret back, and nothing secret is stored. Shards are served only against i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
+import logging
 import math
 import secrets
+from collections import defaultdict
 
 from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.lease_size import granted_shards
@@ -55,10 +67,13 @@ from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
 from .budget import address_group
 from .errors import Conflict, Forbidden, Halted, NotFound
+from .hub import Connection
 from .intake import check_peer_rate
 from .state import EdgeState
 
 __all__ = ["ARREARS_WINDOWS", "HALTED_RETRY_S", "Arrears", "LeaseIssuer"]
+
+log = logging.getLogger(__name__)
 
 HALTED_RETRY_S = 2  # how soon a trainer refused for a paused experiment asks again: it resumes within a window
 ARREARS_WINDOWS = 8  # how long a lease that delivered nothing costs its holder its priority, in windows
@@ -83,6 +98,48 @@ class LeaseIssuer:
         self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
         self._homes: dict[ExperimentKey, Homes] = {}  # the latest homes per experiment
         self._arrears_on: dict[ExperimentKey, tuple[HeadId, Arrears]] = {}  # read once per head
+        self._leaving: set[asyncio.Task[None]] = set()  # holders' graces (``holder_left``)
+
+    def holder_left(self, connection: Connection) -> None:
+        """``connection`` closed: after the edge's ``lease_release_grace_s``, unless its peer joined
+        again (here or on another edge of the deployment), give back what it leased over it
+        (``release``)."""
+        if connection.leases:
+            task = asyncio.create_task(self._release_after_grace(connection))
+            self._leaving.add(task)
+            task.add_done_callback(self._leaving.discard)
+
+    async def _release_after_grace(self, connection: Connection) -> None:
+        await asyncio.sleep(self.state.settings.lease_release_grace_s)
+        if await self.state.hub.present(connection.peer_id):
+            return  # a new session holds them: it may deliver, or ask for them again
+        by_experiment: dict[str, list[LeaseId]] = defaultdict(list)
+        for experiment, lease_id in connection.leases:
+            by_experiment[experiment].append(LeaseId(lease_id))
+        for experiment, lease_ids in by_experiment.items():
+            try:
+                await self.release(ExperimentKey.parse(experiment), lease_ids)
+            except Exception:  # the store is away: the leases lapse at their expiry, as before
+                log.exception("could not give back %d lease(s) of %s", len(lease_ids), connection.peer_id)
+
+    async def release(self, experiment: ExperimentKey, lease_ids: list[LeaseId]) -> list[Lease]:
+        """Give back those of ``lease_ids`` that are live and undelivered (``EdgeStore.release_leases``)
+        and tell the ``leases`` topic (validators wake on it); returns them."""
+        now_ms, signer = self.state.clock.now_ms(), self.state.signer
+        released = await asyncio.to_thread(
+            self.state.store.release_leases, lease_ids, now_ms, lambda lease: lease.signed(signer)
+        )
+        for lease in released:
+            self.state.metrics.leases_released.inc()
+            self.state.hub.publish(experiment, "leases", {**lease.to_wire(), "released": True})
+        return released
+
+    async def close(self) -> None:
+        """Stop the graces still running (the edge is shutting down: those leases lapse at expiry)."""
+        for task in list(self._leaving):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def secret(self, lease_id: LeaseId) -> str:
         return hmac.new(self._secret_key, lease_id.encode(), hashlib.sha256).hexdigest()

@@ -23,6 +23,9 @@ class EdgeMetrics:
             "dtn_head_delta_bytes_total", "Head deltas served over HTTP (bytes)", registry=self.registry
         )
         self.leases = Counter("dtn_leases_total", "Leases issued", registry=self.registry)
+        self.leases_released = Counter(
+            "dtn_leases_released_total", "Leases given back undelivered when their holder left", registry=self.registry
+        )
         self.candidates = Counter("dtn_candidates_total", "Candidates stored", ["via"], registry=self.registry)
         self.heads = Counter("dtn_heads_total", "Heads promoted", registry=self.registry)
         self.attestations = Counter(

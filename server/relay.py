@@ -43,6 +43,9 @@ The relay stamps what it forwards with the sender it authenticated (``peer_id`` 
 join): a ``metrics`` payload cannot speak for another peer. Only trainer kinds may lease; with
 admission on, the kind a peer may claim at join comes from its token's role.
 
+A peer that leaves keeps its leases for the edge's ``lease_release_grace_s``; then those it took
+over this relay and did not deliver are given back (``leasing``), unless it joined again meanwhile.
+
 Requests the edge refuses (no head yet, a bad candidate) are answered ``{"type": "error", ...}``
 and the connection stays. Protocol violations close it with the code from ``errors``; so do a
 missed join (4408), silence past the idle timeout (4408), a full send queue (4413), a message rate
@@ -119,6 +122,7 @@ async def relay(websocket: WebSocket) -> None:
         state,
         lambda: _join(websocket, state),
         lambda peer: _peer_handler(state, issuer, peer, client_address(websocket)),
+        issuer.holder_left,
     )
 
 
@@ -140,9 +144,11 @@ async def _session(
     state: EdgeState,
     open_connection: Callable[[], Awaitable[Connection]],
     handler_for: Callable[[Connection], Handler],
+    left: Callable[[Connection], None] = lambda _: None,
 ) -> None:
-    """One WebSocket from accept to close: register, send and receive, close with the right code.
-    A handshake from a browser origin the edge does not allow is refused before it is accepted."""
+    """One WebSocket from accept to close: register, send and receive, close with the right code,
+    then tell ``left``. A handshake from a browser origin the edge does not allow is refused before it
+    is accepted."""
     if not _origin_allowed(websocket.headers, state.settings.allowed_origins):
         origin = websocket.headers["origin"]
         refusal = Forbidden(f"origin {origin} may not open this WebSocket (see the edge setting allowed_origins)")
@@ -166,6 +172,7 @@ async def _session(
         await _stop(sender)
         if connection is not None:
             state.hub.unregister(connection)
+            left(connection)
 
 
 def _origin_allowed(headers: Headers, allowed_origins: str) -> bool:
@@ -406,6 +413,7 @@ async def _dispatch(
             cache_bytes=cache_bytes,
             work=work,
         )
+        connection.leased(str(key), grant.lease.lease_id)
         connection.offer(
             orjson.dumps({"type": "lease", "request_id": data.get("request_id"), **grant.to_wire()}).decode()
         )

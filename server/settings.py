@@ -53,6 +53,8 @@ _HELP = {
     "max_inline_bytes": "largest artifact carried in one request body; larger ones are staged in chunks (uploads)",
     "max_frame_bytes": "largest WebSocket frame; larger frames are closed with 1009",
     "lease_ttl_s": "how long a lease stays valid at most (a lease lives no longer than its window: window_timeout_s)",
+    "lease_release_grace_s": "seconds after a peer's relay connection closes before the leases it took over it and did "
+    "not deliver are given back, unless it joined again meanwhile",
     "join_timeout_s": "time a WebSocket peer has to answer the join challenge",
     "idle_timeout_s": "a joined peer silent this long (no message, no ping) is closed with 4408",
     "send_queue_size": "outgoing messages buffered per connection before it is closed as a slow consumer",
@@ -126,6 +128,7 @@ class Settings:
     max_inline_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 9 * 1024 * 1024
     lease_ttl_s: float = 300.0
+    lease_release_grace_s: float = 1.0
     join_timeout_s: float = 10.0
     idle_timeout_s: float = 90.0
     send_queue_size: int = 256

@@ -12,14 +12,15 @@ small engine interface (a transaction, a query, close; ``server.store_engine``) 
 Writes commit durably before the caller acknowledges anything, and a write transaction excludes
 every other writer of the same database, in any process: what makes a lease's shards exclusive
 across edges (``grant_lease``). The schema has a version; a database of another version is refused
-with a clear error, never half-read.
+with a clear error, never half-read. A table added beside the others (none changed) is created when
+an older database of the same version opens: the version moves when a table changes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,6 +61,7 @@ CREATE TABLE IF NOT EXISTS lease_holders (
     lease_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, "window" INTEGER NOT NULL, peer_id TEXT NOT NULL,
     principal TEXT, address TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS lease_holders_by_window ON lease_holders (experiment, "window");
+CREATE TABLE IF NOT EXISTS released_leases (lease_id TEXT PRIMARY KEY, released_at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS verdicts (
     experiment TEXT NOT NULL, candidate_id TEXT NOT NULL, peer_id TEXT NOT NULL, accepted INTEGER NOT NULL,
     descriptor TEXT NOT NULL, examples INTEGER NOT NULL, PRIMARY KEY (experiment, candidate_id));
@@ -107,6 +109,10 @@ def _candidate(text: object) -> Candidate:
 
 def _lease(text: object) -> Lease:
     return Lease.from_wire(json.loads(str(text)))
+
+
+def _released(lease_id: str) -> str:
+    return f"lease {lease_id} was given back undelivered when its holder left: ask for a new lease"
 
 
 PARSED_LEASES = 1 << 16  # leases kept parsed by id (a lease's descriptor never changes)
@@ -205,13 +211,16 @@ class EdgeStore:
     def add_candidate(self, candidate: Candidate, size_bytes: int, now_ms: int) -> bool:
         """Record a candidate; False when it was already there (an idempotent re-upload).
 
-        Raises ``Conflict`` when its lease already delivered another candidate (one per lease)."""
+        Raises ``Conflict`` when its lease already delivered another candidate (one per lease), or was
+        given back undelivered (``release_leases``)."""
         with self._db.transaction() as run:
             row = run("SELECT candidate_id FROM candidates WHERE lease_id = ?", candidate.lease_id).fetchone()
             if row is not None:
                 if row[0] == candidate.candidate_id:
                     return False
                 raise Conflict(f"lease {candidate.lease_id} already delivered candidate {row[0]}")
+            if run("SELECT 1 FROM released_leases WHERE lease_id = ?", candidate.lease_id).fetchone() is not None:
+                raise Conflict(_released(candidate.lease_id))
             run(
                 "INSERT INTO candidates (experiment, candidate_id, base_head, peer_id, lease_id, descriptor,"
                 " received_at_ms, size_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -227,9 +236,14 @@ class EdgeStore:
             return True
 
     def lease_delivered(self, lease_id: LeaseId) -> str | None:
-        """The candidate id a lease delivered, if any."""
+        """The candidate id a lease delivered, if any; ``Conflict`` for a lease given back undelivered
+        (``release_leases``): it delivers nothing."""
         rows = self._db.query("SELECT candidate_id FROM candidates WHERE lease_id = ?", lease_id)
-        return str(rows[0][0]) if rows else None
+        if rows:
+            return str(rows[0][0])
+        if self._db.query("SELECT 1 FROM released_leases WHERE lease_id = ?", lease_id):
+            raise Conflict(_released(lease_id))
+        return None
 
     def window_bytes(self, experiment: ExperimentKey, base_head: HeadId) -> int:
         """Bytes of candidate artifacts stored for one window."""
@@ -372,6 +386,36 @@ class EdgeStore:
             last,
         )
         return [(str(r[0]), None if r[1] is None else str(r[1]), str(r[2])) for r in rows]
+
+    def release_leases(
+        self, lease_ids: Iterable[LeaseId], now_ms: int, resign: Callable[[Lease], Lease]
+    ) -> list[Lease]:
+        """Give back each of ``lease_ids`` that is live and delivered nothing: stored as ``resign`` makes
+        it (the edge's signature over it, lapsed at ``now_ms``), so that its shards are free for the
+        window's other leases and validators wait for it no longer, and marked released, so that it
+        never delivers (``add_candidate``). Returns the leases as given back."""
+        released: list[Lease] = []
+        with self._db.transaction() as run:
+            for lease_id in lease_ids:
+                row = run(
+                    "SELECT descriptor FROM leases l WHERE lease_id = ? AND expires_at_ms > ?"
+                    " AND NOT EXISTS (SELECT 1 FROM candidates c WHERE c.lease_id = l.lease_id)",
+                    lease_id,
+                    now_ms,
+                ).fetchone()
+                if row is None:
+                    continue
+                lease = resign(replace(_lease(row[0]), expires_at_ms=now_ms))
+                run(
+                    "UPDATE leases SET descriptor = ?, expires_at_ms = ? WHERE lease_id = ?",
+                    json.dumps(lease.to_wire()),
+                    now_ms,
+                    lease_id,
+                )
+                run("INSERT INTO released_leases (lease_id, released_at_ms) VALUES (?, ?)", lease_id, now_ms)
+                self._parsed.pop(lease_id, None)
+                released.append(lease)
+        return released
 
     def lease(self, lease_id: LeaseId) -> Lease | None:
         rows = self._db.query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)

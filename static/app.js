@@ -335,7 +335,10 @@ function eventItem(event) {
     text = d.accepted ? `verdict accepted into head ${String(d.head_id).slice(7, 19)}` : `verdict rejected: ${d.reason}${d.detail ? ` (${d.detail})` : ""}`;
     li.className = d.accepted ? "ok" : "bad";
   } else if (event.topic === "candidates") text = `candidate from ${d.peer_kind} ${d.peer_id.slice(0, 16)}…`;
-  else if (event.topic === "leases") text = `lease of ${d.shard_ids?.length ?? d.shards} shards to ${d.peer_id.slice(0, 16)}…`;
+  else if (event.topic === "leases") {
+    const shards = d.shard_ids?.length ?? d.shards;
+    text = d.released ? `lease of ${shards} shards given back: ${d.peer_id.slice(0, 16)}… left` : `lease of ${shards} shards to ${d.peer_id.slice(0, 16)}…`;
+  }
   else if (event.topic === "peers") text = `${d.kind} peer joined`;
   else if (event.topic === "control") {
     const target = d.order.target ? ` ${String(d.order.target).slice(0, 20)}…` : "";

@@ -48,6 +48,7 @@ from .support import (
     grant_lease,
     head_envelope,
     metric,
+    now_ms,
     proof,
     validator_reads,
     write_network,
@@ -599,6 +600,85 @@ def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
         assert http.get("/v1/network").json()["edge_key"] == edge_key
         assert grant_lease(http, trainer) == grant  # the same lease and secret after a restart
         _join(edge.url, trainer).close()
+
+
+def _relay_lease(ws: ClientConnection, **request: object) -> dict[str, Any]:
+    ws.send(json.dumps({"type": "lease.request", "experiment": EXPERIMENT, **request}))
+    return dict(json.loads(ws.recv(timeout=5)))
+
+
+def _whole_window_settings(
+    tmp_path: Path, dataset_root: Path, train_manifest: FetchManifest, grace_s: float
+) -> Settings:
+    """An edge whose one lease takes every shard of a window (a second asker is refused until it is
+    free), giving back a leaver's leases ``grace_s`` after it left."""
+    write_network(tmp_path / "network.json", experiment_spec(shards_per_lease=len(train_manifest.shard_ids)))
+    return edge_settings(tmp_path, dataset_root, lease_release_grace_s=grace_s, messages_per_s=2000.0)
+
+
+def test_a_peer_that_leaves_the_relay_gives_back_its_undelivered_leases(
+    tmp_path: Path, dataset_root: Path, train_manifest: FetchManifest
+) -> None:
+    """A page that closes (or loses) its relay connection abandons its window: after the grace, the
+    leases it took there and did not deliver are stored lapsed, signed by the edge (what validators
+    read: they wait for it no longer), announced on the leases topic, free for the next asker, and
+    refuse a candidate; a delivered lease stays as it was."""
+    settings = _whole_window_settings(tmp_path, dataset_root, train_manifest, 0.2)
+    leaver, other, delivering = (PureSigner(bytes([seed]) * 32) for seed in (0x91, 0x92, 0x93))
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
+        head = _genesis(http)
+        watcher = _join(edge.url, PureSigner(b"\x94" * 32))
+        watcher.send(json.dumps({"type": "subscribe", "experiment": EXPERIMENT, "topics": ["leases"]}))
+        assert json.loads(watcher.recv(timeout=5))["type"] == "subscribed"
+        ws = _join(edge.url, leaver, "browser")
+        held = Lease.from_wire(_relay_lease(ws, request_id=1)["lease"])
+        assert sorted(held.shard_ids) == sorted(train_manifest.shard_ids)
+        refused = _relay_lease(_join(edge.url, other, "browser"))
+        assert refused["type"] == "error" and refused["status"] == 409  # every shard is held
+        assert json.loads(watcher.recv(timeout=5))["data"]["lease_id"] == held.lease_id  # granted
+        ws.close()
+        event = json.loads(watcher.recv(timeout=5))["data"]
+        assert event["lease_id"] == held.lease_id and event["released"] is True
+        [listed] = http.get(f"{BASE}/leases", params={"base_head": head}).json()
+        given_back = Lease.from_wire(listed)
+        given_back.verify(b64decode(http.get("/v1/network").json()["edge_key"]))
+        assert given_back.expires_at_ms <= now_ms() and given_back.shard_ids == held.shard_ids
+        _, late = candidate_envelope(leaver, head, held.lease_id, peer_kind="browser")
+        answer = http.post(f"{BASE}/candidates", content=late)
+        assert answer.status_code == 409 and "given back" in answer.json()["detail"]
+        assert metric(http, "dtn_leases_released_total") == 1
+        # the shards go to the next asker, who delivers before it leaves: its lease stays
+        ws = _join(edge.url, delivering, "browser")
+        taken = _relay_lease(ws)["lease"]
+        assert sorted(taken["shard_ids"]) == sorted(train_manifest.shard_ids)
+        candidate, body = candidate_envelope(delivering, head, taken["lease_id"], peer_kind="browser")
+        ws.send(body)
+        assert json.loads(ws.recv(timeout=5)) == {"type": "candidate.ack", "candidate_id": candidate.candidate_id}
+        ws.close()
+        time.sleep(0.6)
+        kept = Lease.from_wire(http.get(f"/v1/leases/{taken['lease_id']}").json())
+        assert kept.expires_at_ms > now_ms()
+        assert metric(http, "dtn_leases_released_total") == 1
+
+
+def test_a_peer_that_joins_again_within_the_grace_keeps_its_lease(
+    tmp_path: Path, dataset_root: Path, train_manifest: FetchManifest
+) -> None:
+    """A connection that drops and comes back (a network blip, a page moving between edges of one
+    deployment) within ``lease_release_grace_s`` keeps its lease: asked again, the same one."""
+    settings = _whole_window_settings(tmp_path, dataset_root, train_manifest, 0.5)
+    peer = PureSigner(b"\x95" * 32)
+    with BackgroundEdge(settings) as edge, httpx.Client(base_url=edge.url, timeout=10) as http:
+        head = _genesis(http)
+        first = _join(edge.url, peer, "browser")
+        held = _relay_lease(first)["lease"]
+        first.close()
+        again = _join(edge.url, peer, "browser")
+        time.sleep(1.0)  # past the grace
+        assert _relay_lease(again)["lease"]["lease_id"] == held["lease_id"]
+        _, body = candidate_envelope(peer, head, held["lease_id"], peer_kind="browser")
+        assert http.post(f"{BASE}/candidates", content=body).status_code == 201
+        assert metric(http, "dtn_leases_released_total") == 0
 
 
 def test_long_poll_returns_when_head_changes(client: httpx.Client, edge: BackgroundEdge) -> None:

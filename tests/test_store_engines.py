@@ -187,6 +187,33 @@ def test_a_lease_is_granted_once_per_peer_and_window_and_expires(store: EdgeStor
     assert store.lease(LeaseId("lease-none")) is None
 
 
+def test_a_lease_given_back_frees_its_shards_and_delivers_nothing(store: EdgeStore) -> None:
+    (base,) = _chain(store, 1)
+    leaver, other, delivering = (peer_id_from_public_key(t.public_key) for t in TRAINERS[2:5])
+    held, _ = store.grant_lease(EXPERIMENT, 1000, _chooser(leaver, 1000))
+    done, _ = store.grant_lease(EXPERIMENT, 1000, _chooser(delivering, 1000))
+    candidate, _ = candidate_envelope(TRAINERS[4], base.head_id, done.lease_id)
+    assert store.add_candidate(candidate, 10, 1100)
+    released = store.release_leases([held.lease_id, done.lease_id], 2000, lambda lease: lease.signed(EDGE))
+    assert [lease.lease_id for lease in released] == [held.lease_id]  # a delivered lease is not given back
+    [given_back] = released
+    given_back.verify(EDGE.public_key)
+    assert given_back.expires_at_ms == 2000 and store.lease(held.lease_id) == given_back
+    assert store.release_leases([held.lease_id], 2100, lambda lease: lease.signed(EDGE)) == []  # once
+    # its shards are free for the window's next asker; what validators read shows it lapsed
+    live: list[Lease] = []
+    store.grant_lease(
+        EXPERIMENT, 2200, lambda head, granted: (live.extend(granted), _chooser(other, 2200)(head, granted))[1]
+    )
+    assert held.lease_id not in {lease.lease_id for lease in live}
+    late, _ = candidate_envelope(TRAINERS[2], base.head_id, held.lease_id)
+    with pytest.raises(Conflict, match="given back"):
+        store.lease_delivered(held.lease_id)
+    with pytest.raises(Conflict, match="given back"):
+        store.add_candidate(late, 10, 2300)
+    assert store.lease_delivered(done.lease_id) == candidate.candidate_id
+
+
 def _raise() -> Lease:
     raise LookupError("no head")
 
