@@ -17,7 +17,7 @@ from pydantic import StringConstraints
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import CodecError, IntegrityError, InvalidMessage, SignatureError, TooLarge
-from protocol.ids import HeadId, LeaseId, PeerId
+from protocol.ids import ContentId, HeadId, LeaseId, PeerId
 from protocol.lease_work import MAX_NONCE
 from protocol.leases import MAX_CACHE_BYTES
 from protocol.messages import (
@@ -409,6 +409,14 @@ async def list_verdicts(
     """The experiment's signed verdicts, newest first (500 at most), optionally of one peer."""
     state.experiment(key)
     return JSON([v.to_wire() for v in state.store.verdicts(key, None if peer_id is None else PeerId(peer_id))])
+
+
+@router.get(f"{EXPERIMENT}/verdicts/{{candidate_id}}/votes", responses=_READ)
+async def verdict_votes(key: Experiment, state: State, candidate_id: Annotated[str, Path(max_length=80)]) -> JSON:
+    """The validators' signed verdicts on one candidate held as votes: those waiting for a quorum, or the
+    agreeing ones that made its verdict count (from which an edge that follows this one counts it)."""
+    state.experiment(key)
+    return JSON([v.to_wire() for v in state.store.votes(key, ContentId(candidate_id))])
 
 
 @router.get(f"{EXPERIMENT}/credit", responses=_READ)

@@ -13,7 +13,9 @@ change mirrors, for every experiment of this edge's network:
   check an imported archive gets. A head this edge did not certify itself is never served unchecked.
 - the verdicts that count upstream, each taken through this edge's own verdict intake
   (``server.intake.accept_verdicts``: a validator's signature, a candidate held here, not
-  contradicted by the lineage); one refused is left out with a warning.
+  contradicted by the lineage); one refused is left out with a warning. With a quorum above one, a
+  verdict held here as one validator's vote is counted from the other votes that made it count
+  upstream (``.../verdicts/{candidate_id}/votes``), each checked alike.
 - the validators' evaluations of mirrored heads (``protocol.messages.Evaluation``), each through this
   edge's own intake (``server.intake.accept_evaluation``: a validator's signature, a head held here);
   one of a head not mirrored yet waits, with those after it, for the next round.
@@ -45,7 +47,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError, TooLarge
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.lineage import Lineage
-from protocol.manifests import ExperimentSpec
+from protocol.manifests import MAX_VALIDATORS, ExperimentSpec
 from protocol.messages import (
     CANDIDATE_PAGE,
     EVALUATION_PAGE,
@@ -154,6 +156,12 @@ class Upstream:
         status, _, body = await self.get(f"/v1/experiments/{key}/verdicts", MAX_LIST_BYTES)
         return [Verdict.from_wire(v) for v in _json_list(body)] if status == 200 else []
 
+    async def votes(self, key: ExperimentKey, cid: ContentId) -> list[Verdict]:
+        """The validators' votes held upstream on candidate ``cid``: with a quorum above one, those that
+        made its verdict count."""
+        status, _, body = await self.get(f"/v1/experiments/{key}/verdicts/{cid}/votes", MAX_LIST_BYTES)
+        return [Verdict.from_wire(v) for v in _json_list(body)[:MAX_VALIDATORS]] if status == 200 else []
+
     async def evaluations(self, key: ExperimentKey, since_window: int) -> list[Evaluation]:
         """One page of the evaluations of ``key``'s heads of window ``since_window`` or later."""
         path = f"/v1/experiments/{key}/evaluations"
@@ -254,7 +262,14 @@ async def _mirror_verdicts(state: EdgeState, upstream: Upstream, key: Experiment
         if seen in cursors.verdicts or state.store.counted_verdict(key, ContentId(verdict.candidate_id)):
             continue
         try:
-            accept_verdicts(state, [verdict.to_wire()], route=key)
+            counted, _ = accept_verdicts(state, [verdict.to_wire()], route=key)
+            if not counted:  # held as one validator's vote: the others that made it count upstream
+                cid = ContentId(verdict.candidate_id)
+                votes = [
+                    v.to_wire() for v in await upstream.votes(key, cid) if v.validator_key != verdict.validator_key
+                ]
+                if votes:
+                    accept_verdicts(state, votes, route=key)
         except NotFound:
             continue  # its candidate is not here yet (its window is open, or listed later)
         except (ProtocolError, Conflict) as exc:

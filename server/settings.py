@@ -128,7 +128,7 @@ class Settings:
     max_inline_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 9 * 1024 * 1024
     lease_ttl_s: float = 300.0
-    lease_release_grace_s: float = 1.0
+    lease_release_grace_s: float = 0.5
     join_timeout_s: float = 10.0
     idle_timeout_s: float = 90.0
     send_queue_size: int = 256

@@ -587,7 +587,8 @@ class EdgeStore:
         )
 
     def votes(self, experiment: ExperimentKey, cid: ContentId) -> list[Verdict]:
-        """The pending verdicts held on candidate ``cid``, in arrival order."""
+        """The verdicts held on candidate ``cid`` as votes, in arrival order: pending a quorum, or the
+        agreeing ones that made its verdict count."""
         rows = self._db.query(
             "SELECT descriptor FROM verdict_votes WHERE experiment = ? AND candidate_id = ? ORDER BY rowid",
             experiment,
@@ -596,7 +597,7 @@ class EdgeStore:
         return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
 
     def drop_votes(self, experiment: ExperimentKey, cid: ContentId, validator_key: bytes | None = None) -> None:
-        """Drop the pending verdicts on ``cid`` (of one validator when ``validator_key`` is given)."""
+        """Drop the votes held on ``cid`` (of one validator when ``validator_key`` is given)."""
         key_clause = "" if validator_key is None else " AND validator_key = ?"
         with self._db.transaction() as run:
             run(
@@ -605,7 +606,7 @@ class EdgeStore:
             )
 
     def voted_candidates(self, experiment: ExperimentKey, base_heads: tuple[HeadId, ...]) -> list[ContentId]:
-        """The candidates on one of ``base_heads`` with pending verdicts held."""
+        """The candidates on one of ``base_heads`` with votes held."""
         marks = ", ".join("?" * len(base_heads))
         rows = self._db.query(
             "SELECT DISTINCT v.candidate_id FROM verdict_votes v"

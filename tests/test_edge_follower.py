@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -25,10 +27,12 @@ from protocol.signing import PureSigner
 from server.follower import Upstream, mirror_once
 from server.serve import BackgroundEdge
 from server.state import EdgeState
-from server.store import Store
+from server.store import EdgeStore, Store
 
 from .support import EXPERIMENT, edge_settings, proof
 from .test_lineage import NETWORK, VALIDATORS, _certified, _dtn, _edge_files, _lineage
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +106,17 @@ def _served_after(root: Path, dataset_root: Path) -> list[HeadDescriptor]:
         return _served(edge.url)
 
 
-def _mirrored(root: Path, dataset_root: Path, upstream_url: str) -> list[HeadDescriptor]:
-    """One ``mirror_once`` of a fresh edge state under ``root`` from ``upstream_url``; what it holds after
-    (the error of the mirror is raised)."""
+def _heads(store: EdgeStore) -> list[HeadDescriptor]:
+    return store.heads(EXPERIMENT)
+
+
+def _mirrored(root: Path, dataset_root: Path, upstream_url: str, read: Callable[[EdgeStore], T] = _heads) -> T:
+    """One ``mirror_once`` of a fresh edge state under ``root`` from ``upstream_url``; what ``read`` finds
+    in its store after (default: the heads it holds; the error of the mirror is raised)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "network.json").write_text(json.dumps(NETWORK.to_wire()))
 
-    async def run() -> list[HeadDescriptor]:
+    async def run() -> T:
         state = EdgeState.open(edge_settings(root, dataset_root))
         await state.start()
         try:
@@ -116,12 +124,36 @@ def _mirrored(root: Path, dataset_root: Path, upstream_url: str) -> list[HeadDes
                 try:
                     await mirror_once(state, Upstream(http, upstream_url, 1 << 24))
                 finally:
-                    held = state.store.heads(EXPERIMENT)
+                    held = read(state.store)
             return held
         finally:
             await state.close()
 
     return asyncio.run(run())
+
+
+def test_a_follower_counts_a_verdict_from_the_votes_that_made_it_count_upstream(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    """On a 2-of-3 network the upstream counts an acceptance once two validators signed it and keeps
+    their votes; a follower given the verdict that counts holds it as one validator's vote, then counts
+    it from the upstream's other vote, as the upstream did."""
+    upstream = _upstream(tmp_path / "a", dataset_root, replace(lineage, verdicts=()))
+    try:
+        for verdict in lineage.verdicts:
+            second = replace(verdict, validator_key=VALIDATORS[1].public_key).signed(VALIDATORS[1])
+            for vote, status in ((verdict, 202), (second, 201)):  # held, then counted
+                posted = httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/verdicts", json=vote.to_wire())
+                assert posted.status_code == status, posted.text
+            votes = httpx.get(f"{upstream.url}/v1/experiments/{EXPERIMENT}/verdicts/{verdict.candidate_id}/votes")
+            assert votes.json() == [verdict.to_wire(), second.to_wire()]
+
+        def counted(store: EdgeStore) -> list[bool]:
+            return [store.counted_verdict(EXPERIMENT, v.candidate_id) is not None for v in lineage.verdicts]
+
+        assert _mirrored(tmp_path / "b", dataset_root, upstream.url, counted) == [True] * len(lineage.verdicts)
+    finally:
+        upstream.stop()
 
 
 def test_a_follower_refuses_an_upstream_whose_heads_other_validators_signed(
