@@ -7,7 +7,7 @@ by the sha256 of its bytes::
 
     index.json   {"format": "dtn-lineage/1", "network_id", "experiment",
                   "heads": [HeadDescriptor with "certificate", genesis first],
-                  "candidates": [Candidate], "verdicts": [Verdict]}
+                  "candidates": [Candidate], "verdicts": [Verdict], "votes": [Verdict]}
     blobs/<hex>  every head's artifact and every outer state a head names
 
 Nothing in it is executed or unpickled: the index is JSON read by the strict ``from_wire`` readers,
@@ -21,7 +21,11 @@ names) before reading it; ``verify_lineage`` checks, before anything may be serv
 - every blob a head names is in the archive and hashes to its name;
 - every candidate: its trainer's signature, a base head in the lineage;
 - every verdict: a listed validator's signature, on a candidate of the archive (same base, same
-  peer), borne out by the lineage (``verdict_contradiction``, the rule edges apply to verdicts).
+  peer), borne out by the lineage (``verdict_contradiction``, the rule edges apply to verdicts);
+- every vote likewise: ``votes`` are the validators' verdicts that made one of ``verdicts`` count on a
+  network whose quorum is above one (each verdict's own certificate: what an importer credits it
+  from), on the candidate of a verdict of the archive. An archive without them (older ones) reads as
+  none.
 
 Any failure is a ``ProtocolError`` whose message is one line naming what is wrong and where.
 """
@@ -71,6 +75,7 @@ class Lineage:
     candidates: tuple[Candidate, ...] = ()
     verdicts: tuple[Verdict, ...] = ()
     blobs: Mapping[ContentId, bytes] = field(default_factory=dict)
+    votes: tuple[Verdict, ...] = ()
 
     def index(self) -> dict[str, object]:
         return {
@@ -80,6 +85,7 @@ class Lineage:
             "heads": [head.to_wire() for head in self.heads],
             "candidates": [candidate.to_wire() for candidate in self.candidates],
             "verdicts": [verdict.to_wire() for verdict in self.verdicts],
+            "votes": [vote.to_wire() for vote in self.votes],
         }
 
 
@@ -134,6 +140,7 @@ def read_archive(data: bytes, *, max_blob_bytes: int) -> Lineage:
         candidates=tuple(read_list(wire, "candidates", Candidate.from_wire, max_len=MAX_RECORDS)),
         verdicts=tuple(read_list(wire, "verdicts", Verdict.from_wire, max_len=MAX_RECORDS)),
         blobs=blobs,
+        votes=tuple(read_list(wire, "votes", Verdict.from_wire, max_len=MAX_RECORDS)) if "votes" in wire else (),
     )
 
 
@@ -207,6 +214,11 @@ def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: i
     by_window = {head.window: head for head in lineage.heads}
     for verdict in lineage.verdicts:
         _check_verdict(verdict, lineage, candidates, by_id, by_window, validator_keys)
+    decided = {verdict.candidate_id for verdict in lineage.verdicts}
+    for vote in lineage.votes:
+        if vote.candidate_id not in decided:
+            raise InvalidMessage(f"a vote on {vote.candidate_id}, which no verdict of the archive decides")
+        _check_verdict(vote, lineage, candidates, by_id, by_window, validator_keys)
 
 
 def _check_verdict(

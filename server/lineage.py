@@ -1,12 +1,14 @@
 """An experiment's lineage in and out of an edge's store, as a lineage archive (``protocol.lineage``).
 
 ``export_lineage`` reads the canonical heads (with their certificates), the artifacts and outer states
-they name, the candidates and the verdicts. ``import_lineage`` takes an archive into a store: it
+they name, the candidates, the verdicts and the votes that made them count. ``import_lineage`` takes an archive into a store: it
 verifies the whole archive first (every signature, each head's quorum, the parent chain, the verdicts
 against the lineage: ``protocol.lineage.verify_lineage``), that it is of this network and experiment,
 that every head and outer state is exactly a float32 artifact of the experiment's model, and that the
 store's own lineage of the experiment is a prefix of it; only then are blobs, candidates, heads (in
-window order, each on its parent) and verdicts written. Nothing is served before all of it is checked.
+window order, each on its parent), verdicts and votes written. A verdict credits its examples where
+the network's quorum is one, or where the archive's votes on its candidate (``Lineage.votes``) make
+the quorum sign its decision; the votes are kept, for an edge that follows this one. Nothing is served before all of it is checked.
 A lineage may also continue the store's: its first head at window w > 0 on the store's head of window
 w - 1 (what an edge that follows another takes, ``server.follower``); the store's heads before it are
 then its start, verified when the store took them.
@@ -17,11 +19,12 @@ bytes); its descriptor is what its verdicts are checked against.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from protocol.credit import credited_examples
+from protocol.credit import credited_examples, same_decision
 from protocol.errors import InvalidMessage
 from protocol.ids import ContentId, ExperimentKey
 from protocol.lineage import Lineage, verify_lineage
@@ -45,13 +48,16 @@ def export_lineage(store: EdgeStore, blobs: Blobs, network: NetworkManifest, key
     if not heads:
         raise InvalidMessage(f"the store holds no head of {key}")
     names = [cid for head in heads for cid in (head.head_id, head.outer_state) if cid is not None]
+    verdicts = tuple(_every(lambda at: [(p, v) for p, v, _ in store.verdicts_after(key, at, _PAGE)]))
+    decided = {verdict.candidate_id for verdict in verdicts}  # the votes of verdicts that count, not pending ones
     return Lineage(
         network_id=network.network_id,
         experiment=key,
         heads=heads,
         candidates=tuple(_every(lambda since: store.candidates_since(key, since, _PAGE))),
-        verdicts=tuple(_every(lambda at: [(p, v) for p, v, _ in store.verdicts_after(key, at, _PAGE)])),
+        verdicts=verdicts,
         blobs={ContentId(cid): blobs.read(ContentId(cid)) for cid in names},
+        votes=tuple(v for v in _every(lambda at: store.votes_after(key, at, _PAGE)) if v.candidate_id in decided),
     )
 
 
@@ -110,15 +116,20 @@ def import_lineage(
     for head in lineage.heads[len(held) :]:
         store.promote_head(head, now_ms)
     candidates_by_id = {c.candidate_id: c for c in lineage.candidates}
+    votes: dict[str, list[Verdict]] = defaultdict(list)
+    for vote in lineage.votes:
+        votes[vote.candidate_id].append(vote)
+        store.add_vote(vote)
     verdicts = sum(
-        store.add_verdict(verdict, _credited(verdict, candidates_by_id[verdict.candidate_id], network.quorum))
+        store.add_verdict(verdict, _credited(verdict, candidates_by_id[verdict.candidate_id], network, votes))
         for verdict in lineage.verdicts
     )
     return ImportReport(len(lineage.heads) - len(held), len(held), candidates, verdicts)
 
 
-def _credited(verdict: Verdict, candidate: Candidate, quorum: int) -> int:
+def _credited(verdict: Verdict, candidate: Candidate, network: NetworkManifest, votes: dict[str, list[Verdict]]) -> int:
     """The examples an imported verdict credits: what it vouches for, at most the candidate's declared
-    count, with a quorum of one; none above one, where an archive carries one validator's verdict and
-    not the k agreeing votes that made it count (``protocol.credit.counts``)."""
-    return credited_examples(verdict, candidate, candidate.examples) if quorum == 1 else 0
+    count, when a quorum of the network's validators signed its decision (itself and the archive's
+    votes on its candidate: ``protocol.credit.same_decision``); none otherwise."""
+    signed = same_decision(verdict, votes[verdict.candidate_id], network.validator_key_set)
+    return credited_examples(verdict, candidate, candidate.examples) if signed >= network.quorum else 0

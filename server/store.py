@@ -596,6 +596,16 @@ class EdgeStore:
         )
         return [Verdict.from_wire(json.loads(str(r[0]))) for r in rows]
 
+    def votes_after(self, experiment: ExperimentKey, position: int, limit: int = 5000) -> list[tuple[int, Verdict]]:
+        """Votes held after ``position`` (0: from the first), oldest first, each with its position."""
+        rows = self._db.query(
+            "SELECT rowid, descriptor FROM verdict_votes WHERE experiment = ? AND rowid > ? ORDER BY rowid LIMIT ?",
+            experiment,
+            position,
+            limit,
+        )
+        return [(int(r[0]), Verdict.from_wire(json.loads(str(r[1])))) for r in rows]
+
     def drop_votes(self, experiment: ExperimentKey, cid: ContentId, validator_key: bytes | None = None) -> None:
         """Drop the votes held on ``cid`` (of one validator when ``validator_key`` is given)."""
         key_clause = "" if validator_key is None else " AND validator_key = ?"

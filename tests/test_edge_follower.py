@@ -17,6 +17,7 @@ import pytest
 from websockets.sync.client import connect
 
 from native_peer.edge_client import EdgeClient
+from protocol.credit import agree
 from protocol.edge_urls import MAX_EDGE_URLS, edge_urls
 from protocol.errors import IntegrityError, InvalidMessage, SignatureError
 from protocol.ids import ContentId
@@ -67,7 +68,7 @@ def test_a_following_edge_serves_the_upstreams_lineage_verified_and_continues_it
     follower_root = tmp_path / "b"
     follower_root.mkdir()
     (follower_root / "start.tar").write_bytes(
-        write_archive(replace(lineage, heads=lineage.heads[:2], candidates=(), verdicts=()))
+        write_archive(replace(lineage, heads=lineage.heads[:2], candidates=(), verdicts=(), votes=()))
     )
     _dtn(["lineage", "import", str(follower_root / "start.tar"), *_edge_files(follower_root)])  # a lineage it continues
     follower = BackgroundEdge(
@@ -92,11 +93,13 @@ def test_a_following_edge_serves_the_upstreams_lineage_verified_and_continues_it
     assert {c["candidate_id"] for c in candidates} == {c.candidate_id for c in lineage.candidates}
     assert mirrored == evaluations
     store = Store(follower_root / "edge" / "edge.sqlite3")
-    try:  # one validator's verdict is all the upstream lists: held as its vote until a quorum (decision 0022)
+    try:  # the upstream lists one validator's verdict and keeps the votes that made it count: counted here too
         held = [store.votes(EXPERIMENT, ContentId(v.candidate_id)) for v in lineage.verdicts]
+        counted = [store.counted_verdict(EXPERIMENT, ContentId(v.candidate_id)) for v in lineage.verdicts]
     finally:
         store.close()
-    assert held == [[v] for v in lineage.verdicts]
+    assert held == [[vote for vote in lineage.votes if vote.candidate_id == v.candidate_id] for v in lineage.verdicts]
+    assert all(c is not None and agree(c, v) for c, v in zip(counted, lineage.verdicts, strict=True))
     assert len(edge_keys) == 2  # two stores, two edge keys: one network
 
 
@@ -138,7 +141,7 @@ def test_a_follower_counts_a_verdict_from_the_votes_that_made_it_count_upstream(
     """On a 2-of-3 network the upstream counts an acceptance once two validators signed it and keeps
     their votes; a follower given the verdict that counts holds it as one validator's vote, then counts
     it from the upstream's other vote, as the upstream did."""
-    upstream = _upstream(tmp_path / "a", dataset_root, replace(lineage, verdicts=()))
+    upstream = _upstream(tmp_path / "a", dataset_root, replace(lineage, verdicts=(), votes=()))
     try:
         for verdict in lineage.verdicts:
             second = replace(verdict, validator_key=VALIDATORS[1].public_key).signed(VALIDATORS[1])
@@ -191,7 +194,7 @@ def _signed_by(lineage: Lineage, signers: list[PureSigner]) -> Lineage:
         )
         for i, h in enumerate(lineage.heads)
     )
-    return replace(lineage, heads=heads, candidates=(), verdicts=())
+    return replace(lineage, heads=heads, candidates=(), verdicts=(), votes=())
 
 
 def test_a_follower_refuses_an_upstream_serving_other_bytes_for_a_head(

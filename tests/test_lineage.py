@@ -44,7 +44,8 @@ def _certified(head: HeadDescriptor, proposer: PureSigner, attester: PureSigner)
 
 def _lineage(windows: int = 3, seed: int = 0) -> Lineage:
     """Heads 0..windows-1, each proposed by one validator and attested by the next; a candidate on each
-    head but the last, merged by the head after it, with the accepting verdict."""
+    head but the last, merged by the head after it, with the accepting verdict and the two votes that
+    made it count."""
     heads: list[HeadDescriptor] = []
     candidates: list[Candidate] = []
     verdicts: list[Verdict] = []
@@ -83,7 +84,13 @@ def _lineage(windows: int = 3, seed: int = 0) -> Lineage:
             )
         if window < windows - 1:
             candidates.append(candidate_envelope(TRAINER, heads[-1].head_id, f"lease-{window}", seed=window)[0])
-    return Lineage(NETWORK.network_id, EXPERIMENT, tuple(heads), tuple(candidates), tuple(verdicts), blobs)
+    # each accepting verdict's certificate on this 2-of-3 network: its own vote and a second validator's
+    votes = [
+        vote for v in verdicts for vote in (v, replace(v, validator_key=VALIDATORS[1].public_key).signed(VALIDATORS[1]))
+    ]
+    return Lineage(
+        NETWORK.network_id, EXPERIMENT, tuple(heads), tuple(candidates), tuple(verdicts), blobs, tuple(votes)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +163,15 @@ def test_a_verdict_the_lineage_does_not_bear_out_is_refused(lineage: Lineage) ->
     assert "verdict on" in _refused(replace(lineage, verdicts=(forged,)), SignatureError)
 
 
+def test_a_vote_on_a_candidate_no_verdict_decides_or_by_an_outsider_is_refused(lineage: Lineage) -> None:
+    stray = replace(lineage, verdicts=lineage.verdicts[1:])
+    assert "which no verdict of the archive decides" in _refused(stray)
+    outsider = PureSigner(b"\x44" * 32)
+    forged = replace(lineage.votes[1], validator_key=outsider.public_key).signed(outsider)
+    votes = (lineage.votes[0], forged, *lineage.votes[2:])
+    assert "not signed by a validator of this network" in _refused(replace(lineage, votes=votes), SignatureError)
+
+
 def test_a_candidate_with_a_forged_signature_is_refused(lineage: Lineage) -> None:
     forged = replace(lineage.candidates[0], examples=10**6)
     assert "candidate" in _refused(replace(lineage, candidates=(forged, *lineage.candidates[1:])), SignatureError)
@@ -219,6 +235,12 @@ def test_dtn_lineage_import_then_the_edge_serves_it_and_exports_the_same_archive
         assert {v["candidate_id"] for v in verdicts} == {v.candidate_id for v in lineage.verdicts}
         credit = http.get(f"/v1/experiments/{EXPERIMENT}/credit/{peer_id_from_public_key(TRAINER.public_key)}")
         assert credit.json()["accepted"] == len(lineage.verdicts)
+        # credited from the archive's votes: two of the three validators signed each acceptance
+        assert credit.json()["examples"] == sum(c.examples for c in lineage.candidates)
+        cid = lineage.verdicts[0].candidate_id
+        assert http.get(f"/v1/experiments/{EXPERIMENT}/verdicts/{cid}/votes").json() == [
+            v.to_wire() for v in lineage.votes if v.candidate_id == cid
+        ]
     again = tmp_path / "again.tar"
     _dtn(["lineage", "export", "--experiment", EXPERIMENT, "--out", str(again), *_edge_files(tmp_path)])
     assert again.read_bytes() == archive.read_bytes()
