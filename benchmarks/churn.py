@@ -1,0 +1,186 @@
+"""Liveness under churn (issue #25 item 3): browser tabs that close mid-window and mid-upload, and what
+the edge giving a leaver's undelivered leases back (decision 0048) saves the network.
+
+Per run, a real network on this machine (``lab.stack``: edge, validator and ``--trainers`` native
+continuous trainers, each its own process) on the bench network (4 shards of 1,000 examples a lease, up
+to 16), and in this process ``--tabs`` browser tabs: the page's own peer (``browser_peer.BrowserPeer``)
+over ``lab.browser_host.NativeBridge`` (real relay, real HTTP, NumPy training; no Chromium), each in a
+thread of its own. A tab stays for a visit drawn uniformly from ``--visit-s`` after it opened, then
+closes wherever it is (its task cancelled: its relay connection goes mid-training, mid-upload or while
+it waits for a head), for good: ``--away-s`` later another visitor opens a tab in its place (a new
+identity, empty storage). Configurations, interleaved:
+
+    given-back   the edge gives a leaver's undelivered leases back after ``lease_release_grace_s``
+                 (its default)
+    kept         ``lease_release_grace_s`` 3600: a leaver's leases live to their expiry (as before
+                 decision 0048); a window holding one waits to its deadline
+
+Measured for ``--seconds`` once every native trainer has published a window: heads a minute; the
+native trainers' samples a second (examples trained, from their outcome logs, over the span); the
+tabs' candidates stored in the span and their closes; and the longest gap between heads. Median and
+spread (min–max) over ``--runs``; the ratio given-back / kept of the medians.
+
+    python -m benchmarks.churn [--runs 3] [--seconds 60] [--trainers 1] [--tabs 2] [--visit-s 3 9]
+        [--away-s 1] [--out docs/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import random
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from browser_peer.peer import BrowserPeer, PeerConfig
+from lab.browser_host import NativeBridge
+from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
+from native_peer.edge_client import EdgeClient
+from native_peer.storage import StorageConfig
+
+from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
+
+CONFIGS = {"given-back": (), "kept": ("--lease-release-grace-s", "3600")}
+
+
+@dataclass(frozen=True)
+class Run:
+    config: str
+    heads_per_min: float
+    trainer_samples_per_s: float
+    tab_candidates: int
+    tab_closes: int
+    longest_gap_s: float
+
+
+class Tab(threading.Thread):
+    """A place for a tab, until ``stop``: each visit a ``BrowserPeer`` of a new visitor (its own identity
+    and storage), cancelled after its visit."""
+
+    def __init__(self, url: str, visit_s: tuple[float, float], away_s: float, rng: random.Random):
+        super().__init__(daemon=True)
+        self.url, self.visit_s, self.away_s, self.rng = url, visit_s, away_s, rng
+        self.closes = 0
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            asyncio.run(self._visit(self.rng.uniform(*self.visit_s)))
+            self.closes += 1
+            self._stopping.wait(self.away_s)
+
+    async def _visit(self, seconds: float) -> None:
+        bridge = NativeBridge()
+        seed = self.rng.randbytes(32)
+        peer = BrowserPeer(bridge, PeerConfig(self.url, str(BENCH_EXPERIMENT), seed, reconnect_max_s=1.0))
+        try:
+            with contextlib.suppress(TimeoutError):  # the tab closes, wherever it is
+                await asyncio.wait_for(peer.run(), seconds)
+        finally:
+            await bridge.aclose()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
+def run_once(local: LocalNetwork, root: Path, config: str, args: argparse.Namespace, seed: int) -> Run:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    edge = EdgeClient(url)
+    names = [f"trainer-{i}" for i in range(args.trainers)]
+    rng = random.Random(seed)
+    tabs = [Tab(url, tuple(args.visit_s), args.away_s, random.Random(rng.random())) for _ in range(args.tabs)]
+    try:
+        with Fleet(root) as fleet:
+            fleet.start_edge_and_validator(local, port, *CONFIGS[config])
+            for name in names:
+                fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
+            while not all(published(root / name) for name in names):  # compiled, through a window each
+                fleet.check_alive()
+                time.sleep(0.2)
+            for tab in tabs:
+                tab.start()
+            time.sleep(max(args.visit_s))  # every tab through a visit
+            before = [StorageConfig(root / name).outcomes()[-1] for name in names]
+            closes0, since_ms = sum(t.closes for t in tabs), int(time.time() * 1000)
+            rate = heads_per_minute(edge, fleet, config, args.seconds)
+            after = [StorageConfig(root / name).outcomes()[-1] for name in names]
+            closes = sum(t.closes for t in tabs) - closes0
+            for tab in tabs:
+                tab.stop()
+            heads = [h for h in edge.heads(BENCH_EXPERIMENT) if h.created_at_ms >= since_ms]
+            tab_candidates = sum(
+                1 for c in edge.candidates(BENCH_EXPERIMENT) if c.peer_kind == "browser" and c.created_at_ms >= since_ms
+            )
+            for tab in tabs:
+                tab.join(timeout=max(args.visit_s) + 10)
+    finally:
+        edge.close()
+    print()
+    samples = sum(b["trained_samples"] for b in after) - sum(b["trained_samples"] for b in before)
+    span_s = statistics.median(a["wall_s"] - b["wall_s"] for a, b in zip(after, before, strict=True))
+    gaps = [(b.created_at_ms - a.created_at_ms) / 1000 for a, b in itertools.pairwise(heads)]
+    return Run(
+        config,
+        heads_per_min=rate,
+        trainer_samples_per_s=samples / max(span_s, 1e-9),
+        tab_candidates=tab_candidates,
+        tab_closes=closes,
+        longest_gap_s=max(gaps, default=float("nan")),
+    )
+
+
+def main() -> None:
+    parser = liveness_parser(__doc__, 60.0)
+    parser.set_defaults(trainers=1)
+    parser.add_argument("--tabs", type=int, default=2)
+    parser.add_argument("--visit-s", type=float, nargs=2, default=(3.0, 9.0))
+    parser.add_argument("--away-s", type=float, default=1.0)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dtn-churn-"))
+    datasets = base / "datasets"
+    runs: list[Run] = []
+    for i in range(args.runs):
+        for config in CONFIGS:
+            root = base / f"{config}-{i}"
+            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4, 16))
+            runs.append(run_once(local, root, config, args, seed=i))
+            print(f"  {runs[-1]}")
+    by = {c: [r for r in runs if r.config == c] for c in CONFIGS}
+
+    def column(config: str, field: str) -> list[float]:
+        return [float(getattr(r, field)) for r in by[config]]
+
+    fields = ("heads_per_min", "trainer_samples_per_s", "tab_candidates", "tab_closes", "longest_gap_s")
+    lines = [
+        f"{args.trainers} native continuous trainer(s); {args.tabs} tabs, each closed after a visit of "
+        f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and opened again {args.away_s:g} s later; "
+        f"{args.seconds:g} s measured per run, {args.runs} runs",
+        "",
+        "| edge | heads / min | native samples / s | tab candidates | tab closes | longest gap between heads, s |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(f"| {c} | " + " | ".join(spread(column(c, f)) for f in fields) + " |" for c in CONFIGS),
+        "",
+        *(
+            f"given-back / kept, {f.replace('_', ' ')} (medians): "
+            f"{statistics.median(column('given-back', f)) / max(statistics.median(column('kept', f)), 1e-9):.2f} x"
+            for f in fields[:3]
+        ),
+    ]
+    print("\n".join(lines))
+    if args.out is not None:
+        command = (
+            f"python -m benchmarks.churn --runs {args.runs} --seconds {args.seconds:g} --trainers {args.trainers} "
+            f"--tabs {args.tabs} --visit-s {args.visit_s[0]:g} {args.visit_s[1]:g} --away-s {args.away_s:g}"
+        )
+        print(f"wrote {write_result(args.out, 'churn', 'Liveness under churn', command, lines)}")
+
+
+if __name__ == "__main__":
+    main()
