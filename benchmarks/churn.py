@@ -160,7 +160,7 @@ def main() -> None:
     fields = ("heads_per_min", "trainer_samples_per_s", "tab_candidates", "tab_closes", "longest_gap_s")
     lines = [
         f"{args.trainers} native continuous trainer(s); {args.tabs} tabs, each closed after a visit of "
-        f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and opened again {args.away_s:g} s later; "
+        f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and replaced by a new visitor's {args.away_s:g} s later; "
         f"{args.seconds:g} s measured per run, {args.runs} runs",
         "",
         "| edge | heads / min | native samples / s | tab candidates | tab closes | longest gap between heads, s |",

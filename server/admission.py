@@ -47,12 +47,14 @@ ROLES: dict[str, frozenset[str]] = {
     "viewer": frozenset({"join"}),
     "trainer": _TRAINER_ACTIONS,
     "validator": _TRAINER_ACTIONS | {"head", "verdict", "read_leases", "read_candidates"},
+    "mirror": frozenset({"read_candidates"}),  # another edge that follows this one (``server.follower``)
 }
 # the peer kinds a holder of each role may claim (a viewer's token cannot make a trainer)
 ROLE_KINDS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"viewer"}),
     "trainer": frozenset(TRAINER_KINDS),
     "validator": frozenset(PEER_KINDS),
+    "mirror": frozenset(),  # joins no relay as any peer
 }
 
 

@@ -6,7 +6,8 @@ change mirrors, for every experiment of this edge's network:
 
 - the canonical heads past this edge's current head, walked back from the upstream's current head
   along their parents, with their certificates, the artifacts and outer states they name, and the
-  candidates of the windows they closed (public once a window closed). They are taken as one lineage
+  candidates of the windows they closed (public once a window closed; behind an upstream that asks for
+  admission, read with the token ``follow_tokens_file`` names for it, role ``mirror``). They are taken as one lineage
   that continues this edge's own (``server.lineage.import_lineage``): every signature, each head's
   quorum of this edge's validators, the parent chain, the candidates' signatures and every blob
   (its hash and its shape as the experiment's model) are checked before anything is written, the
@@ -82,14 +83,16 @@ class UpstreamError(Exception):
 class Upstream:
     """Bounded reads of one upstream edge."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str, max_artifact_bytes: int) -> None:
+    def __init__(self, http: httpx.AsyncClient, url: str, max_artifact_bytes: int, token: str | None = None) -> None:
         self.http, self.url, self.max_artifact_bytes = http, url.rstrip("/"), max_artifact_bytes
+        # an admission token of the upstream's (role mirror): what lets it list its candidates
+        self.headers = {} if token is None else {"authorization": f"Bearer {token}"}
 
     async def get(self, path: str, max_bytes: int, **params: Any) -> tuple[int, httpx.Headers, bytes]:
         """Status, headers and body of ``GET path``; ``TooLarge`` past ``max_bytes``, ``UpstreamError``
         on a transport error or a 5xx."""
         try:
-            async with self.http.stream("GET", f"{self.url}{path}", params=params) as response:
+            async with self.http.stream("GET", f"{self.url}{path}", params=params, headers=self.headers) as response:
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
@@ -134,7 +137,7 @@ class Upstream:
     async def candidates(self, key: ExperimentKey, since: int) -> tuple[list[Candidate], int]:
         """The candidates listed after cursor ``since`` (those of closed windows: the page anyone reads),
         ``MAX_CANDIDATE_PAGES`` pages at most, and the cursor after them; none where the upstream lets
-        only validators read them (admission)."""
+        only validators and mirrors read them (admission) and this edge has no token of its."""
         found: list[Candidate] = []
         for _ in range(MAX_CANDIDATE_PAGES):
             status, headers, body = await self.get(
@@ -312,10 +315,11 @@ async def follow(state: EdgeState, urls: list[str]) -> None:
     backing off and moving to the next on failure; runs until cancelled."""
     backoff = Backoff(initial_s=0.5, max_s=30.0)
     cursors = _Cursors()
+    tokens = state.settings.follow_tokens
     at = 0
     async with httpx.AsyncClient(timeout=ACTIVITY_WAIT_S + 30) as http:
         while True:
-            upstream = Upstream(http, urls[at], state.settings.max_artifact_bytes)
+            upstream = Upstream(http, urls[at], state.settings.max_artifact_bytes, tokens.get(urls[at]))
             try:
                 since = await upstream.activity(None)  # at once: the token before what it mirrors
                 while True:

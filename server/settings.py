@@ -89,6 +89,7 @@ _HELP = {
     "blobs_url": "s3://bucket/prefix of an S3-compatible store several edges share (endpoint and credentials: "
     "the AWS_* environment); blobs_dir then holds this edge's cached copies",
     "follow": "URLs (comma-separated) of edges of this network that this edge follows: it mirrors their canonical heads, artifacts, candidates and verdicts, each verified against this network's validators (server.follower), from the first that answers; empty: it follows none",
+    "follow_tokens_file": 'file with a line "<followed edge URL> <admission token>" for each followed edge that asks for admission: the token (role mirror, issued by that edge\'s operator) this edge shows it to read candidates; empty: none',
     "mirrors": "public URLs (comma-separated) of the other edges of this network, told to browser pages (the relay welcome) so that a page can be moved to one when this edge is gone",
     "ice_servers": "STUN/TURN URIs (comma-separated: stun:host[:port], turn:host[:port][?transport=udp|tcp], stuns:, turns:; no credentials in them) that browser pages use to reach each other for heads beyond one LAN (the relay welcome); empty: host candidates only",
     "turn_secret_file": "file holding the secret shared with the TURN servers of ice_servers (coturn: use-auth-secret, static-auth-secret): each relay connection is given its own credential, valid turn_credential_ttl_s; required with a turn: URL",
@@ -162,6 +163,7 @@ class Settings:
     blobs_dir: str = ""
     blobs_url: str = ""
     follow: str = ""
+    follow_tokens_file: str = ""
     mirrors: str = ""
     ice_servers: str = ""
     turn_secret_file: str = ""
@@ -195,6 +197,7 @@ class Settings:
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
         self.ice  # noqa: B018 - validates the ICE settings (and reads the TURN secret) now, not at the first page
+        self.follow_tokens  # noqa: B018 - reads and checks the tokens file now, not at the first follow
 
     @property
     def ice(self) -> IceIssuer:
@@ -217,6 +220,11 @@ class Settings:
     def followed(self) -> list[str]:
         """The edges this edge follows, in order (``follow``)."""
         return edge_urls(self.follow)
+
+    @property
+    def follow_tokens(self) -> dict[str, str]:
+        """The admission token to show each followed edge that has one (``follow_tokens_file``)."""
+        return _read_follow_tokens(Path(self.follow_tokens_file)) if self.follow_tokens_file else {}
 
     @property
     def mirror_urls(self) -> list[str]:
@@ -253,3 +261,32 @@ class Settings:
             return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
         except ValueError as exc:
             parser.error(str(exc))
+
+
+MAX_TOKENS_FILE_BYTES = 64 * 1024
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{16,128}")
+
+
+def _read_follow_tokens(path: Path) -> dict[str, str]:
+    """``follow_tokens_file``: a line ``<edge URL> <token>`` each (blank lines and ``#`` comments left
+    out), URLs as ``follow`` reads them; a ``ValueError`` that names the file and line, never a token."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_TOKENS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"follow_tokens_file {str(path)!r} cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_TOKENS_FILE_BYTES:
+        raise ValueError(f"follow_tokens_file {str(path)!r} is larger than {MAX_TOKENS_FILE_BYTES} bytes")
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            urls = edge_urls(fields[0]) if len(fields) == 2 and _TOKEN.fullmatch(fields[1]) else []
+        except InvalidMessage:
+            urls = []
+        if len(urls) != 1:
+            raise ValueError(f'follow_tokens_file {str(path)!r} line {number}: expected "<edge URL> <admission token>"')
+        tokens[urls[0]] = fields[1]
+    return tokens

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from native_peer.edge_client import EdgeClient
@@ -25,8 +26,10 @@ from protocol.lineage import Lineage, write_archive
 from protocol.messages import Evaluation, HeadDescriptor
 from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner
+from server.admission import issue_token
 from server.follower import Upstream, mirror_once
 from server.serve import BackgroundEdge
+from server.settings import Settings
 from server.state import EdgeState
 from server.store import EdgeStore, Store
 
@@ -41,11 +44,13 @@ def lineage() -> Lineage:
     return _lineage(3)
 
 
-def _upstream(root: Path, dataset_root: Path, lineage: Lineage) -> BackgroundEdge:
-    """A running edge on its own store under ``root`` that holds ``lineage``."""
+def _upstream(root: Path, dataset_root: Path, lineage: Lineage, *, admission: bool = False) -> BackgroundEdge:
+    """A running edge on its own store under ``root`` that holds ``lineage`` (asking for admission)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "lineage.tar").write_bytes(write_archive(lineage))
     _dtn(["lineage", "import", str(root / "lineage.tar"), *_edge_files(root)])
+    if admission:
+        (root / "network.json").write_text(json.dumps(replace(NETWORK, admission_required=True).to_wire()))
     return BackgroundEdge(edge_settings(root, dataset_root)).start()
 
 
@@ -113,9 +118,11 @@ def _heads(store: EdgeStore) -> list[HeadDescriptor]:
     return store.heads(EXPERIMENT)
 
 
-def _mirrored(root: Path, dataset_root: Path, upstream_url: str, read: Callable[[EdgeStore], T] = _heads) -> T:
-    """One ``mirror_once`` of a fresh edge state under ``root`` from ``upstream_url``; what ``read`` finds
-    in its store after (default: the heads it holds; the error of the mirror is raised)."""
+def _mirrored(
+    root: Path, dataset_root: Path, upstream_url: str, read: Callable[[EdgeStore], T] = _heads, token: str | None = None
+) -> T:
+    """One ``mirror_once`` of a fresh edge state under ``root`` from ``upstream_url`` (shown ``token``);
+    what ``read`` finds in its store after (default: the heads it holds; the error of the mirror is raised)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "network.json").write_text(json.dumps(NETWORK.to_wire()))
 
@@ -125,7 +132,7 @@ def _mirrored(root: Path, dataset_root: Path, upstream_url: str, read: Callable[
         try:
             async with httpx.AsyncClient(timeout=10) as http:
                 try:
-                    await mirror_once(state, Upstream(http, upstream_url, 1 << 24))
+                    await mirror_once(state, Upstream(http, upstream_url, 1 << 24, token))
                 finally:
                     held = read(state.store)
             return held
@@ -157,6 +164,52 @@ def test_a_follower_counts_a_verdict_from_the_votes_that_made_it_count_upstream(
         assert _mirrored(tmp_path / "b", dataset_root, upstream.url, counted) == [True] * len(lineage.verdicts)
     finally:
         upstream.stop()
+
+
+def test_a_follower_reads_an_admission_upstreams_candidates_with_a_mirror_token(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    """Behind admission only validators' and mirrors' tokens list candidates: a follower without one
+    mirrors the heads and none of the candidates (so none of their verdicts), with a ``mirror`` token
+    the whole lineage; that token reads candidates and nothing else (it joins no relay)."""
+    upstream = _upstream(tmp_path / "a", dataset_root, lineage, admission=True)
+    try:
+        store = Store(tmp_path / "a" / "edge" / "edge.sqlite3")
+        try:
+            token = issue_token(store, "mirror", "the second operator's edge", 3600)
+        finally:
+            store.close()
+
+        def held(store: EdgeStore) -> tuple[int, int, int]:
+            counted = sum(store.counted_verdict(EXPERIMENT, v.candidate_id) is not None for v in lineage.verdicts)
+            return len(store.heads(EXPERIMENT)), len(list(store.candidates_since(EXPERIMENT, 0, 100))), counted
+
+        whole = (len(lineage.heads), len(lineage.candidates), len(lineage.verdicts))
+        assert _mirrored(tmp_path / "b", dataset_root, upstream.url, held) == (len(lineage.heads), 0, 0)
+        assert _mirrored(tmp_path / "c", dataset_root, upstream.url, held, token) == whole
+        with connect(upstream.url.replace("http", "ws") + "/v1/relay", open_timeout=5) as ws:
+            challenge = json.loads(ws.recv(timeout=5))
+            signer = PureSigner(b"\x51" * 32)
+            ws.send(json.dumps({"type": "join", "proof": proof(signer, "join", challenge["nonce"]), "token": token}))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd is not None and "may not" in closed.value.rcvd.reason
+    finally:
+        upstream.stop()
+
+
+def test_a_follow_tokens_file_is_read_line_by_line_and_a_bad_line_is_named_not_shown(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# the edges this one follows\nhttps://a.example/ dtn_abcdefghijklmnopqrstuvwx\n\n")
+    assert Settings(follow_tokens_file=str(tokens)).follow_tokens == {
+        "https://a.example": "dtn_abcdefghijklmnopqrstuvwx"
+    }
+    tokens.write_text("https://a.example dtn_abcdefghijklmnopqrstuvwx extra\n")
+    with pytest.raises(ValueError, match="line 1") as refused:
+        Settings(follow_tokens_file=str(tokens))
+    assert "dtn_abc" not in str(refused.value)
+    with pytest.raises(ValueError, match="cannot be read"):
+        Settings(follow_tokens_file=str(tmp_path / "missing"))
 
 
 def test_a_follower_refuses_an_upstream_whose_heads_other_validators_signed(
