@@ -9,16 +9,20 @@ import argparse
 import os
 import statistics
 import subprocess
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from lab.stack import Fleet
+from lab.stack import Fleet, LocalNetwork, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.models import builtin_model
 from native_peer.storage import StorageConfig
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, NetworkManifest
+
+R = TypeVar("R")  # what one run of a benchmark measures
 
 BENCH_EXPERIMENT = ExperimentKey.parse("bench/mnist/rev-1")
 # the pinned set-up: the trainer alone on one core, the edge and the validator on the other
@@ -85,6 +89,28 @@ def heads_per_minute(edge: EdgeClient, fleet: Fleet, label: str, seconds: float)
         time.sleep(0.5)
         print(f"\r  {label}: {time.monotonic() - started:4.0f} s", end="", flush=True)
     return (len(edge.heads(BENCH_EXPERIMENT)) - heads0) * 60 / (time.monotonic() - started)
+
+
+def interleaved(
+    slug: str,
+    configs: Sequence[str],
+    runs: int,
+    network: Callable[[Path], Callable[[bytes], NetworkManifest]],
+    run: Callable[[LocalNetwork, Path, str, int], R],
+) -> list[R]:
+    """``runs`` rounds of every one of ``configs``, interleaved so that drift in the machine hits each
+    alike, each on a fresh network under a temporary directory (``network(root)`` makes its manifest
+    from the validator key; MNIST prepared once): ``run(local, root, config, round)``, each result
+    printed as it comes."""
+    base = Path(tempfile.mkdtemp(prefix=f"dtn-{slug}-"))
+    results: list[R] = []
+    for i in range(runs):
+        for config in configs:
+            root = base / f"{config}-{i}"
+            local = prepare_network(root, datasets=base / "datasets", network=network(root))
+            results.append(run(local, root, config, i))
+            print(f"  {results[-1]}")
+    return results
 
 
 def liveness_parser(doc: str | None, seconds: float) -> argparse.ArgumentParser:

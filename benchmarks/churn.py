@@ -32,7 +32,6 @@ import contextlib
 import itertools
 import random
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -40,11 +39,20 @@ from pathlib import Path
 
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge
-from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
+from lab.stack import Fleet, LocalNetwork, free_port
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
 
-from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
+from . import (
+    BENCH_EXPERIMENT,
+    bench_network,
+    heads_per_minute,
+    interleaved,
+    liveness_parser,
+    published,
+    spread,
+    write_result,
+)
 
 CONFIGS = {"given-back": (), "kept": ("--lease-release-grace-s", "3600")}
 
@@ -143,15 +151,13 @@ def main() -> None:
     parser.add_argument("--visit-s", type=float, nargs=2, default=(3.0, 9.0))
     parser.add_argument("--away-s", type=float, default=1.0)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="dtn-churn-"))
-    datasets = base / "datasets"
-    runs: list[Run] = []
-    for i in range(args.runs):
-        for config in CONFIGS:
-            root = base / f"{config}-{i}"
-            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4, 16))
-            runs.append(run_once(local, root, config, args, seed=i))
-            print(f"  {runs[-1]}")
+    runs = interleaved(
+        "churn",
+        tuple(CONFIGS),
+        args.runs,
+        lambda root: lambda key: bench_network(key, 4, 16),
+        lambda local, root, config, i: run_once(local, root, config, args, seed=i),
+    )
     by = {c: [r for r in runs if r.config == c] for c in CONFIGS}
 
     def column(config: str, field: str) -> list[float]:

@@ -20,16 +20,24 @@ medians is the slowdown.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.hostile import SOURCES, Squatter
-from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
+from lab.stack import Fleet, LocalNetwork, free_port
 from native_peer.edge_client import EdgeClient
 
-from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
+from . import (
+    BENCH_EXPERIMENT,
+    bench_network,
+    heads_per_minute,
+    interleaved,
+    liveness_parser,
+    published,
+    spread,
+    write_result,
+)
 
 
 @dataclass(frozen=True)
@@ -70,15 +78,13 @@ def main() -> None:
     parser = liveness_parser(__doc__, 20.0)
     parser.add_argument("--identities", type=int, default=10)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="dtn-squatting-"))
-    datasets = base / "datasets"
-    runs: list[Run] = []
-    for i in range(args.runs):
-        for config in ("clean", "squatted"):
-            root = base / f"{config}-{i}"
-            local = prepare_network(root, datasets=datasets, network=lambda key: bench_network(key, 4, 16))
-            runs.append(run_once(local, root, config, args.seconds, args.trainers, args.identities))
-            print(f"  {runs[-1]}")
+    runs = interleaved(
+        "squatting",
+        ("clean", "squatted"),
+        args.runs,
+        lambda root: lambda key: bench_network(key, 4, 16),
+        lambda local, root, config, _: run_once(local, root, config, args.seconds, args.trainers, args.identities),
+    )
     heads = {c: [r.heads_per_min for r in runs if r.config == c] for c in ("clean", "squatted")}
     squats = [r.squatted_per_window for r in runs if r.config == "squatted"]
     lines = [

@@ -25,7 +25,6 @@ are not trainers of the run. The ratio flooded / clean of the medians is the slo
 from __future__ import annotations
 
 import statistics
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -36,13 +35,22 @@ from pathlib import Path
 import httpx
 
 from lab.rogue import Rogue
-from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
+from lab.stack import Fleet, LocalNetwork, free_port
 from native_peer.edge_client import EdgeClient, EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.storage import StorageConfig
 from protocol.manifests import NetworkManifest
 
-from . import BENCH_EXPERIMENT, bench_network, heads_per_minute, liveness_parser, published, spread, write_result
+from . import (
+    BENCH_EXPERIMENT,
+    bench_network,
+    heads_per_minute,
+    interleaved,
+    liveness_parser,
+    published,
+    spread,
+    write_result,
+)
 
 HONEST = ("validator-1", "validator-2")  # the rogue holds the key under root/validator
 WINDOW_TIMEOUT_S = 10.0
@@ -149,15 +157,13 @@ def main() -> None:
     parser = liveness_parser(__doc__, 30.0)
     parser.add_argument("--proposals", type=int, default=8)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="dtn-validator-flood-"))
-    datasets = base / "datasets"
-    runs: list[Run] = []
-    for i in range(args.runs):
-        for config in CONFIGS:
-            root = base / f"{config}-{i}"
-            local = prepare_network(root, datasets=datasets, network=_quorum(root))
-            runs.append(run_once(local, root, config, args.seconds, args.trainers, args.proposals))
-            print(f"  {runs[-1]}")
+    runs = interleaved(
+        "validator-flood",
+        CONFIGS,
+        args.runs,
+        _quorum,
+        lambda local, root, config, _: run_once(local, root, config, args.seconds, args.trainers, args.proposals),
+    )
     heads = {c: [r.heads_per_min for r in runs if r.config == c] for c in CONFIGS}
 
     def row(config: str) -> str:
