@@ -39,8 +39,8 @@ lineage bears out counts at once; one on a candidate whose verdict counts alread
 decision (else 409) and changes nothing; any other is held as its validator's vote (202) and counts once
 ``NetworkManifest.quorum`` validators signed the same decision (an acceptance: into the same head,
 vouching for the same examples), or, a rejection, once the heads that decide it are canonical
-(``_settle_votes``, at each promotion), where a contradicted vote is dropped. The agreeing votes of a
-verdict that counts are kept, and listed (``.../verdicts/{candidate_id}/votes``): another edge that
+(``_settle_votes``, at each promotion), where a contradicted vote is dropped. With a quorum above one the
+agreeing votes of a verdict that counts are kept, and listed (``.../verdicts/{candidate_id}/votes``): another edge that
 follows this one counts it from them as this one did (``server.follower``). The examples credited are
 those vouched for, capped by the candidate's own count and its lease.
 
@@ -455,9 +455,12 @@ def _keep(state: EdgeState, verdict: Verdict, outcome: Settled, examples: int) -
         return False
     if state.store.add_verdict(verdict, examples):
         state.hub.publish(verdict.experiment, "verdicts", verdict.to_wire())
-    for vote in state.store.votes(verdict.experiment, cid):  # the agreeing ones stay: what made it count
-        if not agree(vote, verdict):
-            state.store.drop_votes(verdict.experiment, cid, vote.validator_key)
+    if state.network.quorum == 1:
+        state.store.drop_votes(verdict.experiment, cid)  # the verdict is its own certificate
+    else:  # the agreeing votes stay: what made it count, for the edges that follow this one
+        for vote in state.store.votes(verdict.experiment, cid):
+            if not agree(vote, verdict):
+                state.store.drop_votes(verdict.experiment, cid, vote.validator_key)
     return True
 
 

@@ -616,12 +616,13 @@ class EdgeStore:
             )
 
     def voted_candidates(self, experiment: ExperimentKey, base_heads: tuple[HeadId, ...]) -> list[ContentId]:
-        """The candidates on one of ``base_heads`` with votes held."""
+        """The candidates on one of ``base_heads`` with votes held and no verdict that counts yet."""
         marks = ", ".join("?" * len(base_heads))
         rows = self._db.query(
             "SELECT DISTINCT v.candidate_id FROM verdict_votes v"
             " JOIN candidates c ON c.experiment = v.experiment AND c.candidate_id = v.candidate_id"
-            f" WHERE v.experiment = ? AND c.base_head IN ({marks})",
+            f" WHERE v.experiment = ? AND c.base_head IN ({marks})"
+            " AND NOT EXISTS (SELECT 1 FROM verdicts d WHERE d.experiment = v.experiment AND d.candidate_id = v.candidate_id)",
             experiment,
             *base_heads,
         )

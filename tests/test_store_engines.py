@@ -347,7 +347,11 @@ def test_pending_verdicts_and_validator_budgets_on_every_engine(store: EdgeStore
     assert store.votes(EXPERIMENT, candidate.candidate_id) == votes
     assert store.voted_candidates(EXPERIMENT, (genesis.head_id,)) == [candidate.candidate_id]
     assert store.voted_candidates(EXPERIMENT, (after.head_id,)) == []
+    assert [v for _, v in store.votes_after(EXPERIMENT, 0)] == votes
     store.drop_votes(EXPERIMENT, candidate.candidate_id, others[0].public_key)
+    assert store.votes(EXPERIMENT, candidate.candidate_id) == [votes[0], votes[2]]
+    assert store.add_verdict(votes[0], 0)  # it counts: its votes stay (its certificate), pending no more
+    assert store.voted_candidates(EXPERIMENT, (genesis.head_id,)) == []
     assert store.votes(EXPERIMENT, candidate.candidate_id) == [votes[0], votes[2]]
     store.drop_votes(EXPERIMENT, candidate.candidate_id)
     assert store.votes(EXPERIMENT, candidate.candidate_id) == []
