@@ -438,10 +438,13 @@ class Suite:
         use_reference: bool = True,
         use_evidence: bool = True,
         use_copies: bool = True,
+        fresh_identities: bool = False,
     ) -> dict[str, Any]:
         """One scenario; ``use_reference=False`` judges as a validator without a reference update,
         ``use_evidence=False`` without measuring each candidate's evidence that it trained on its lease,
-        ``use_copies=False`` without refusing copies of another candidate's update (``rejects_copies``)."""
+        ``use_copies=False`` without refusing copies of another candidate's update (``rejects_copies``);
+        ``fresh_identities=True``: the attackers sign with new keys every window (cheap identities, never
+        a record: ``TrustBook.merge_weight``)."""
         policy = PRESETS[preset] if use_evidence else PRESETS[preset].without_lease_evidence()
         policy = policy if use_copies else replace(policy, rejects_copies=False)
         where = SETTINGS[setting]
@@ -465,10 +468,15 @@ class Suite:
         head_id = HeadId(content_id(encode_tensors(base)))
         previous_head = head_id
         peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
+        malicious_ids = {peer_ids[i] for i in malicious}  # every key an attacker signed with
         anchor = Anchor(self.engine, *self.data.reference, STEPS, REFERENCE_BATCH)
         anchored = (head_id, base)  # the head the validator's own update trains from, and its parameters
         pool = sum(len(y) for _, y in self.data.shards)  # the training pool's examples (``lease_measurable``)
         for window in range(self.windows):
+            if fresh_identities and window:
+                signers = [_sybil(i, window, self.seed) if i in malicious else s for i, s in enumerate(signers)]
+                peer_ids = [peer_id_from_public_key(s.public_key) for s in signers]
+                malicious_ids |= {peer_ids[i] for i in malicious}
             if anchor_window(window, ANCHOR_EVERY) == window:
                 anchored = (head_id, base)
             shard_ids = [str(i) for i in range(len(self.data.shards))]
@@ -573,9 +581,9 @@ class Suite:
                 base_metrics = decision.merged_metrics or base_metrics
                 previous_head, head_id = head_id, HeadId(content_id(encode_tensors(base)))
         quarantined = trust.quarantine
-        malicious_ids = {peer_ids[i] for i in malicious}
         return {
             "setting": setting,
+            "fresh_identities": fresh_identities,
             "peers": peers,
             "attack": attack,
             "fraction": fraction,
@@ -647,6 +655,11 @@ def _decode(artifact: bytes) -> Params:
     return tensors  # type: ignore[return-value]
 
 
+def _sybil(attacker: int, window: int, seed: int) -> PureSigner:
+    """Attacker ``attacker``'s key of ``window`` when it takes a new identity every window."""
+    return PureSigner(hashlib.sha256(f"dtn-attack-suite/sybil/{attacker}/{window}/{seed}".encode()).digest())
+
+
 def run_suite(
     datasets_dir: Path,
     presets: tuple[str, ...] = ("minimal", "balanced", "strict"),
@@ -659,11 +672,13 @@ def run_suite(
     use_reference: bool = True,
     suite: Suite | None = None,
     seed: int = 0,
+    fresh_identities: bool = False,
 ) -> dict[str, Any]:
     """Every planned (setting, attack, fraction) with an attack in ``attacks``, for each preset, plus
     each setting's clean run; in the iid setting, with ``fractions`` given, each attack at exactly
     those fractions instead of its planned ones. ``suite``: an already warmed-up suite of ``peers``,
-    ``windows`` and ``seed`` to reuse."""
+    ``windows`` and ``seed`` to reuse; ``fresh_identities``: attackers take new keys every window
+    (``Suite.run``)."""
     suite = suite or Suite(load_data(datasets_dir), peers, windows, seed=seed)
     if (suite.peers, suite.windows, suite.seed) != (peers, windows, seed):
         raise ValueError("the suite given was built for other peers, windows or seed")
@@ -686,7 +701,14 @@ def run_suite(
                 row = (
                     clean_row
                     if attack == "clean"
-                    else suite.run(attack, fraction, preset, setting, use_reference=use_reference)
+                    else suite.run(
+                        attack,
+                        fraction,
+                        preset,
+                        setting,
+                        use_reference=use_reference,
+                        fresh_identities=fresh_identities,
+                    )
                 )
                 row = row | {
                     "accuracy_vs_clean": row["final_test_accuracy"] - clean_row["final_test_accuracy"],
@@ -705,6 +727,7 @@ def run_suite(
         "peers": peers,
         "seed": seed,
         "reference": use_reference,
+        "fresh_identities": fresh_identities,
         "warm_accuracy": suite.evaluate(suite.warm, suite.data.test)["accuracy"],
         "warm_attack_success": suite.attack_success(suite.warm),
         "clean": clean,
@@ -716,7 +739,8 @@ def run_suite(
 def scorecard_table(scorecard: dict[str, Any]) -> str:
     lines = [
         f"Attack suite: {scorecard['peers']} peers (cohort settings: 2 or 3), {scorecard['windows']} windows per"
-        f" scenario (seed {scorecard.get('seed', 0)}), real MNIST updates, judged {'with' if scorecard.get('reference', True) else 'without'} the"
+        f" scenario (seed {scorecard.get('seed', 0)}{', attackers on new keys every window' if scorecard.get('fresh_identities') else ''}),"
+        f" real MNIST updates, judged {'with' if scorecard.get('reference', True) else 'without'} the"
         f" validator's reference update. Start: test accuracy"
         f" {scorecard['warm_accuracy']:.4f}, trigger attack success {scorecard['warm_attack_success']:.3f}.",
         "",

@@ -58,6 +58,7 @@ def cmd_attack_suite(args: argparse.Namespace) -> None:
         peers=args.peers,
         settings=tuple(args.settings or SETTINGS),
         seed=args.seed,
+        fresh_identities=args.fresh_identities,
     )
     write_scorecard(args.out, scorecard)
     print(scorecard_table(scorecard))
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         "--settings", nargs="*", default=None, help="default: all (iid, label_skew, label_skew_1, cohorts)"
     )
     suite.add_argument("--seed", type=int, default=0, help="another genesis, warm-up and draws (0: the CI scorecard's)")
+    suite.add_argument(
+        "--fresh-identities", action="store_true", help="attackers sign with new keys every window (no record)"
+    )
     suite.set_defaults(run=cmd_attack_suite)
 
     stack = sub.add_parser("stack", help="an edge and a validator on one port until terminated (browser tests)")
