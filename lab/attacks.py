@@ -444,7 +444,7 @@ class Suite:
         ``use_evidence=False`` without measuring each candidate's evidence that it trained on its lease,
         ``use_copies=False`` without refusing copies of another candidate's update (``rejects_copies``);
         ``fresh_identities=True``: the attackers sign with new keys every window (cheap identities, never
-        a record: ``TrustBook.merge_weight``)."""
+        a record)."""
         policy = PRESETS[preset] if use_evidence else PRESETS[preset].without_lease_evidence()
         policy = policy if use_copies else replace(policy, rejects_copies=False)
         where = SETTINGS[setting]

@@ -11,8 +11,7 @@ each candidate as a ``Submission``; ``judge_window`` is the composition of these
     measure_alone    the holdout overrides an opposed direction; each screened-in candidate alone
     leave_one_out    a candidate the linear merge is worse with than without is a regression (a lone
                      one: at the share of its step below the base's loss, where one is)
-    outer_step       the merge rule over the rest (weight caps per peer kind, each peer's record:
-                     ``TrustBook.merge_weight``, ``staleness_weight``),
+    outer_step       the merge rule over the rest (weight caps per peer kind, ``staleness_weight``),
                      then the outer optimizer's step from the base
     promote          of that step's shares (``policy.step_shares``), shortened while the holdout loss falls
     blocked_screens  the promotion rule on it, and the blame when it blocks the merge
@@ -273,7 +272,7 @@ def judge_window(
     screened, metrics = measure_alone(admitted, screened, policy, evaluate, base_metrics)
     screens.update((sub.candidate_id, screen) for sub, screen in zip(admitted, screened, strict=True))
     trusted = [sub for sub, screen in zip(admitted, screened, strict=True) if screen.accepted]
-    merge = Merge(spec, base, trusted, policy, rule, salt, anchor, [trust.merge_weight(s.peer_id) for s in trusted])
+    merge = Merge(spec, base, trusted, policy, rule, salt, anchor)
     marginal, regressions = leave_one_out(merge, trusted, policy, evaluate, base_metrics)
     screens.update(regressions)
     rows = [i for i, sub in enumerate(trusted) if screens[sub.candidate_id].accepted]
@@ -566,8 +565,7 @@ def _params(sub: Submission) -> Mapping[str, np.ndarray]:
 
 class Merge:
     """The window's merge rule over any subset of its screened-in candidates (content-id order,
-    float64, per-kind weight caps times ``records``, each peer's ``TrustBook.merge_weight``, salted tie
-    keys, the reference update when anchored)."""
+    float64, per-kind weight caps, salted tie keys, the reference update when anchored)."""
 
     def __init__(
         self,
@@ -578,7 +576,6 @@ class Merge:
         rule: str,
         salt: bytes,
         reference: Mapping[str, np.ndarray] | None,
-        records: Sequence[float] | None = None,
     ) -> None:
         self.spec, self.policy, self.rule = spec, policy, AGGREGATORS[rule]
         self.base = flatten(spec, base)
@@ -590,10 +587,7 @@ class Merge:
             if trusted
             else np.zeros((0, len(self.base)))
         )
-        # examples (capped per kind) × what the peer's record makes them weigh (``TrustBook.merge_weight``)
-        self.weights = np.array(
-            [min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64
-        ) * np.asarray(records if records is not None else [1.0] * len(trusted), np.float64)
+        self.weights = np.array([min(s.examples, caps.get(s.peer_kind, s.examples)) for s in trusted], np.float64)
         self.keys = tie_keys(salt, [s.candidate_id for s in trusted])
         self.reference = None if reference is None else flatten(spec, reference) - self.base
         # each update's clip radius in units of ‖Δ_ref‖: √ of the windows of steps it declares (an

@@ -17,12 +17,6 @@ every candidate on its own; quarantine spares validators the work and bounds how
 offender is looked at (back after two or three more rejections). The score, an exponential moving
 average of acceptance, is informational (shown to viewers).
 
-A peer's **record** is the number of its windows accepted, up to ``RECORD_WINDOWS`` − 1; its merge
-weight (``merge_weight``) is (1 + record) / ``RECORD_WINDOWS``: a new identity's update counts a quarter
-of an established peer's until three of its windows were accepted. An identity costs work before it
-weighs (issue #27: a Sybil majority of fresh keys weighs as a minority), while a lone or a first cohort
-is unaffected (the merge normalizes the weights) and an honest newcomer's update still moves the model.
-
 A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``decayed`` return the next book.
 Peers are visited in sorted order, so every validator computes the same floats.
 """
@@ -37,9 +31,7 @@ from .errors import InvalidMessage
 from .fields import read_float, read_int, read_object
 from .reasons import Reason
 
-__all__ = ["RECORD_WINDOWS", "TrustBook"]
-
-RECORD_WINDOWS = 4  # a peer weighs fully once this many minus one of its windows were accepted
+__all__ = ["TrustBook"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +43,6 @@ class TrustBook:
     strike_decay: float = 0.9  # strikes are multiplied by this once per judged window a peer takes part in
     release_strikes: float = 1.5  # a quarantined peer is released once its strikes fall below this
     held: frozenset[str] = frozenset()  # the peers in quarantine
-    records: Mapping[str, int] = field(default_factory=dict)  # windows accepted, up to RECORD_WINDOWS − 1
 
     def recorded(self, peer_id: str, accepted: bool, reason: Reason) -> TrustBook:
         """The book after one decision about ``peer_id``'s candidate (no decay: see ``after_window``)."""
@@ -60,21 +51,9 @@ class TrustBook:
         if not accepted:
             strikes += reason.strike_weight
         held = self.held | {peer_id} if strikes >= self.max_strikes else self.held
-        records = self.records
-        if accepted:
-            records = {**records, peer_id: min(records.get(peer_id, 0) + 1, RECORD_WINDOWS - 1)}
         return replace(
-            self,
-            scores={**self.scores, peer_id: score},
-            strikes={**self.strikes, peer_id: strikes},
-            held=held,
-            records=records,
+            self, scores={**self.scores, peer_id: score}, strikes={**self.strikes, peer_id: strikes}, held=held
         )
-
-    def merge_weight(self, peer_id: str) -> float:
-        """What ``peer_id``'s update weighs in a merge, relative to an established peer's:
-        (1 + its record) / ``RECORD_WINDOWS``."""
-        return (1 + self.records.get(peer_id, 0)) / RECORD_WINDOWS
 
     def decayed(self, peer_ids: Iterable[str]) -> TrustBook:
         """The book one window later for ``peer_ids``: their strikes × ``strike_decay``; a quarantined
@@ -119,14 +98,12 @@ class TrustBook:
             "scores": dict(self.scores),
             "strikes": dict(self.strikes),
             "quarantined": sorted(self.held),
-            "records": dict(self.records),
         }
 
     @classmethod
     def from_wire(cls, value: object) -> TrustBook:
-        """Also reads older books: without ``strike_decay`` (integer strikes), without a quarantine
-        list (then the peers at ``max_strikes`` or more are in quarantine), or without records (every
-        peer starts from none)."""
+        """Also reads older books: without ``strike_decay`` (integer strikes) or without a quarantine
+        list (then the peers at ``max_strikes`` or more are in quarantine)."""
         d = read_object(value, "trust book")
         scores, strikes = read_object(d.get("scores"), "scores"), read_object(d.get("strikes"), "strikes")
         strike_decay = read_float(d, "strike_decay") if "strike_decay" in d else cls.strike_decay
@@ -140,7 +117,6 @@ class TrustBook:
         held = d.get("quarantined", [peer for peer, n in counts.items() if n >= max_strikes])
         if not isinstance(held, list) or not all(isinstance(peer, str) and peer in counts for peer in held):
             raise InvalidMessage("quarantined must list peers of the book's strikes")
-        records = read_object(d.get("records", {}), "records")
         return cls(
             max_strikes,
             read_float(d, "decay"),
@@ -149,7 +125,6 @@ class TrustBook:
             strike_decay,
             release,
             frozenset(held),
-            {peer: read_int(records, peer, low=0, high=RECORD_WINDOWS - 1) for peer in records},
         )
 
 

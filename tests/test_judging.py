@@ -157,42 +157,6 @@ def test_judge_window_decides_and_records_trust(dataset_root) -> None:  # type: 
     assert not again.promoted and again.screens["sha256:" + "f" * 64].reason is Reason.QUARANTINED
 
 
-def test_a_peer_weighs_in_a_merge_by_its_record_a_new_identity_a_quarter(dataset_root) -> None:  # type: ignore[no-untyped-def]
-    """Two honest updates of as many examples, one from a peer with three windows accepted, one from a
-    new identity: the merge (the undefended weighted mean, FedAvg) weighs them 1 and 1/4; the book after
-    records the newcomer's acceptance, and from then on it weighs half. Alone, a newcomer's update is
-    merged whole (the weights are normalized)."""
-    from datasets.layout import load_split
-
-    x, y = load_split(dataset_root / "mnist", "validation")
-    base = init_params(SPEC, 0)
-    rng = np.random.default_rng(3)
-    updates = [{k: v + 0.001 * rng.standard_normal(v.shape).astype(np.float32) for k, v in base.items()} for _ in "ab"]
-    subs = [
-        Submission(f"sha256:{i:064x}", peer, "native", 1000.0, p, ACCEPT)
-        for i, (peer, p) in enumerate(zip(("old", "new"), updates, strict=True))
-    ]
-    trust = TrustBook(records={"old": 3})
-    assert (trust.merge_weight("old"), trust.merge_weight("new")) == (1.0, 0.25)
-    decision = judge_window(
-        SPEC, base, evaluate(SPEC, base, x[:1000], y[:1000]), subs, PRESETS["minimal"],
-        lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), trust,
-    )  # fmt: skip
-    assert decision.merged is not None and len(decision.accepted) == 2
-    for name in SPEC.shapes:
-        expected = base[name] + (1.0 * (updates[0][name] - base[name]) + 0.25 * (updates[1][name] - base[name])) / 1.25
-        np.testing.assert_allclose(decision.merged[name], expected, rtol=1e-5, atol=1e-7)
-    assert decision.trust.merge_weight("new") == 0.5 and decision.trust.merge_weight("old") == 1.0
-    assert TrustBook.from_wire(decision.trust.to_wire()) == decision.trust
-    alone = judge_window(
-        SPEC, base, evaluate(SPEC, base, x[:1000], y[:1000]), subs[1:], PRESETS["minimal"],
-        lambda p: evaluate(SPEC, p, x[:1000], y[:1000]), trust,
-    )  # fmt: skip
-    assert alone.merged is not None
-    for name in SPEC.shapes:
-        np.testing.assert_allclose(alone.merged[name], updates[1][name], rtol=1e-5, atol=1e-7)
-
-
 @pytest.mark.parametrize(
     ("window", "every", "anchor"),
     [(0, 1, 0), (5, 1, 5), (0, 4, 0), (3, 4, 0), (4, 4, 4), (7, 4, 4), (9, 4, 8), (2, 3, 0), (6, 3, 6)],
