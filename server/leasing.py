@@ -51,7 +51,6 @@ same secret back, and nothing secret is stored. Shards are served only against i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -98,20 +97,28 @@ class LeaseIssuer:
         self._secret_key = hashlib.sha256(b"dtn/lease-secret/v1\n" + state.store.edge_seed()).digest()
         self._homes: dict[ExperimentKey, Homes] = {}  # the latest homes per experiment
         self._arrears_on: dict[ExperimentKey, tuple[HeadId, Arrears]] = {}  # read once per head
-        self._leaving: set[asyncio.Task[None]] = set()  # holders' graces (``holder_left``)
+        self._leaving: set[asyncio.Task[None]] = set()  # holders' graces and releases (``holder_left``)
+        self._waiting: set[asyncio.Task[None]] = set()  # those still in their grace
+        self._closing = False
 
     def holder_left(self, connection: Connection) -> None:
         """``connection`` closed: after the edge's ``lease_release_grace_s``, unless its peer joined
         again (here or on another edge of the deployment), give back what it leased over it
         (``release``)."""
-        if connection.leases:
+        if connection.leases and not self._closing:
             task = asyncio.create_task(self._release_after_grace(connection))
             self._leaving.add(task)
             task.add_done_callback(self._leaving.discard)
 
     async def _release_after_grace(self, connection: Connection) -> None:
-        await asyncio.sleep(self.state.settings.lease_release_grace_s)
-        if await self.state.hub.present(connection.peer_id):
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        try:
+            await asyncio.sleep(self.state.settings.lease_release_grace_s)
+        finally:
+            self._waiting.discard(task)
+        if self._closing or await self.state.hub.present(connection.peer_id):
             return  # a new session holds them: it may deliver, or ask for them again
         by_experiment: dict[str, list[LeaseId]] = defaultdict(list)
         for experiment, lease_id in connection.leases:
@@ -135,11 +142,13 @@ class LeaseIssuer:
         return released
 
     async def close(self) -> None:
-        """Stop the graces still running (the edge is shutting down: those leases lapse at expiry)."""
-        for task in list(self._leaving):
+        """The edge is shutting down: end the graces still waiting (those leases lapse at their expiry)
+        and let the releases already writing finish, before the caller closes the store they write to
+        (a store write runs in a worker thread, which cancelling its task would not stop)."""
+        self._closing = True
+        for task in list(self._waiting):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._leaving, return_exceptions=True)
 
     def secret(self, lease_id: LeaseId) -> str:
         return hmac.new(self._secret_key, lease_id.encode(), hashlib.sha256).hexdigest()
