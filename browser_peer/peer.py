@@ -508,12 +508,7 @@ class BrowserPeer:
         announced, self._announced = self._announced, None
         if announced is None or announced.parent != self._last_base:  # not the head after the last trained on
             announced = await self.http.current_head(self.key)
-        head = head_to_train(
-            announced,
-            self._network.validator_key_set,
-            self._last_base,
-            quorum=self._network.quorum,
-        )
+        head = head_to_train(announced, self._network, self._last_base)
         model = spec.model  # as the network's manifest declares it
         ahead, self._ahead = self._ahead, None
         held = ahead.grant if isinstance(ahead, _Trained) else ahead

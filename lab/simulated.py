@@ -202,7 +202,7 @@ class SimulatedFleet:
             seen_at = time.monotonic()
             if found is not None and (after is None or found.head_id != after.head_id):
                 last = None if after is None else after.head_id
-                return head_to_train(found, self.network.validator_key_set, last, quorum=self.network.quorum), seen_at
+                return head_to_train(found, self.network, last), seen_at
             if seen_at >= deadline:
                 raise TimeoutError(f"no head after {after.head_id if after else 'genesis'} within {timeout_s:.0f} s")
             if after is None:

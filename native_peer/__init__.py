@@ -19,7 +19,9 @@ identity     Ed25519 node identity (cryptography)
 storage      StorageConfig: a node's directory layout
 export       the best head a quorum vouches for, written as safetensors plus its model config
 cli          ``python -m native_peer train | validate | keys | dataset | export | control``
-control_cli  ``dtn control new | sign | submit | show``: run-control orders validators sign offline
+control_cli  ``dtn control new | revise | sign | submit | show | revisions``: run-control orders and
+             network revisions validators sign offline
+network_chain  the network a peer trusts, followed through replaced edges and signed revisions
 """
 
 from protocol.ids import ExperimentId, RevisionId, StudyId

@@ -179,7 +179,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
         admission_token=args.token,
     )
     try:
-        validator.run(network.experiments, _stop_on_signals())
+        validator.run(None, _stop_on_signals())  # every experiment, as revisions add them
     finally:
         validator.close()
 

@@ -14,7 +14,7 @@ that follow one another, ``server.follower``). It talks to one at a time, the fi
 when that one is unreachable (a request that kept failing to travel) or fails (5xx), the request is
 sent to the next one, each edge once per request, and the client stays there. ``failovers`` counts
 the moves: whoever keeps per-edge state (a cursor into an edge's candidates) checks it, and reads
-the network again as after a replaced edge (``rekeyed``: every edge signs with its own key).
+the network again as after a replaced edge (``native_peer.network_chain``: every edge signs with its own key).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from protocol.clock import SYSTEM_CLOCK, Clock
 from protocol.edge_urls import edge_urls
 from protocol.envelope import pack_envelope, unpack_envelope
 from protocol.errors import IntegrityError, InvalidMessage, ProtocolError
-from protocol.fields import read_list, read_object, read_str
+from protocol.fields import read_int, read_list, read_object, read_str
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.manifests import MAX_VALIDATORS, FetchManifest, NetworkManifest
@@ -54,7 +54,8 @@ from protocol.messages import (
     Verdict,
     evaluated_metrics,
 )
-from protocol.network_pins import NetworkSignature, served_by
+from protocol.network_pins import NetworkSignature
+from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision
 from protocol.run_control import MAX_ORDERS, SignedRunControl
 from protocol.signing import Signer, b64decode
 from protocol.transfers import (
@@ -78,17 +79,20 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Activity:
-    """An answer of the edge's activity long poll: its token, and the key the edge signs leases with
-    (``None``: the edge did not say), so a waiter notices a replaced edge without asking for the network."""
+    """An answer of the edge's activity long poll: its token, the key the edge signs leases with
+    (``None``: the edge did not say) and the revision of the network it serves, so a waiter notices a
+    replaced edge or a revised network without asking for the network."""
 
     since: str
     edge_key: bytes | None
+    network_revision: int = 0
 
     @classmethod
     def from_wire(cls, value: object) -> Activity:
         d = read_object(value, "activity")
         key = d.get("edge_key")
-        return cls(read_str(d, "since", max_len=80), None if key is None else b64decode(key, size=32))
+        revision = read_int(d, "network_revision", low=0) if "network_revision" in d else 0
+        return cls(read_str(d, "since", max_len=80), None if key is None else b64decode(key, size=32), revision)
 
 
 class EdgeRequestError(Exception):
@@ -252,13 +256,18 @@ class EdgeClient:
         """Give the edge this validator's signature over the network's terms."""
         self._request("POST", "/v1/network/signatures", json=signature.to_wire())
 
-    def rekeyed(self, network: NetworkManifest) -> NetworkManifest | None:
-        """``network`` with the key this edge signs leases with now, when that is another key than
-        ``network``'s (the edge was replaced: a new store makes a new key); ``None`` when it is the same.
-        ``SignatureError`` when the edge now serves another network: its validator keys and quorum are
-        the trust root, never the edge's key (``protocol.network_pins.served_by``)."""
-        served = self.network()
-        return None if served.edge_key == network.edge_key else served_by(network, served)
+    def network_revisions(self) -> list[SignedNetworkRevision]:
+        """The revisions of the network's terms the edge applied, in order, as it serves them (unchecked:
+        ``protocol.network_revisions.follow`` checks each against the terms before it)."""
+        answer = self._request("GET", "/v1/network/revisions").json()
+        if not isinstance(answer, list) or len(answer) > MAX_REVISIONS:
+            raise InvalidMessage(f"network revisions must be a list of at most {MAX_REVISIONS}")
+        return [SignedNetworkRevision.from_wire(r) for r in answer]
+
+    def submit_revision(self, signed: SignedNetworkRevision) -> dict[str, Any]:
+        """Give the edge a signed revision; its answer: the revision as applied."""
+        answer: dict[str, Any] = self._request("POST", "/v1/network/revisions", json=signed.to_wire()).json()
+        return answer
 
     def current_head(
         self, key: ExperimentKey, *, after: HeadId | None = None, wait_s: float = 0.0

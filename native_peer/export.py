@@ -50,7 +50,7 @@ def best_head(
             refused.append(f"head {head.head_id[:19]} (window {head.window}) is of {head.experiment}, not {key}")
             continue
         try:
-            head.verify_trusted(network.validator_key_set, network.quorum)
+            network.verify_head(head)
         except SignatureError as exc:
             refused.append(f"head {head.head_id[:19]} (window {head.window}): {exc}")
             continue

@@ -24,8 +24,11 @@ the work is dropped and the next window starts from the newest head.
 unreachable. A lease signed by another edge key than the trainer knows (the edge was replaced, its
 store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
 the trainer read the network manifest again and go on with the new key if the edge still serves the
-same network terms (validators, quorum, experiments), the trust root (``EdgeClient.rekeyed``); it
-refuses the lease otherwise. Given several edges, the client moves to the next when one is
+same network terms (validators, quorum, experiments), the trust root (``EdgeClient.followed``); it
+refuses the lease otherwise. The terms themselves change only by revisions a quorum of the validators
+signed (``protocol.network_revisions``): an experiment this trainer does not know, or a head its
+validators did not certify, makes it read the network again and follow the revisions from the terms it
+trusts (a new experiment; new validators that took over at a head the old ones vouched for). Given several edges, the client moves to the next when one is
 unreachable; the new edge's key is taken the same way, at its first lease. A window whose candidate was not published is not counted
 (``_deliver``): its head is trained again.
 Timestamps come from an injectable ``protocol.clock.Clock``.
@@ -95,6 +98,7 @@ from .head_follower import FollowedHead, HeadFollower
 from .identity import NodeIdentity
 from .learner import BatchLoader, JaxLearner, TrainEngine, at_learning_rate
 from .lease_sizer import LeaseSizer
+from .network_chain import NetworkChain
 from .shard_cache import ShardCache
 from .storage import StorageConfig, write_atomic
 
@@ -290,10 +294,11 @@ class Trainer:
         self.storage = storage
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
         self.edge = EdgeClient(bootstrap_url, token=admission_token)
-        served = self.edge.network()
-        if set(served.validator_keys) != set(network.validator_keys):
-            raise ValueError("the bootstrap edge serves a network with other validators than the manifest given")
-        self.network = replace(network, edge_key=network.edge_key or served.edge_key)
+        self._network = NetworkChain(network)
+        try:
+            self._network.read(self.edge)  # its key, and the revisions its validators signed since
+        except SignatureError as exc:
+            raise ValueError(f"the bootstrap edge serves another network than the manifest given: {exc}") from None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
         self._leaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")  # next windows' leases
         self._write_behind = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deliver")  # in order
@@ -340,7 +345,9 @@ class Trainer:
         try:
             spec = self.network.experiment(key)
         except KeyError:
-            raise ValueError(f"the network runs no experiment {key}") from None
+            if not self._follow_network() or key not in {s.key for s in self.network.experiments}:
+                raise ValueError(f"the network runs no experiment {key}") from None
+            spec = self.network.experiment(key)
         if not self.workload.supports(spec):
             raise ValueError(f"experiment {key} needs {spec.model.name} on {spec.dataset_id}; workload cannot run it")
         if spec.model != self.project.learner.model:
@@ -440,7 +447,12 @@ class Trainer:
                 self._sizer(experiment).waited(time.perf_counter() - waited, until=until)
         head = followed.head if followed is not None else None
         last = head.head_id if head is not None and head.head_id in done else None
-        head_to_train(head, self.network.validator_key_set, last, quorum=self.network.quorum)
+        try:
+            head_to_train(head, self.network, last)
+        except SignatureError:  # certified by validators a revision brought in?
+            if not self._follow_network():
+                raise
+            head_to_train(head, self.network, last)
         assert followed is not None  # head_to_train raised otherwise
         return followed
 
@@ -485,42 +497,46 @@ class Trainer:
         followed = self._follower(experiment.key).reach(grant.lease.base_head)
         if followed is None:
             raise WindowUnavailable("the head moved on while leasing")
-        head_to_train(followed.head, self.network.validator_key_set, None, quorum=self.network.quorum)
+        head_to_train(followed.head, self.network, None)
         return followed
 
     def _check_lease(self, grant: LeaseGrant, head: HeadDescriptor, *, ahead: bool = False) -> None:
         """``check_lease`` of ``grant`` on ``head``; when its signature is not the known edge key's, once
-        more with the key the edge serves now, if it serves the same network (``_follow_edge_key``)."""
+        more with the key the edge serves now, if it serves the same network (``_follow_network``)."""
         try:
             check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=ahead)
         except SignatureError:
-            if not self._follow_edge_key():
+            if not self._follow_network():
                 raise
             check_lease(grant.lease, head, peer_id=self.peer_id, edge_key=self.network.edge_key, ahead=ahead)
 
-    def _follow_edge_key(self) -> bool:
-        """Take the key the edge signs with now when it is another one and the edge serves the same
-        network (``EdgeClient.rekeyed``; ``SignatureError`` when it serves another): the edge was
-        replaced. What this trainer delivered to the old one since its last canonical head may be lost
-        with its store, so no head counts as trained any more. True when the key changed."""
-        rekeyed = self.edge.rekeyed(self.network)
-        if rekeyed is None:
+    @property
+    def network(self) -> NetworkManifest:
+        """The network this trainer trusts now (``native_peer.network_chain``)."""
+        return self._network.network
+
+    def _follow_network(self) -> bool:
+        """Take the network as the edge serves it now when its key or revision moved and it follows from
+        the terms this trainer trusts (``NetworkChain.read``; ``SignatureError`` when it serves other
+        terms). A new key is a replaced edge: what this trainer delivered to the old one since its last
+        canonical head may be lost with its store, so no head counts as trained any more. True when
+        anything moved."""
+        key = self.network.edge_key
+        if self._network.read(self.edge) is None:
             return False
-        log.warning(
-            "the edge signs with a new key (a replaced edge); network %s re-read and checked", rekeyed.network_id
-        )
-        self.network = rekeyed
-        self._progress = {key: replace(progress, last_base_head=None) for key, progress in self._progress.items()}
+        if self.network.edge_key != key:
+            log.warning("the edge signs with a new key (a replaced edge); network %s re-read", self.network.network_id)
+            self._progress = {k: replace(p, last_base_head=None) for k, p in self._progress.items()}
         return True
 
     def _idle(self, experiment: Experiment) -> None:
         """Count a wait for a head newer than the one trained: after a whole ``window_timeout_s`` of it,
-        ask whether the edge was replaced (``_follow_edge_key``): a window whose only lease the old edge
+        ask whether the edge was replaced (``_follow_network``): a window whose only lease the old edge
         held is reopened by no one else."""
         since = self._idle_since.setdefault(experiment.key, time.monotonic())
         if time.monotonic() - since >= experiment.spec.window_timeout_s:
             del self._idle_since[experiment.key]
-            self._follow_edge_key()
+            self._follow_network()
 
     def train_window_once(self, experiment: Experiment, *, wait_s: float = 0.0) -> WindowOutcome:
         """Train one window on the current head and publish the candidate (published when this returns).

@@ -62,7 +62,9 @@ artifacts (``native_peer.lineage_journal``), and publishes again, through the ed
 quorum), every head the edge's current head lacks, in window order; then its open decisions. No new
 genesis is made while the journal holds one. At each new window, and on a lease signed by another key
 than the edge's known one (a new store makes a new key), the validator reads the network manifest
-again and takes the new key if the edge serves the same network terms (``EdgeClient.rekeyed``).
+again and takes the new key if the edge serves the same network terms (``native_peer.network_chain``),
+or the terms a revision signed by a quorum of the validators made (``protocol.network_revisions``): a
+new experiment is validated from then on, and a validator whose key a revision removed stops.
 Given several edges (``EdgeClient``: the next one when one is unreachable), a move to another edge
 is followed the same way: the network read again, the candidates read from the new edge's first,
 the heads it lacks published again, and this validator's open proposals too (the last one may have
@@ -137,7 +139,9 @@ from .evidence import LeaseEvidence
 from .identity import NodeIdentity
 from .learner import Evaluator, JaxLearner, TrainEngine
 from .lineage_journal import LineageJournal
+from .network_chain import NetworkChain
 from .storage import StorageConfig, write_atomic
+from .workloads import WorkloadError, model_learner
 
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
 
@@ -358,13 +362,15 @@ class Validator:
         # one learner per model (name -> learner): a validator judges every experiment of those models
         self.learners = {learners.model.name: learners} if isinstance(learners, JaxLearner) else dict(learners)
         self.identity = NodeIdentity.load_or_create(storage.identity_path)
-        if self.identity.public_key not in network.validator_key_set:
-            raise ValueError("this node's key is not a validator key of the network manifest")
         self.storage = storage
         self.config = config
         self.clock = config.clock
         self.edge = EdgeClient(edge_url, token=admission_token, reader=self.identity)
-        self.network = replace(network, edge_key=network.edge_key or self.edge.network().edge_key)
+        # the manifest given, revised by the revisions kept here and those the edge serves since
+        self._network = NetworkChain.load(network, storage.root / "network-revisions.json")
+        self._network.read(self.edge)
+        if self.identity.public_key not in self.network.validator_key_set:
+            raise ValueError("this node's key is not a validator key of the network manifest")
         self.datasets_dir = datasets_dir
         self._evaluators = {name: Evaluator(learner) for name, learner in self.learners.items()}
         self._splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
@@ -393,6 +399,18 @@ class Validator:
         # the heads queued: those this validator proposed that became canonical, not yet measured
         self._evaluated: dict[str, int] = {}
         self._to_evaluate: dict[str, list[HeadDescriptor]] = {}
+
+    @property
+    def network(self) -> NetworkManifest:
+        """The network this validator serves now (``native_peer.network_chain``)."""
+        return self._network.network
+
+    @property
+    def retired(self) -> str | None:
+        """Why this validator validates no more (a revision of the network replaced its key), or ``None``."""
+        if self.identity.public_key in self.network.validator_key_set:
+            return None
+        return f"network revision {self.network.revision} has no validator key of this node's; it stops validating"
 
     @property
     def trust(self) -> TrustBook:
@@ -474,7 +492,7 @@ class Validator:
         signature of the network's terms first."""
         head = self._edge_head(spec, None)
         if head is not None:
-            head.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._network.verify_head(head)
             return head
         self.sign_network()
         seed = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:4], "big")
@@ -507,7 +525,7 @@ class Validator:
         head = self.edge.current_head(spec.key)
         if self.edge.failovers != self._failovers:  # another edge of the list answers now
             self._failovers = self.edge.failovers
-            self._follow_edge_key()
+            self._follow_network()
             self._republish(spec.key)  # a head proposed to the last edge may not have reached this one
         lost = self._journal(spec.key).after(None if head is None else head.head_id)
         if lost:
@@ -543,7 +561,7 @@ class Validator:
                 raise
             log.warning("%s: the edge took another head meanwhile: %s", spec.key, exc)
         self._followed.pop(spec.key, None)
-        self._follow_edge_key()
+        self._follow_network()
         self._republish(spec.key)
 
     def _republish(self, key: str) -> None:
@@ -657,7 +675,7 @@ class Validator:
         not check (the run loop then waits for an edge that serves what the validators signed)."""
         try:
             orders = self.edge.run_orders(spec.key)
-            state = RunState.of(orders, self.network, spec.key)
+            state = RunState.of(orders, self._network.history(), spec.key)
         except InvalidMessage as exc:  # malformed, out of sequence, another experiment's: not what validators signed
             raise SignatureError(f"the edge serves run-control orders that do not check: {exc}") from None
         done = self.state.control.get(spec.key, 0)
@@ -686,7 +704,7 @@ class Validator:
         if at is None:
             log.warning("%s: rollback to %s ignored: not a head of the lineage of %s", spec.key, target, head.head_id)
             return None
-        at.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        self._network.verify_head(at)
         return at
 
     def _pardon(self, peer_id: str) -> None:
@@ -831,7 +849,7 @@ class Validator:
                     head.head_id[:19],
                 )
                 return head
-            parent.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._network.verify_head(parent)
             self._remember(parent)
             at = parent
         return at
@@ -971,7 +989,7 @@ class Validator:
         """Take ``current``, the edge's current head of its experiment: verified for the network's
         quorum, remembered, settled (``_settle``), then held as the current head, which later polls
         use without reading it again while the edge lists it (``_edge_head``)."""
-        current.verify_trusted(self.network.validator_key_set, self.network.quorum)
+        self._network.verify_head(current)
         self._remember(current)
         self._settle(current)
         self._current[current.experiment] = current
@@ -1086,15 +1104,28 @@ class Validator:
         )
         return submission, None if lease is None else lease.principal
 
-    def _follow_edge_key(self) -> None:
-        """Take the key the edge signs with now when it is another one and the edge serves the same
-        network (``EdgeClient.rekeyed``): a replaced edge, whose new store counts candidates from the
-        first again, so they are read from there."""
-        rekeyed = self.edge.rekeyed(self.network)
-        if rekeyed is not None:
-            log.warning("the edge signs with a new key (a replaced edge); network %s re-read", rekeyed.network_id)
-            self.network = rekeyed
+    def _follow_network(self) -> None:
+        """Take the network as the edge serves it now when its key or revision moved and it follows from
+        the terms held here (``NetworkChain.read``). A new key is a replaced edge, whose new store
+        counts candidates from the first again, so they are read from there. A revision may add
+        experiments (a learner is made for each new model; its dataset must be under ``datasets_dir``)
+        or change the validators: this validator signs the new terms, or retires (``retired``)."""
+        before = self.network
+        if self._network.read(self.edge) is None:
+            return
+        if self.network.edge_key != before.edge_key:
+            log.warning("the edge signs with a new key (a replaced edge); network %s re-read", self.network.network_id)
             self._followed.clear()
+        if self.network.revision != before.revision and self.retired is None:
+            for spec in self.network.experiments:
+                if spec.model.name not in self.learners:
+                    try:
+                        self.learners[spec.model.name] = learner = model_learner(spec.model)
+                    except WorkloadError as exc:
+                        log.error("%s is not validated here: %s", spec.key, exc)
+                        continue
+                    self._evaluators[spec.model.name] = Evaluator(learner)
+            self.sign_network()
 
     def _signed_by_edge(self, lease: Lease) -> None:
         """Follow the edge's key (``_follow_edge_key``) when ``lease`` is not signed by the known one; a
@@ -1103,7 +1134,7 @@ class Validator:
             try:
                 lease.verify(self.network.edge_key)
             except SignatureError:
-                self._follow_edge_key()
+                self._follow_network()
 
     def _lease_evidence(
         self,
@@ -1147,7 +1178,7 @@ class Validator:
             seen = self.edge.head(spec.key, head_id)
             if seen is None:
                 return None
-            seen.verify_trusted(self.network.validator_key_set, self.network.quorum)
+            self._network.verify_head(seen)
             self._remember(seen)
         return seen
 
@@ -1242,8 +1273,9 @@ class Validator:
                 raise
             log.warning("head %s of window %d was not taken: %s", head.head_id[:19], head.window, exc)
 
-    def run(self, specs: Sequence[ExperimentSpec], stop: threading.Event) -> None:
-        """Validate ``specs`` until ``stop`` is set. Between rounds the validator waits on the edge's
+    def run(self, specs: Sequence[ExperimentSpec] | None, stop: threading.Event) -> None:
+        """Validate ``specs`` (``None``: every experiment of the network, as revisions add them) until
+        ``stop`` is set or a revision retires this validator (``retired``). Between rounds the validator waits on the edge's
         activity (``EdgeClient.activity``), not on a clock: a candidate, lease, head or quorum event
         wakes it at once, an open window's deadline when it comes first, ``config.idle_s`` at most.
         The activity token is taken before each round reads anything, so no event goes unseen. An edge
@@ -1259,13 +1291,22 @@ class Validator:
                     signed = True
                 activity = self.edge.activity(since, self._idle_s() if since is not None else 0.0)
                 since = activity.since
-                if activity.edge_key != self.network.edge_key:  # another edge now, or one that does not say
-                    self._follow_edge_key()
-                for spec in specs:
+                # another edge now (or one that does not say), or a revised network
+                if (activity.edge_key, activity.network_revision) != (self.network.edge_key, self.network.revision):
+                    self._follow_network()
+                if (retired := self.retired) is not None:
+                    log.warning("%s", retired)
+                    return
+                validated = (
+                    specs
+                    if specs is not None
+                    else [s for s in self.network.experiments if s.model.name in self.learners]
+                )
+                for spec in validated:
                     self.poll(spec)
-                for spec in specs:  # after every head is published: what only its own window needs,
+                for spec in validated:  # after every head is published: what only its own window needs,
                     self.warm(spec)
-                for spec in specs:  # then what decides nothing
+                for spec in validated:  # then what decides nothing
                     self.evaluate(spec)
                 backoff.reset()
             except (httpx.TransportError, EdgeRequestError) as exc:

@@ -13,7 +13,10 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     messages     signed wire messages: Lease, Candidate, HeadDescriptor, Attestation, Verdict
     manifests    network / release / workload / experiment / dataset manifests
     network_pins fingerprints, validators' signatures over a network's terms, the pin rule peers apply
+    quorum_signed  what a quorum of a network's validators signs: the signatures gathered, counted
     run_control  run-control orders (pause, resume, stop, pardon, rollback) a quorum of validators signs
+    network_revisions  revisions of a network's terms (new experiments, new validators), each signed by
+                 a quorum of the validators before it; the handover and the eras of heads and orders
     envelope     descriptor + artifact in one upload body or binary frame
     framing      a JSON header behind a length prefix (the codec's and the envelope's)
     layers       the layer set of model specs: shapes, init, wire form, NumPy forward / backward

@@ -32,6 +32,14 @@ def read_str(data: Mapping[str, object], key: str, *, max_len: int = 256) -> str
     return value
 
 
+def read_sha256_hex(data: Mapping[str, object], key: str) -> str:
+    """A sha256 digest as 64 lowercase hex digits."""
+    digest = read_str(data, key, max_len=64)
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise InvalidMessage(f"field {key!r} must be 64 lowercase hex digits (a sha256)")
+    return digest
+
+
 def read_int(data: Mapping[str, object], key: str, *, low: int = 0, high: int = 2**53) -> int:
     value = _get(data, key)
     if type(value) is not int or not low <= value <= high:

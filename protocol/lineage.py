@@ -17,7 +17,8 @@ names) before reading it; ``verify_lineage`` checks, before anything may be serv
 - the parent chain: genesis first (no parent, window 0), then each head's parent is the head before
   it, one window later;
 - every head: its proposer's signature and a quorum of listed validators vouching for it (the same
-  rule as ``HeadDescriptor.verify_trusted``);
+  rule as ``HeadDescriptor.verify_trusted``), the validators of its era where revisions of the network
+  changed them (``protocol.network_revisions.head_network``);
 - every blob a head names is in the archive and hashes to its name;
 - every candidate: its trainer's signature, a base head in the lineage;
 - every verdict: a listed validator's signature, on a candidate of the archive (same base, same
@@ -44,7 +45,9 @@ from .errors import InvalidMessage, SignatureError, TooLarge
 from .fields import read_list, read_object, read_str
 from .hashing import content_id, verify_content
 from .ids import ContentId, ExperimentKey, HeadId
+from .manifests import NetworkManifest
 from .messages import Candidate, HeadDescriptor, Verdict
+from .network_revisions import head_network
 
 __all__ = [
     "FORMAT",
@@ -170,14 +173,18 @@ def verdict_contradiction(verdict: Verdict, candidate: Candidate, deciding: Sequ
     return None
 
 
-def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: int, *, held: int = 0) -> None:
+def verify_lineage(lineage: Lineage, history: NetworkManifest | Sequence[NetworkManifest], *, held: int = 0) -> None:
     """Raise a ``ProtocolError`` (one line: what and where) unless ``lineage`` is a canonical lineage of
-    the network whose validators are ``validator_keys`` with ``quorum`` (the checks listed above).
-    ``held``: its first heads are the checker's own, verified when it took them (a store's lineage that
-    the rest continues): they are part of the parent chain, their signatures and blobs are not checked
-    again, and the lineage need not carry those blobs."""
+    the network ``history`` names (the checks listed above): the network, or the network at each of its
+    revisions in order, when revisions changed its validators (each head is checked against the
+    validators of its era, ``protocol.network_revisions.head_network``, and so is each verdict, by its
+    candidate's base head). ``held``: its first heads are the checker's own, verified when it took them
+    (a store's lineage that the rest continues): they are part of the parent chain, their signatures and
+    blobs are not checked again, and the lineage need not carry those blobs."""
     if not lineage.heads:
         raise InvalidMessage("the lineage holds no head")
+    networks = [history] if isinstance(history, NetworkManifest) else list(history)
+    keys_of: dict[HeadId, frozenset[bytes]] = {}  # each head's era's validators: who may judge candidates on it
     by_id: dict[HeadId, HeadDescriptor] = {}
     previous: HeadDescriptor | None = None
     for at, head in enumerate(lineage.heads):
@@ -191,10 +198,12 @@ def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: i
                 f"expected {expected[0]} at window {expected[1]}"
             )
         by_id[head.head_id] = previous = head
+        network = head_network(networks, lineage.experiment, head.window)
+        keys_of[head.head_id] = network.validator_key_set
         if at < held:
             continue
         try:
-            head.verify_trusted(validator_keys, quorum)
+            head.verify_trusted(network.validator_key_set, network.quorum)
         except SignatureError as exc:
             raise SignatureError(f"{where}: {exc}") from None
         for cid in (head.head_id, head.outer_state):
@@ -213,12 +222,12 @@ def verify_lineage(lineage: Lineage, validator_keys: frozenset[bytes], quorum: i
         candidates[candidate.candidate_id] = candidate
     by_window = {head.window: head for head in lineage.heads}
     for verdict in lineage.verdicts:
-        _check_verdict(verdict, lineage, candidates, by_id, by_window, validator_keys)
+        _check_verdict(verdict, lineage, candidates, by_id, by_window, keys_of)
     decided = {verdict.candidate_id for verdict in lineage.verdicts}
     for vote in lineage.votes:
         if vote.candidate_id not in decided:
             raise InvalidMessage(f"a vote on {vote.candidate_id}, which no verdict of the archive decides")
-        _check_verdict(vote, lineage, candidates, by_id, by_window, validator_keys)
+        _check_verdict(vote, lineage, candidates, by_id, by_window, keys_of)
 
 
 def _check_verdict(
@@ -227,7 +236,7 @@ def _check_verdict(
     candidates: Mapping[ContentId, Candidate],
     by_id: Mapping[HeadId, HeadDescriptor],
     by_window: Mapping[int, HeadDescriptor],
-    validator_keys: frozenset[bytes],
+    keys_of: Mapping[HeadId, frozenset[bytes]],
 ) -> None:
     where = f"verdict on {verdict.candidate_id}"
     candidate = candidates.get(verdict.candidate_id)
@@ -235,7 +244,7 @@ def _check_verdict(
         raise InvalidMessage(f"{where}: no such candidate in the archive")
     if (candidate.base_head, candidate.peer_id) != (verdict.base_head, verdict.peer_id):
         raise InvalidMessage(f"{where} names another base head or peer than its candidate")
-    if verdict.validator_key not in validator_keys:
+    if verdict.validator_key not in keys_of[candidate.base_head]:
         raise SignatureError(f"{where} is not signed by a validator of this network")
     try:
         verdict.verify(verdict.validator_key)

@@ -11,14 +11,15 @@ every byte it downloads, and the kind of features they hold (``FEATURE_KINDS``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import InvalidMessage
-from .fields import read_bool, read_float, read_int, read_list, read_object, read_str
-from .ids import DatasetId, ExperimentKey, ShardId
+from .fields import read_bool, read_float, read_int, read_list, read_object, read_sha256_hex, read_str
+from .ids import DatasetId, ExperimentKey, HeadId, ShardId
 from .lease_work import MAX_LEASE_WORK_BITS
+from .messages import HeadDescriptor
 from .model import Model, ModelSpec
 from .outer import OuterOptimizer
 from .signing import b64decode, b64encode
@@ -32,6 +33,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ExperimentSpec",
     "FetchManifest",
+    "Handover",
     "NetworkManifest",
     "ReleaseManifest",
     "ShardEntry",
@@ -58,9 +60,7 @@ class ShardEntry:
     @classmethod
     def from_wire(cls, value: object) -> ShardEntry:
         d = read_object(value, "shard")
-        digest = read_str(d, "sha256", max_len=64)
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise InvalidMessage("shard sha256 must be 64 lowercase hex digits")
+        digest = read_sha256_hex(d, "sha256")
         locator = read_str(d, "locator")
         if locator.startswith("/") or ".." in locator.split("/"):
             raise InvalidMessage(f"shard locator must be relative: {locator!r}")
@@ -312,8 +312,35 @@ def _features(shape: tuple[int, ...]) -> str:
 
 
 @dataclass(frozen=True)
+class Handover:
+    """Where one experiment stood when a revision changed the validators: its current head and that
+    head's window (``None``, ``-1``: none yet), and the sequence of the last run-control order applied
+    to it (0: none). The validators before the change vouch for them by signing the revision: heads up
+    to that window and orders up to that sequence are theirs, what comes after the new validators'."""
+
+    experiment: ExperimentKey
+    head: HeadId | None
+    window: int = -1
+    orders: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.head is None) != (self.window < 0):
+            raise InvalidMessage(f"the handover of {self.experiment} names a head with its window, or neither")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"head": self.head, "window": self.window, "orders": self.orders}
+
+
+@dataclass(frozen=True)
 class NetworkManifest:
-    """Everything a peer must know before it joins a network."""
+    """Everything a peer must know before it joins a network.
+
+    ``revision`` counts the revisions applied to the network's first terms (``protocol.network_revisions``:
+    each signed by a quorum of the validators before it). ``handover`` says, for the last revision that
+    changed the validators, where each experiment stood (``Handover``): the validators before it vouched
+    for those heads by signing the revision, so they are trusted as certified (``verify_head``) until
+    the new validators certify the next. Both are written only when set, so a network never revised keeps the
+    wire form (and the validators' signatures over its terms) it had before revisions existed."""
 
     network_id: str
     validator_keys: tuple[bytes, ...]
@@ -321,16 +348,30 @@ class NetworkManifest:
     edge_key: bytes | None = None  # filled in by the edge that serves the manifest
     admission_required: bool = False
     quorum: int = 1  # distinct validators that must vouch for a head before it is canonical
+    revision: int = 0
+    handover: tuple[Handover, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.quorum <= max(1, len(self.validator_keys)):
             raise InvalidMessage(
                 f"quorum {self.quorum} must be between 1 and the {len(self.validator_keys)} validators"
             )
+        if len(set(self.validator_keys)) != len(self.validator_keys):
+            raise InvalidMessage("a validator key is listed twice")
+        if len({spec.key for spec in self.experiments}) != len(self.experiments):
+            raise InvalidMessage("an experiment is listed twice")
         models: dict[str, Model] = {}
         for spec in self.experiments:  # peers keep one learner per model name
             if models.setdefault(spec.model.name, spec.model) != spec.model:
                 raise InvalidMessage(f"experiments declare two different models named {spec.model.name}")
+
+    def verify_head(self, head: HeadDescriptor) -> None:
+        """Raise ``SignatureError`` unless this network trusts ``head``: a quorum of its validators vouch
+        for it (``HeadDescriptor.verify_trusted``), or it is the head its last change of validators
+        handed over."""
+        if any(h.experiment == head.experiment and h.head == head.head_id for h in self.handover):
+            return
+        head.verify_trusted(self.validator_key_set, self.quorum)
 
     def experiment(self, key: str) -> ExperimentSpec:
         for spec in self.experiments:
@@ -350,6 +391,8 @@ class NetworkManifest:
             "experiments": [spec.to_wire() for spec in self.experiments],
             "admission_required": self.admission_required,
             "quorum": self.quorum,
+            **({"revision": self.revision} if self.revision else {}),
+            **({"handover": handover_wire(self.handover)} if self.handover else {}),
         }
 
     @classmethod
@@ -364,7 +407,34 @@ class NetworkManifest:
             experiments=tuple(read_list(d, "experiments", ExperimentSpec.from_wire, max_len=256)),
             admission_required=read_bool(d, "admission_required") if "admission_required" in d else False,
             quorum=read_int(d, "quorum", low=1, high=64) if "quorum" in d else 1,
+            revision=read_int(d, "revision", low=0, high=10**9) if "revision" in d else 0,
+            handover=read_handover(d),
         )
+
+
+def handover_wire(handover: Sequence[Handover]) -> dict[str, Any]:
+    return {str(h.experiment): h.to_wire() for h in handover}
+
+
+def read_handover(d: Mapping[str, object]) -> tuple[Handover, ...]:
+    """Field ``handover``: ``{"study/experiment/revision": {"head": id or null, "window": n, "orders": n}}``,
+    absent: none."""
+    value = read_object(d.get("handover"), "handover") if "handover" in d else {}
+    if len(value) > 256:
+        raise InvalidMessage("field 'handover' names at most 256 experiments")
+    found = []
+    for key, entry in value.items():
+        fields_ = read_object(entry, "handover entry")
+        head = fields_.get("head")
+        found.append(
+            Handover(
+                ExperimentKey.parse(key),
+                None if head is None else HeadId(head),
+                read_int(fields_, "window", low=-1),
+                read_int(fields_, "orders", low=0),
+            )
+        )
+    return tuple(sorted(found, key=lambda h: h.experiment))
 
 
 @dataclass(frozen=True)

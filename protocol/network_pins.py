@@ -24,11 +24,14 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import SignatureError
 from .manifests import NetworkManifest
 from .signing import Signer, ValidatorSignature, canonical_json, verify_signature
+
+if TYPE_CHECKING:
+    from .network_revisions import SignedNetworkRevision
 
 __all__ = [
     "FINGERPRINT_HEX",
@@ -90,16 +93,23 @@ class NetworkSignature(ValidatorSignature):
         )
 
 
-def served_by(network: NetworkManifest, served: NetworkManifest) -> NetworkManifest:
-    """``network`` with the edge key of ``served`` (the manifest an edge serves now) when ``served`` has
-    the same terms: a replaced edge (a new store makes a new key) is followed, an edge serving other
-    terms is not (``SignatureError``). A peer's trust root is the validators, never the edge's key."""
-    if network_terms(served) != network_terms(network):
+def served_by(
+    network: NetworkManifest, served: NetworkManifest, chain: Sequence[SignedNetworkRevision] = ()
+) -> NetworkManifest:
+    """``served`` (the manifest an edge serves now) when its terms are ``network``'s, or follow from them
+    through the revisions of ``chain`` (``protocol.network_revisions.follow``: each signed by a quorum of
+    the validators before it): a replaced edge (a new store makes a new key) and a revised network are
+    followed, an edge serving other terms is not (``SignatureError``). A peer's trust root is the
+    validators, never the edge's key."""
+    from .network_revisions import follow  # that module builds on this one
+
+    revised = follow(network, chain) if served.revision > network.revision else network
+    if network_terms(served) != network_terms(revised):
         raise SignatureError(
             f"the edge now serves network {served.network_id!r} on other terms (validators, quorum or "
-            f"experiments) than {network.network_id!r}; refusing its key"
+            f"experiments) than {network.network_id!r} and the revisions its validators signed; refusing it"
         )
-    return replace(network, edge_key=served.edge_key)
+    return replace(revised, edge_key=served.edge_key, admission_required=served.admission_required)
 
 
 def signed_by(network: NetworkManifest, signatures: Iterable[NetworkSignature]) -> frozenset[bytes]:

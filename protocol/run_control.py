@@ -2,10 +2,10 @@
 
 A ``RunControl`` names the network, the experiment, the action (with its target: the peer to pardon,
 the head to roll back to), a sequence number and when it was issued. Each validator signs its body
-under the domain ``dtn/run-control/v1`` (``ControlSignature``); a ``SignedRunControl`` carries the order
-and the signatures gathered for it. It takes effect when ``quorum`` distinct validators of the network
-signed it (``effective_signers``): an edge, whose key is not a validator's, can relay an order but
-never originate one, and fewer than ``quorum`` validators cannot either.
+under the domain ``dtn/run-control/v1``; a ``SignedRunControl`` carries the order and the signatures
+gathered for it. It takes effect when ``quorum`` distinct validators of the network signed it
+(``protocol.quorum_signed``): an edge, whose key is not a validator's, can relay an order but never
+originate one, and fewer than ``quorum`` validators cannot either.
 
 Orders of one experiment are applied in sequence (``RunState.refusal``/``RunState.after``): each must
 carry a sequence number above the last applied one, so a replayed or reordered order is refused, and
@@ -16,21 +16,22 @@ another that shares validators.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
-from .errors import InvalidMessage, SignatureError
-from .fields import read_int, read_list, read_object, read_str
+from .errors import InvalidMessage
+from .fields import read_int, read_object, read_str
 from .ids import ExperimentKey, HeadId, PeerId
 from .manifests import NetworkManifest
-from .signing import Signer, ValidatorSignature, canonical_json, verify_signature
+from .network_revisions import order_network
+from .quorum_signed import QuorumSigned
+from .signing import ValidatorSignature
 
 __all__ = [
     "ACTIONS",
     "CONTROL_DOMAIN",
     "MAX_ORDERS",
-    "ControlSignature",
     "RunControl",
     "RunState",
     "SignedRunControl",
@@ -39,7 +40,6 @@ __all__ = [
 CONTROL_DOMAIN = b"dtn/run-control/v1\n"
 ACTIONS = ("pause", "resume", "stop", "pardon", "rollback")
 _TARGETED = {"pardon": PeerId, "rollback": HeadId}  # actions that name a target, and the target's type
-MAX_SIGNATURES = 64  # at most one per validator; a network has at most 64 (NetworkManifest quorum bound)
 MAX_ORDERS = 10_000  # the orders one experiment's history may hold as an edge serves them
 
 
@@ -77,10 +77,6 @@ class RunControl:
             "issued_at_ms": self.issued_at_ms,
         }
 
-    def sign(self, signer: Signer) -> ControlSignature:
-        """``signer``'s signature over this order."""
-        return ControlSignature(signer.public_key, signer.sign(CONTROL_DOMAIN + canonical_json(self.body())))
-
     @classmethod
     def from_wire(cls, value: object) -> RunControl:
         d = read_object(value, "run control")
@@ -98,73 +94,20 @@ class RunControl:
 
 
 @dataclass(frozen=True)
-class ControlSignature(ValidatorSignature):
-    """One validator's signature over a ``RunControl`` body."""
+class SignedRunControl(QuorumSigned):
+    """An order with the validator signatures gathered for it (``QuorumSigned``)."""
 
-    WHAT = "run-control signature"
-
-    def verifies(self, order: RunControl) -> bool:
-        return verify_signature(self.validator_key, CONTROL_DOMAIN, order.body(), self.signature)
-
-
-@dataclass(frozen=True)
-class SignedRunControl:
-    """An order with the validator signatures gathered for it."""
+    DOMAIN: ClassVar[bytes] = CONTROL_DOMAIN
+    WHAT: ClassVar[str] = "run-control order"
+    FIELD: ClassVar[str] = "order"
+    STATEMENT: ClassVar[Any] = RunControl
 
     order: RunControl
-    signatures: tuple[ControlSignature, ...]
+    signatures: tuple[ValidatorSignature, ...]
 
-    @classmethod
-    def of(cls, order: RunControl, signers: Iterable[Signer]) -> SignedRunControl:
-        return cls(order, tuple(order.sign(s) for s in signers))
-
-    @classmethod
-    def gathered(cls, copies: Iterable[SignedRunControl]) -> SignedRunControl:
-        """One order with every signature ``copies`` of it carry, one per validator key (validators
-        that each signed a copy of the same order file); ``InvalidMessage`` when the copies are not all
-        of one order."""
-        copies = list(copies)
-        if not copies:
-            raise InvalidMessage("no run-control order to gather signatures for")
-        order = copies[0].order
-        if any(copy.order != order for copy in copies):
-            raise InvalidMessage("these files hold different run-control orders; gather signatures of one order")
-        by_key = {s.validator_key: s for copy in copies for s in copy.signatures}
-        return cls(order, tuple(by_key.values()))
-
-    def signed_by(self, signer: Signer) -> SignedRunControl:
-        """This order with ``signer``'s signature added (replacing one its key made before)."""
-        others = tuple(s for s in self.signatures if s.validator_key != signer.public_key)
-        return replace(self, signatures=(*others, self.order.sign(signer)))
-
-    def signers(self, network: NetworkManifest) -> frozenset[bytes]:
-        """The validators of ``network`` whose valid signature over the order is here."""
-        listed = network.validator_key_set
-        return frozenset(
-            s.validator_key for s in self.signatures if s.validator_key in listed and s.verifies(self.order)
-        )
-
-    def effective_signers(self, network: NetworkManifest) -> frozenset[bytes]:
-        """``signers`` when they reach ``network``'s quorum and the order is for ``network``; otherwise
-        ``SignatureError`` (an edge-made, forged, under-quorum or other network's order)."""
-        if self.order.network_id != network.network_id:
-            raise SignatureError(f"run control is for network {self.order.network_id!r}, not {network.network_id!r}")
-        signers = self.signers(network)
-        if len(signers) < network.quorum:
-            raise SignatureError(
-                f"run control {self.order.action!r} is signed by {len(signers)} validator(s) of this "
-                f"network; it needs {network.quorum}"
-            )
-        return signers
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"order": self.order.body(), "signatures": [s.to_wire() for s in self.signatures]}
-
-    @classmethod
-    def from_wire(cls, value: object) -> SignedRunControl:
-        d = read_object(value, "signed run control")
-        signatures = read_list(d, "signatures", ControlSignature.from_wire, max_len=MAX_SIGNATURES)
-        return cls(RunControl.from_wire(d.get("order")), tuple(signatures))
+    @property
+    def title(self) -> str:
+        return f"run control {self.order.action!r}"
 
 
 @dataclass(frozen=True)
@@ -177,15 +120,23 @@ class RunState:
     stopped: bool = False
 
     @classmethod
-    def of(cls, orders: Iterable[SignedRunControl], network: NetworkManifest, experiment: ExperimentKey) -> RunState:
+    def of(
+        cls,
+        orders: Iterable[SignedRunControl],
+        history: NetworkManifest | Sequence[NetworkManifest],
+        experiment: ExperimentKey,
+    ) -> RunState:
         """The state ``orders`` leave ``experiment``, each applied in turn once checked, as a validator
-        reads them from an edge it does not trust: ``SignatureError`` for an order without ``network``'s
-        quorum, ``InvalidMessage`` for one of another experiment or out of sequence."""
+        reads them from an edge it does not trust: ``SignatureError`` for an order without the quorum of
+        the network that applied it (``history``: the network, or the network at each of its revisions in
+        order, ``protocol.network_revisions.order_network``), ``InvalidMessage`` for one of another
+        experiment or out of sequence."""
+        networks = [history] if isinstance(history, NetworkManifest) else list(history)
         state = cls()
         for signed in orders:
             if signed.order.experiment != experiment:
                 raise InvalidMessage(f"run control for {signed.order.experiment} among {experiment}'s orders")
-            signed.effective_signers(network)
+            signed.effective_signers(order_network(networks, experiment, signed.order.sequence))
             state = state.after(signed.order)
         return state
 

@@ -2,7 +2,7 @@
 
 Native (JAX) and browser (NumPy) trainers run the same steps; only fetching and training differ:
 
-    head = head_to_train(current_head, validator_keys, last_trained, quorum=k)  # certified, not trained on
+    head = head_to_train(current_head, network, last_trained)           # certified, not trained on
     lease = ...                                                         # asked of the edge
     check_lease(lease, head, peer_id=me, edge_key=network.edge_key)     # this window, this peer
     # (or, leased right after publishing: check_lease(lease, head, ..., ahead=True), the next window)
@@ -29,6 +29,7 @@ from .codec import encode_tensors
 from .envelope import pack_envelope
 from .errors import InvalidMessage
 from .ids import ContentId, HeadId, PeerId
+from .manifests import NetworkManifest
 from .messages import Candidate, HeadDescriptor, Lease
 from .signing import Signer
 
@@ -47,16 +48,15 @@ class NoWindow(Exception):
     """No window to train right now: no head yet, the head was already trained on, or it moved on."""
 
 
-def head_to_train(
-    head: HeadDescriptor | None, validator_keys: frozenset[bytes], last_trained: HeadId | None, *, quorum: int = 1
-) -> HeadDescriptor:
-    """``head`` when ``quorum`` validators of the network vouch for it (its signature and certificate)
-    and it is not the head last trained on.
+def head_to_train(head: HeadDescriptor | None, network: NetworkManifest, last_trained: HeadId | None) -> HeadDescriptor:
+    """``head`` when ``network`` trusts it (a quorum of its validators vouch for it, or its last change
+    of validators handed over at it: ``NetworkManifest.verify_head``) and it is not the head last
+    trained on.
 
     Raises ``NoWindow`` (no head, or already trained on it) or ``SignatureError`` (untrusted head)."""
     if head is None:
         raise NoWindow("no head yet")
-    head.verify_trusted(validator_keys, quorum)
+    network.verify_head(head)
     if head.head_id == last_trained:
         raise NoWindow(f"already trained on window {head.window}; waiting for a newer head")
     return head

@@ -37,6 +37,7 @@ head canonical). Run it with ``python -m server`` (settings: ``python -m server 
     dataset_routes    fetch-manifest and lease-scoped shard bytes
     experiment_routes an experiment's heads, leases, candidates and verdicts
     control_routes    run-control orders a quorum of validators signed: applied, kept, published
+    revision_routes   revisions of the network's terms a quorum of validators signed: applied, kept, published
     artifact_routes   head and candidate artifacts by content id
     head_deltas       heads as deltas from their parents, made once each and kept in memory
     portal            the network manifest, directories, /portal/snapshot, /healthz, /metrics

@@ -21,6 +21,7 @@ from . import (
     peer_runtime,
     portal,
     relay,
+    revision_routes,
     upload_routes,
 )
 from .errors import install_handlers, replace_validation_docs
@@ -71,6 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
         dataset_routes,
         experiment_routes,
         control_routes,
+        revision_routes,
         upload_routes,
         artifact_routes,
         relay,

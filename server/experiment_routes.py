@@ -84,14 +84,16 @@ async def activity(
     since: Annotated[str | None, Query(max_length=40)] = None,
     wait_s: Annotated[float, Query(ge=0)] = 0.0,
 ) -> JSON:
-    """``{"since": <token>, "edge_key": <base64>}``: this edge's activity token (``server.hub``), with
-    ``since=<token>&wait_s=N`` answered once a candidate, lease, head or quorum event of any experiment
-    moved it, or after N s, and the key this edge signs leases with (as ``/v1/network`` serves it).
-    Validators wait here instead of polling; the token says only that something happened, the key
-    that the edge is still the one they follow (a replaced edge signs with another)."""
+    """``{"since": <token>, "edge_key": <base64>, "network_revision": <n>}``: this edge's activity token
+    (``server.hub``), with ``since=<token>&wait_s=N`` answered once a candidate, lease, head, quorum or
+    network event of any experiment moved it, or after N s, the key this edge signs leases with and the revision of the network it
+    serves (as ``/v1/network`` serves them). Validators wait here instead of polling; the token says only
+    that something happened, the key that the edge is still the one they follow (a replaced edge signs
+    with another), the revision whether the network's terms changed."""
     await _long_poll(request, state.hub.wait_activity(since, min(wait_s, state.settings.max_long_poll_s)))
     key = state.network.edge_key
-    return JSON({"since": state.hub.activity, "edge_key": None if key is None else b64encode(key)})
+    answer = {"since": state.hub.activity, "edge_key": None if key is None else b64encode(key)}
+    return JSON({**answer, "network_revision": state.network.revision})
 
 
 @router.get(f"{EXPERIMENT}/head", responses=_READ)

@@ -25,6 +25,11 @@ change mirrors, for every experiment of this edge's network:
   canonical here), so an experiment paused or stopped upstream is paused or stopped here too and
   stays so when peers move to this edge; one refused is left out with a warning, and a rollback to a
   head not mirrored yet waits (with the orders after it) for the next round.
+- the revisions of the network's terms applied upstream past this edge's (``protocol.network_revisions``),
+  checked as a chain from the terms this edge serves before anything is taken; heads are checked
+  against the validators of their era under those revisions (so a lineage that goes on past a change
+  of validators is taken), then each revision is applied through this edge's own revision intake
+  (``server.revision_routes.accept_revision``), an experiment it adds mirrored from then on.
 
 Every answer is bounded (a descriptor's bytes, an artifact's ``max_artifact_bytes``, a walk no longer
 than the windows between the two heads, pages of candidates) and read as JSON by the strict readers
@@ -48,7 +53,7 @@ from protocol.envelope import MAX_DESCRIPTOR_BYTES
 from protocol.errors import InvalidMessage, ProtocolError, TooLarge
 from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.lineage import Lineage
-from protocol.manifests import MAX_VALIDATORS, ExperimentSpec
+from protocol.manifests import MAX_VALIDATORS, ExperimentSpec, NetworkManifest
 from protocol.messages import (
     CANDIDATE_PAGE,
     EVALUATION_PAGE,
@@ -58,11 +63,13 @@ from protocol.messages import (
     HeadDescriptor,
     Verdict,
 )
+from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision
 from protocol.run_control import MAX_ORDERS, SignedRunControl
 
 from .errors import Conflict, NotFound
 from .intake import accept_evaluation, accept_order, accept_verdicts, head_taken
 from .lineage import import_lineage
+from .revision_routes import accept_revision
 from .state import EdgeState
 
 __all__ = ["Upstream", "follow", "mirror_once"]
@@ -171,6 +178,15 @@ class Upstream:
         status, _, body = await self.get(path, MAX_LIST_BYTES, since_window=since_window, limit=EVALUATION_PAGE)
         return [Evaluation.from_wire(e) for e in _json_list(body)] if status == 200 else []
 
+    async def revisions(self) -> list[SignedNetworkRevision]:
+        """The revisions of the network's terms applied upstream (at most ``MAX_REVISIONS``), unchecked."""
+        status, answer = await self.json("/v1/network/revisions", MAX_LIST_BYTES)
+        if status != 200:
+            return []
+        if not isinstance(answer, list) or len(answer) > MAX_REVISIONS:
+            raise InvalidMessage(f"{self.url} serves network revisions that are not a list of at most {MAX_REVISIONS}")
+        return [SignedNetworkRevision.from_wire(revision) for revision in answer]
+
     async def orders(self, key: ExperimentKey) -> list[SignedRunControl]:
         """The run-control orders applied upstream, in sequence (at most ``MAX_ORDERS``)."""
         status, answer = await self.json(f"/v1/experiments/{key}/control", MAX_LIST_BYTES)
@@ -202,25 +218,49 @@ class _Cursors:
 
 
 async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | None = None) -> int:
-    """Mirror what ``upstream`` holds past this edge (the heads, blobs, candidates, verdicts and orders above),
+    """Mirror what ``upstream`` holds past this edge (revisions, heads, blobs, candidates, verdicts, orders),
     every experiment once; returns how many heads were taken. ``ProtocolError`` or ``Conflict`` when
     the upstream serves what does not verify or another lineage, ``UpstreamError`` when it fails."""
     cursors = cursors or _Cursors()
+    revisions = await _revisions(state, upstream)
+    history = [*state.networks, *(network for _, network in revisions)]
     taken = 0
+    for spec in history[-1].experiments:
+        taken += await _mirror_heads(state, upstream, spec, cursors, history)
+    for signed, _ in revisions:
+        try:
+            await accept_revision(state, signed)
+        except Conflict as exc:  # its handover is past the heads taken: the next round
+            log.warning("network revision %d from %s not taken yet: %s", signed.revision.number, upstream.url, exc)
+            break
     for spec in state.network.experiments:
-        taken += await _mirror_heads(state, upstream, spec, cursors)
         await _mirror_verdicts(state, upstream, spec.key, cursors)
         await _mirror_evaluations(state, upstream, spec.key, cursors)
         await _mirror_orders(state, upstream, spec.key)
     return taken
 
 
-async def _mirror_heads(state: EdgeState, upstream: Upstream, spec: ExperimentSpec, cursors: _Cursors) -> int:
+async def _revisions(state: EdgeState, upstream: Upstream) -> list[tuple[SignedNetworkRevision, NetworkManifest]]:
+    """The revisions applied upstream past the one this edge serves, each with the network it makes,
+    checked in turn against the terms before it (``ProtocolError`` for one that does not check)."""
+    network, found = state.network, []
+    for signed in sorted(await upstream.revisions(), key=lambda signed: signed.revision.number):
+        if signed.revision.number > network.revision:
+            network = signed.apply(network)
+            found.append((signed, network))
+    return found
+
+
+async def _mirror_heads(
+    state: EdgeState, upstream: Upstream, spec: ExperimentSpec, cursors: _Cursors, history: list[NetworkManifest]
+) -> int:
+    """Take the heads ``upstream`` holds past this edge's of ``spec``, checked against the validators of
+    their era under ``history`` (the network at each revision, those upstream not taken yet included)."""
     ours = state.store.current_head(spec.key)
     newest = await upstream.head(spec.key)
     if newest is None or (ours is not None and newest.window <= ours.window):
         return 0
-    newest.verify_trusted(state.network.validator_key_set, state.network.quorum)  # before a walk it bounds
+    history[-1].verify_head(newest)  # before a walk it bounds
     missing = [newest]
     stop = -1 if ours is None else ours.window
     while missing[-1].window - 1 > stop:  # windows fall by one a step: the walk ends at this edge's head
@@ -247,7 +287,7 @@ async def _mirror_heads(state: EdgeState, upstream: Upstream, spec: ExperimentSp
         )
         # off the event loop: the checks (every signature, every blob's hash) and the writes take a while
         report = await asyncio.to_thread(
-            import_lineage, state.store, state.blobs, state.network, lineage, state.clock.now_ms()
+            import_lineage, state.store, state.blobs, history, lineage, state.clock.now_ms()
         )
         included = {c.candidate_id for c in candidates}
         listed = [c for c in listed if c.candidate_id not in included]

@@ -54,13 +54,15 @@ __all__ = [
 ]
 
 TOPICS = frozenset(
-    {"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers", "control", "evaluations"}
+    {"heads", "quorum", "leases", "candidates", "verdicts", "metrics", "peers", "control", "evaluations", "network"}
 )
 # what a subscription or an event names instead of an experiment key when it is about the whole
 # network (peers joining the relay): ``_`` keeps it apart from every key (study/experiment/revision)
 NETWORK_SCOPE = "_network"
 LEASES_KEPT = 8  # a connection's latest leases remembered: a trainer holds this window's and the next one's
-ACTIVITY_TOPICS = frozenset({"heads", "quorum", "leases", "candidates", "control"})  # what can decide a window
+ACTIVITY_TOPICS = frozenset(
+    {"heads", "quorum", "leases", "candidates", "control", "network"}
+)  # what can decide a window
 _PRIVATE_FIELDS = {"leases": ("lease_id", "shard_ids", "principal", "signature"), "candidates": ("lease_id",)}
 
 
@@ -196,6 +198,7 @@ class Hub:
         self.events: deque[dict[str, object]] = deque(maxlen=200)
         self.viewers: set[Connection] = set()
         self._viewer_numbers = itertools.count(1)
+        self.on_revised: Callable[[], None] | None = None  # reads the network's new revisions from the store
 
     async def start(self) -> None:
         await self.fanout.start(self.deliver)
@@ -320,6 +323,8 @@ class Hub:
         """What another edge broadcast, done here."""
         kind = envelope.get("kind")
         if kind == "event":
+            if envelope["message"]["topic"] == "network" and self.on_revised is not None:
+                self.on_revised()  # the network was revised through another edge: serve it before telling
             self._fan_out(envelope["message"])
         elif kind == "head":
             self._wake(envelope["experiment"])

@@ -84,6 +84,7 @@ from protocol.ids import ContentId, ExperimentKey, HeadId
 from protocol.manifests import ExperimentSpec
 from protocol.messages import TRAINER_KINDS, Attestation, Candidate, Evaluation, HeadDescriptor, Verdict
 from protocol.network_pins import fingerprint
+from protocol.network_revisions import order_network
 from protocol.run_control import SignedRunControl
 from protocol.signing import b64encode
 from protocol.updates import read_artifact
@@ -395,11 +396,13 @@ def _quorum_event(
 
 
 def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
-    """Delete the artifacts of candidates whose window is judged and old enough; lineage keeps heads."""
+    """Delete the artifacts of candidates whose window is judged and old enough; lineage keeps heads
+    (blobs are content-addressed: one whose bytes are also a head's stays)."""
     keep = state.settings.candidate_retention_windows
     if keep > 0:
         for cid in state.store.retire_candidates(experiment, keep):
-            state.blobs.delete(ContentId(cid))
+            if state.store.head(experiment, HeadId(cid)) is None:
+                state.blobs.delete(ContentId(cid))
 
 
 def accept_verdicts(
@@ -495,7 +498,7 @@ async def accept_order(state: EdgeState, signed: SignedRunControl, *, route: Exp
     leaves."""
     if signed.order.experiment != route:
         raise InvalidMessage(f"the order is for experiment {signed.order.experiment}, not {route}")
-    signed.effective_signers(state.network)
+    signed.effective_signers(order_network(state.networks, route, signed.order.sequence))
     target = signed.order.target
     if signed.order.action == "rollback" and target is not None and state.store.head(route, HeadId(target)) is None:
         raise NotFound(f"experiment {route} has no canonical head {target} to roll back to")
@@ -508,6 +511,10 @@ async def accept_order(state: EdgeState, signed: SignedRunControl, *, route: Exp
 
 def applied_order(state: EdgeState, signed: SignedRunControl, applied_at_ms: int) -> dict[str, Any]:
     """An applied order as the edge shows it: the order and its signatures, when this edge's store
-    applied it, and the fingerprints of the network's validators whose signature is valid (``signers``)."""
-    signers = sorted(fingerprint(key) for key in signed.signers(state.network))
+    applied it, and the fingerprints of the validators whose signature is valid (``signers``: of the network
+    whose validators applied it, ``order_network``)."""
+    order = signed.order
+    signers = sorted(
+        fingerprint(key) for key in signed.signers(order_network(state.networks, order.experiment, order.sequence))
+    )
     return {**signed.to_wire(), "applied_at_ms": applied_at_ms, "signers": signers}

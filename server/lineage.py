@@ -20,7 +20,7 @@ bytes); its descriptor is what its verdicts are checked against.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -83,10 +83,13 @@ class ImportReport:
 
 
 def import_lineage(
-    store: EdgeStore, blobs: Blobs, network: NetworkManifest, lineage: Lineage, now_ms: int
+    store: EdgeStore, blobs: Blobs, history: Sequence[NetworkManifest], lineage: Lineage, now_ms: int
 ) -> ImportReport:
     """Take ``lineage`` into ``store`` and ``blobs`` once every check above passed (``ProtocolError``
-    otherwise; ``Conflict`` when the store holds another lineage of the experiment)."""
+    otherwise; ``Conflict`` when the store holds another lineage of the experiment). ``history``: the
+    network at each of its revisions, in order (``EdgeState.history``; the network alone when never
+    revised), the last the one served: heads are checked against the validators of their era."""
+    network = history[-1]
     if lineage.network_id != network.network_id:
         raise InvalidMessage(f"the archive is of network {lineage.network_id!r}, not {network.network_id!r}")
     try:
@@ -100,7 +103,7 @@ def import_lineage(
             f"the lineage begins at window {first}; the store holds {lineage.experiment} up to window {len(stored) - 1}"
         )
     lineage = replace(lineage, heads=(*stored[:first], *lineage.heads))
-    verify_lineage(lineage, network.validator_key_set, network.quorum, held=first)
+    verify_lineage(lineage, history, held=first)
     for head in lineage.heads[first:]:
         for cid in (head.head_id, head.outer_state):
             if cid is not None:

@@ -16,6 +16,7 @@ from .deps import State, client_address, read_json
 from .errors import Conflict, documented
 from .hub import public_event
 from .responses import JSON
+from .revision_routes import applied_revision
 
 router = APIRouter(tags=["portal"])
 
@@ -146,6 +147,7 @@ async def snapshot(state: State) -> JSON:
             "network_id": state.network.network_id,
             "now_ms": int(time.time() * 1000),
             "experiments": experiments,
+            "revisions": [applied_revision(state, signed, at) for signed, at in state.store.network_revisions()],
             "peers": {
                 "connected": connected[:SNAPSHOT_PEERS],
                 "by_kind": state.hub.peers_by_kind(),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from datasets.layout import manifest_path, read_train_manifest
 from protocol.clock import SYSTEM_CLOCK, Clock
+from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.network_pins import NetworkSignature
@@ -36,7 +37,7 @@ from .signatures import install_native_verifier
 from .store import EdgeStore, open_store
 from .uploads import Uploads
 
-__all__ = ["EdgeState", "load_datasets", "open_blobs"]
+__all__ = ["EdgeState", "load_datasets", "open_blobs", "revised_history"]
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,16 @@ class EdgeState:
     holders: HeadHolders = field(default_factory=HeadHolders)  # who holds each current head
     head_deltas: HeadDeltas = field(default_factory=HeadDeltas)  # heads as deltas from their parents
     ice: IceIssuer = field(default_factory=IceIssuer)  # the ICE servers pages are given
+    history: dict[int, NetworkManifest] = field(default_factory=dict)  # the network at each revision held, in order
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
         install_native_verifier()
         store = open_store(settings.store_url, settings.data_dir)
         signer = PureSigner(store.edge_seed())
-        network = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
+        first = NetworkManifest.from_wire(json.loads(settings.network.read_bytes()))
+        history = revised_history(replace(first, edge_key=signer.public_key), store)
+        network = history[max(history)]
         metrics = EdgeMetrics()
         fanout, peer_limits, address_limits, read_proofs = _shared(settings, clock)
         uploads = Uploads(settings.data_dir / "uploads", settings, clock)
@@ -81,7 +85,7 @@ class EdgeState:
             hub=Hub(metrics, settings.send_queue_size, clock, fanout),
             metrics=metrics,
             signer=signer,
-            network=replace(network, edge_key=signer.public_key),
+            network=network,
             datasets=load_datasets(settings.datasets_dir),
             admission=Admission(store, network.admission_required, clock),
             peer_limits=peer_limits,
@@ -92,10 +96,31 @@ class EdgeState:
             uploads=uploads,
             holders=HeadHolders(clock),
             ice=settings.ice,
+            history=history,
         )
 
     async def start(self) -> None:
+        self.hub.on_revised = self.take_revisions
         await self.hub.start()
+
+    def take_revisions(self) -> None:
+        """Serve the revisions another edge of the deployment added to the shared store since this
+        edge read it (``Hub.deliver`` calls this on their ``network`` event)."""
+        self.history = revised_history(self.network, self.store, self.history)
+        self.network = self.history[max(self.history)]
+
+    def revised(self, network: NetworkManifest) -> None:
+        """Serve ``network``, the next revision (applied and stored by ``server.revision_routes``)."""
+        self.history[network.revision] = self.network = network
+
+    @property
+    def networks(self) -> list[NetworkManifest]:
+        """The network at each revision held, in order (the last is the one served)."""
+        return list(self.history.values())  # kept in revision order
+
+    def revision_base(self, number: int) -> NetworkManifest:
+        """The network before revision ``number`` (the terms whose validators sign it)."""
+        return self.history.get(number - 1, self.network)
 
     async def close(self) -> None:
         await self.hub.close()
@@ -140,6 +165,23 @@ class EdgeState:
 
     def shard_path(self, manifest: FetchManifest, locator: str) -> Path:
         return self.settings.datasets_dir / manifest.dataset_id / manifest.split / locator
+
+
+def revised_history(
+    network: NetworkManifest, store: EdgeStore, history: dict[int, NetworkManifest] | None = None
+) -> dict[int, NetworkManifest]:
+    """``history`` (``network`` alone when not given) with every revision ``store`` holds after
+    ``network``'s applied in turn, each checked against the terms before it: the network at each
+    revision. ``RuntimeError`` naming the revision when the store's revisions do not follow (a store
+    of another network, or a manifest file edited under a revised network)."""
+    history = {network.revision: network} if history is None else dict(history)
+    for signed, _ in store.network_revisions(after=network.revision):
+        try:
+            network = signed.apply(network)
+        except ProtocolError as exc:
+            raise RuntimeError(f"the store's network revision {signed.revision.number} does not apply: {exc}") from None
+        history[network.revision] = network
+    return history
 
 
 def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimiter, RateLimiter, Once]:

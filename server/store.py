@@ -26,6 +26,7 @@ from pathlib import Path
 
 from protocol.ids import ContentId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.messages import Attestation, Candidate, Evaluation, HeadDescriptor, Lease, Verdict
+from protocol.network_revisions import SignedNetworkRevision
 from protocol.run_control import RunState, SignedRunControl
 from protocol.signing import b64encode
 
@@ -94,6 +95,8 @@ CREATE TABLE IF NOT EXISTS run_states (experiment TEXT PRIMARY KEY, state TEXT N
 CREATE TABLE IF NOT EXISTS run_orders (
     experiment TEXT NOT NULL, sequence INTEGER NOT NULL, signed TEXT NOT NULL, applied_at_ms INTEGER NOT NULL,
     PRIMARY KEY (experiment, sequence));
+CREATE TABLE IF NOT EXISTS network_revisions (
+    number INTEGER PRIMARY KEY, signed TEXT NOT NULL, applied_at_ms INTEGER NOT NULL);
 """
 
 SCHEMA_VERSION = 3
@@ -743,6 +746,28 @@ class EdgeStore:
             "SELECT signed, applied_at_ms FROM run_orders WHERE experiment = ? ORDER BY sequence", experiment
         )
         return [(SignedRunControl.from_wire(json.loads(str(signed))), int(at)) for signed, at in rows]
+
+    # -- network revisions (``protocol.network_revisions``) ---------------------------------------
+    def add_network_revision(self, signed: SignedNetworkRevision, now_ms: int) -> None:
+        """Keep ``signed`` (checked against the terms before it by the caller) as the next revision:
+        ``Conflict`` unless it is the one after the last held, read and written in one transaction, so
+        edges sharing a store take each revision once."""
+        number = signed.revision.number
+        with self._db.transaction() as run:
+            last = int(run("SELECT COALESCE(MAX(number), 0) FROM network_revisions").fetchone()[0])
+            if number != last + 1:
+                raise Conflict(f"network revision {number} does not follow revision {last}, the last this edge holds")
+            run(
+                "INSERT INTO network_revisions (number, signed, applied_at_ms) VALUES (?, ?, ?)",
+                *(number, json.dumps(signed.to_wire()), now_ms),
+            )
+
+    def network_revisions(self, after: int = 0) -> list[tuple[SignedNetworkRevision, int]]:
+        """The revisions held above number ``after``, in order, each with when this store took it."""
+        rows = self._db.query(
+            "SELECT signed, applied_at_ms FROM network_revisions WHERE number > ? ORDER BY number", after
+        )
+        return [(SignedNetworkRevision.from_wire(json.loads(str(signed))), int(at)) for signed, at in rows]
 
     # -- peers -----------------------------------------------------------------------------
     def saw_peer(self, peer_id: PeerId, kind: str, now_ms: int) -> None:

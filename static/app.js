@@ -311,17 +311,25 @@ function renderSnapshot(snapshot) {
   $("events").replaceChildren(...timeline(snapshot).slice(0, 30).map(eventItem));
 }
 
-// The recent events, newest first, with every run-control order the edge applied (kept in its store,
-// so an order older than the recent events stays in the timeline, once each).
+// The recent events, newest first, with every run-control order and network revision the edge applied
+// (kept in its store, so one older than the recent events stays in the timeline, once each).
 function timeline(snapshot) {
   const orderKey = (experiment, d) => `${experiment} ${d.order.sequence}`;
-  const recent = new Set(snapshot.events.filter((e) => e.topic === "control").map((e) => orderKey(e.experiment, e.data)));
+  const revisionKey = (d) => `revision ${d.revision.number}`;
+  const recent = new Set(
+    snapshot.events
+      .filter((e) => e.topic === "control" || e.topic === "network")
+      .map((e) => (e.topic === "network" ? revisionKey(e.data) : orderKey(e.experiment, e.data))),
+  );
   const orders = snapshot.experiments.flatMap((experiment) =>
     experiment.control.orders
       .filter((d) => !recent.has(orderKey(experiment.key, d)))
       .map((d) => ({ topic: "control", experiment: experiment.key, data: d, at_ms: d.applied_at_ms })),
   );
-  return [...snapshot.events.slice().reverse(), ...orders].sort((a, b) => (b.at_ms ?? 0) - (a.at_ms ?? 0));
+  const revisions = (snapshot.revisions ?? [])
+    .filter((d) => !recent.has(revisionKey(d)))
+    .map((d) => ({ topic: "network", experiment: "_network", data: d, at_ms: d.applied_at_ms }));
+  return [...snapshot.events.slice().reverse(), ...orders, ...revisions].sort((a, b) => (b.at_ms ?? 0) - (a.at_ms ?? 0));
 }
 
 function eventItem(event) {
@@ -343,6 +351,11 @@ function eventItem(event) {
   else if (event.topic === "control") {
     const target = d.order.target ? ` ${String(d.order.target).slice(0, 20)}…` : "";
     text = `run control: ${d.order.action}${target} (order ${d.order.sequence}), signed by validators ${d.signers.join(", ")}`;
+    li.className = "control";
+  } else if (event.topic === "network") {
+    const r = d.revision;
+    const added = r.experiments.map((e) => e.key).join(", ") || "none";
+    text = `network revision ${r.number}: experiments added ${added}; ${r.quorum} of ${r.validator_keys.length} validators, signed by ${d.signers.join(", ")}`;
     li.className = "control";
   }
   else if (event.topic === "metrics") text = `metrics from ${d.kind} ${String(d.peer_id).slice(0, 16)}…`;
@@ -372,7 +385,7 @@ function streamEvents(delay = 500) {
     const list = $("events");
     list.prepend(eventItem(event));
     while (list.children.length > 30) list.lastChild.remove();
-    if (["heads", "evaluations", "verdicts", "control"].includes(event.topic)) refreshSoon();
+    if (["heads", "evaluations", "verdicts", "control", "network"].includes(event.topic)) refreshSoon();
   };
   socket.onclose = () => {
     state.streaming = false;

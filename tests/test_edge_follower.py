@@ -18,14 +18,16 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from native_peer.edge_client import EdgeClient
+from native_peer.network_chain import NetworkChain
 from protocol.credit import agree
 from protocol.edge_urls import MAX_EDGE_URLS, edge_urls
 from protocol.errors import IntegrityError, InvalidMessage, SignatureError
 from protocol.ids import ContentId
 from protocol.lineage import Lineage, write_archive
-from protocol.messages import Evaluation, HeadDescriptor
+from protocol.messages import Attestation, Evaluation, HeadDescriptor
+from protocol.network_revisions import NetworkRevision, SignedNetworkRevision
 from protocol.run_control import RunControl, RunState, SignedRunControl
-from protocol.signing import PureSigner
+from protocol.signing import PureSigner, b64decode
 from server.admission import issue_token
 from server.follower import Upstream, mirror_once
 from server.serve import BackgroundEdge
@@ -33,7 +35,7 @@ from server.settings import Settings
 from server.state import EdgeState
 from server.store import EdgeStore, Store
 
-from .support import EXPERIMENT, edge_settings, proof
+from .support import EXPERIMENT, edge_settings, head_envelope, proof
 from .test_lineage import NETWORK, VALIDATORS, _certified, _dtn, _edge_files, _lineage
 
 T = TypeVar("T")
@@ -326,7 +328,8 @@ def test_a_client_given_several_edges_moves_to_the_next_only_when_one_is_unreach
         first.stop()
         served = client.network()
         assert client.url == second.url and client.failovers == 2
-        assert client.rekeyed(replace(served, edge_key=None)) is not None  # another edge, another key
+        followed = NetworkChain(replace(served, edge_key=None)).read(client)  # another edge, another key
+        assert followed is not None and followed.edge_key == b64decode(keys[second.url], size=32)
         second.stop()
         with pytest.raises(httpx.TransportError):
             client.network()  # every edge tried once: the last one's failure
@@ -366,3 +369,42 @@ def test_the_welcome_tells_a_page_about_the_other_edges(tmp_path: Path, dataset_
         welcome = json.loads(ws.recv(timeout=5))
     assert welcome["mirrors"] == ["https://b.example", "https://c.example:8443"]
     assert edge_urls(welcome["mirrors"]) == welcome["mirrors"]  # what the browser peer reads of it
+
+
+def test_a_follower_takes_the_upstreams_revisions_and_the_lineage_across_a_change_of_validators(
+    lineage: Lineage, tmp_path: Path, dataset_root: Path
+) -> None:
+    """Upstream, the experiment was paused and its third validator replaced at window 2, then a head was
+    made by the new quorum: a fresh follower takes the revision (checked as a chain), every head (the
+    first three checked against the old validators, the last against the new) and the order, in one
+    round."""
+    a, b, c = VALIDATORS
+    d = PureSigner(b"\x24" * 32)
+    upstream = _upstream(tmp_path / "a", dataset_root, lineage)
+    try:
+        pause = SignedRunControl.of(RunControl(NETWORK.network_id, EXPERIMENT, "pause", 1, 1_000), [a, b])
+        assert (
+            httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/control", json=pause.to_wire()).status_code == 201
+        )
+        keys = (a.public_key, b.public_key, d.public_key)
+        change = NetworkRevision.of(
+            NETWORK, 2_000, validator_keys=keys, heads={EXPERIMENT: lineage.heads[-1]}, orders={EXPERIMENT: 1}
+        )
+        signed = SignedNetworkRevision.of(change, [b, c])
+        assert httpx.post(f"{upstream.url}/v1/network/revisions", json=signed.to_wire()).status_code == 201
+        head, body = head_envelope(parent=lineage.heads[-1].head_id, window=3, signer=a)
+        assert httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/heads", content=body).status_code == 202
+        attestation = Attestation.of(head, (), d, 3_000).to_wire()
+        assert (
+            httpx.post(f"{upstream.url}/v1/experiments/{EXPERIMENT}/attestations", json=attestation).status_code == 201
+        )
+
+        def taken(store: EdgeStore) -> tuple[list[HeadDescriptor], list[int], RunState]:
+            revisions = [s.revision.number for s, _ in store.network_revisions()]
+            return store.heads(EXPERIMENT), revisions, store.run_state(EXPERIMENT)
+
+        heads, revisions, run_state = _mirrored(tmp_path / "b", dataset_root, upstream.url, taken)
+    finally:
+        upstream.stop()
+    assert [h.head_id for h in heads] == [*(h.head_id for h in lineage.heads), head.head_id]
+    assert revisions == [1] and run_state == RunState(sequence=1, paused=True)

@@ -101,7 +101,7 @@ def lineage() -> Lineage:
 def _refused(lineage: Lineage, error: type[ProtocolError] = InvalidMessage) -> str:
     """Why the archive of ``lineage`` is refused (with ``error``), after a round trip through its bytes."""
     with pytest.raises(error) as refused:
-        verify_lineage(read_archive(write_archive(lineage), max_blob_bytes=MAX_BLOB), KEYS, NETWORK.quorum)
+        verify_lineage(read_archive(write_archive(lineage), max_blob_bytes=MAX_BLOB), NETWORK)
     assert "\n" not in str(refused.value)
     return str(refused.value)
 
@@ -109,7 +109,7 @@ def _refused(lineage: Lineage, error: type[ProtocolError] = InvalidMessage) -> s
 def test_an_archive_round_trips_byte_for_byte_and_verifies(lineage: Lineage) -> None:
     data = write_archive(lineage)
     read = read_archive(data, max_blob_bytes=MAX_BLOB)
-    verify_lineage(read, KEYS, NETWORK.quorum)
+    verify_lineage(read, NETWORK)
     assert read == lineage
     assert write_archive(read) == data  # deterministic: its sha256 names it
 

@@ -49,7 +49,7 @@ def test_a_forged_or_altered_order_is_refused() -> None:
         with pytest.raises(SignatureError, match="signed by 0 validator"):
             SignedRunControl(altered, signed.signatures).effective_signers(NETWORK)
     # a signature claimed for validator B but made by the edge
-    forged = replace(signed.signatures[1], signature=PAUSE.sign(EDGE).signature)
+    forged = replace(signed.signatures[1], signature=SignedRunControl(PAUSE, ()).signature_of(EDGE).signature)
     with pytest.raises(SignatureError, match="signed by 1 validator"):
         SignedRunControl(PAUSE, (signed.signatures[0], forged)).effective_signers(NETWORK)
 

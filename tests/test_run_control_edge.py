@@ -158,13 +158,13 @@ def test_the_cli_writes_signs_offline_and_submits_an_order(
     copy = tmp_path / "copy.json"
     copy.write_bytes(order.read_bytes())
     dtn(["control", "sign", str(order), "--network", network, "--storage", str(tmp_path / "a")])
-    with pytest.raises(SystemExit, match="not every edge holds the order"):
+    with pytest.raises(SystemExit, match="not every edge holds it"):
         dtn(["control", "submit", str(order), "--edge", url])
     assert "refused (401 SignatureError): run control 'pause' is signed by 1 validator" in capsys.readouterr().out
     dtn(["control", "sign", str(copy), "--network", network, "--storage", str(tmp_path / "b")])
     dtn(["control", "submit", str(order), str(copy), "--edge", f"{url},{url}"])  # each copy carries one signature
     submitted = capsys.readouterr().out
-    assert "applied; the experiment is now" in submitted and "already applied this order" in submitted
+    assert "applied; the experiment is now" in submitted and "already applied this one" in submitted
     _refused(_lease(http), 409, "Halted", "paused by run control")
     dtn(["control", "show", "--network", network, "--experiment", str(EXPERIMENT), "--edge", url])
     shown = capsys.readouterr().out

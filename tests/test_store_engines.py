@@ -15,9 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from protocol.ids import ContentId, DatasetId, HeadId, LeaseId, PeerId
+from protocol.ids import ContentId, DatasetId, ExperimentKey, HeadId, LeaseId, PeerId
 from protocol.leases import assign_shards
+from protocol.manifests import NetworkManifest
 from protocol.messages import Attestation, Candidate, Evaluation, HeadDescriptor, Lease, Verdict
+from protocol.network_revisions import NetworkRevision, SignedNetworkRevision
 from protocol.reasons import Reason
 from protocol.run_control import RunControl, RunState, SignedRunControl
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -31,6 +33,7 @@ from .support import (
     VALIDATOR,
     candidate_envelope,
     edge_settings,
+    experiment_spec,
     head_envelope,
     init_params,
     private_postgres,
@@ -535,3 +538,28 @@ def test_run_control_orders_apply_once_in_sequence_and_outlive_the_store(opener:
     again = opener()  # another edge on the same database, or this one restarted
     assert again.run_state(EXPERIMENT) == RunState(1, paused=True)
     assert [(signed.order, at) for signed, at in again.run_orders(EXPERIMENT)] == [(order, 10)]
+
+
+def test_network_revisions_are_taken_once_in_sequence_and_outlive_the_store(opener: Opener) -> None:
+    network = NetworkManifest("test-net", (VALIDATOR.public_key,), (experiment_spec(),))
+    added = experiment_spec(ExperimentKey.parse("study/added/rev-1"))
+    first = SignedNetworkRevision.of(NetworkRevision.of(network, 5, experiments=[added]), [VALIDATOR])
+    second = SignedNetworkRevision.of(
+        NetworkRevision.of(
+            first.apply(network),
+            6,
+            quorum=1,
+            validator_keys=[VALIDATOR.public_key, PureSigner(b"\x77" * 32).public_key],
+        ),
+        [VALIDATOR],
+    )
+    store = opener()
+    with pytest.raises(Conflict, match="revision 2 does not follow revision 0"):
+        store.add_network_revision(second, 9)
+    store.add_network_revision(first, 10)
+    with pytest.raises(Conflict, match="revision 1 does not follow revision 1"):
+        store.add_network_revision(first, 11)
+    store.add_network_revision(second, 12)
+    again = opener()  # another edge on the same database, or this one restarted
+    assert again.network_revisions() == [(first, 10), (second, 12)]
+    assert again.network_revisions(after=1) == [(second, 12)]

@@ -13,6 +13,7 @@ from protocol.envelope import unpack_envelope
 from protocol.errors import InvalidMessage, SignatureError
 from protocol.hashing import content_id
 from protocol.ids import ContentId, ExperimentKey, HeadId
+from protocol.manifests import NetworkManifest
 from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import init_params
 from protocol.signing import PureSigner, peer_id_from_public_key
@@ -32,7 +33,7 @@ EDGE = PureSigner(b"\x21" * 32)
 TRAINER = PureSigner(b"\x22" * 32)
 STRANGER = PureSigner(b"\x23" * 32)
 TRAINER_ID = peer_id_from_public_key(TRAINER.public_key)
-VALIDATORS = frozenset({VALIDATOR.public_key})
+NETWORK = NetworkManifest("window-net", (VALIDATOR.public_key,), ())
 OTHER_EXPERIMENT = ExperimentKey.parse("study/other/rev-1")
 OTHER_HEAD = HeadId("sha256:" + "b" * 64)
 
@@ -65,31 +66,31 @@ def _package(lease: Lease, head: HeadDescriptor) -> tuple[Candidate, bytes]:
 
 # -- head_to_train ------------------------------------------------------------------------------
 def test_a_new_trusted_head_is_trained(head: HeadDescriptor) -> None:
-    assert head_to_train(head, VALIDATORS, None) is head
-    assert head_to_train(head, VALIDATORS, OTHER_HEAD) is head
+    assert head_to_train(head, NETWORK, None) is head
+    assert head_to_train(head, NETWORK, OTHER_HEAD) is head
 
 
 def test_no_head_yet_is_no_window() -> None:
     with pytest.raises(NoWindow, match="no head yet"):
-        head_to_train(None, VALIDATORS, None)
+        head_to_train(None, NETWORK, None)
 
 
 def test_a_head_signed_by_an_unknown_key_is_refused() -> None:
     untrusted, _ = head_envelope(signer=STRANGER)
     with pytest.raises(SignatureError):
-        head_to_train(untrusted, VALIDATORS, None)
+        head_to_train(untrusted, NETWORK, None)
 
 
 def test_a_head_naming_a_validator_but_signed_by_another_key_is_refused(head: HeadDescriptor) -> None:
     forged = dataclasses.replace(head, window=head.window + 1).signed(STRANGER)
     forged = dataclasses.replace(forged, validator_key=VALIDATOR.public_key)
     with pytest.raises(SignatureError):
-        head_to_train(forged, VALIDATORS, None)
+        head_to_train(forged, NETWORK, None)
 
 
 def test_the_head_already_trained_on_is_no_window(head: HeadDescriptor) -> None:
     with pytest.raises(NoWindow, match="already trained"):
-        head_to_train(head, VALIDATORS, head.head_id)
+        head_to_train(head, NETWORK, head.head_id)
 
 
 # -- check_lease --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from server.errors import Conflict
 from server.lineage import export_lineage, import_lineage
 from server.settings import Settings
 from server.signatures import install_native_verifier
-from server.state import open_blobs
+from server.state import open_blobs, revised_history
 from server.store import EdgeStore, open_store
 
 from .networks import DATASETS, MNIST_NETWORK, NetworkConfigError, write_network
@@ -102,7 +102,8 @@ def cmd_lineage_import(args: argparse.Namespace) -> None:
     with _edge_store(args) as store:
         try:
             lineage = read_archive(data, max_blob_bytes=settings.max_artifact_bytes)
-            report = import_lineage(store, open_blobs(settings), network, lineage, int(time.time() * 1000))
+            networks = list(revised_history(network, store).values())  # the revisions the store holds, applied
+            report = import_lineage(store, open_blobs(settings), networks, lineage, int(time.time() * 1000))
         except (ProtocolError, Conflict) as exc:
             raise SystemExit(f"lineage import refused {args.archive} ({archive_id(data)}): {exc}") from None
     print(
