@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,6 +60,7 @@ from protocol.leases import assign_leases
 from protocol.manifests import ExperimentSpec
 from protocol.messages import Candidate, HeadDescriptor, Lease
 from protocol.model import Params
+from protocol.records import RECORD_HEADS, peer_records, weigh_by_record
 from protocol.screening import PRESETS
 from protocol.signing import PureSigner, peer_id_from_public_key
 
@@ -472,6 +474,7 @@ class Suite:
         anchor = Anchor(self.engine, *self.data.reference, STEPS, REFERENCE_BATCH)
         anchored = (head_id, base)  # the head the validator's own update trains from, and its parameters
         pool = sum(len(y) for _, y in self.data.shards)  # the training pool's examples (``lease_measurable``)
+        merged_peers: deque[set[str]] = deque(maxlen=RECORD_HEADS)  # the last heads' (``protocol.records``)
         for window in range(self.windows):
             if fresh_identities and window:
                 signers = [_sybil(i, window, self.seed) if i in malicious else s for i, s in enumerate(signers)]
@@ -548,8 +551,9 @@ class Suite:
             tally.benign_pair_cosines += _pair_cosines(
                 [_delta(trained[i], base) for i in range(peers) if i not in malicious]
             )  # how far apart honest work is: copies (``protocol.near_duplicates``) are at cosine 0.99 or more
+            weighed = weigh_by_record(submissions, peer_records(merged_peers), dict(policy.max_examples_by_kind))
             decision = judge_window(
-                self.learner.model, base, base_metrics | step, submissions, policy,
+                self.learner.model, base, base_metrics | step, weighed, policy,
                 lambda p: self.evaluate(p, self.data.holdout), trust,
                 reference=anchor.reference(base, anchored[0], lambda held=anchored[1]: held) if use_reference else None,
                 salt=salt,
@@ -576,6 +580,8 @@ class Suite:
                     reason = str(screen.reason)
                     tally.reasons[reason] = tally.reasons.get(reason, 0) + 1
             previous = [(c, a) for c, a in candidates if decision.screens[c.candidate_id].accepted]
+            # the next head's merged peers (none when nothing merged: the network makes an empty head)
+            merged_peers.append({s.peer_id for s in submissions if s.candidate_id in decision.accepted})
             if decision.merged is not None:
                 before, base = base, decision.merged
                 base_metrics = decision.merged_metrics or base_metrics

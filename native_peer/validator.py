@@ -127,6 +127,7 @@ from protocol.messages import MAX_WINDOW_CANDIDATES, Attestation, Candidate, Eva
 from protocol.network_pins import NetworkSignature
 from protocol.outer import decode_state, encode_state
 from protocol.reasons import Reason
+from protocol.records import RECORD_HEADS, peer_records, weigh_by_record
 from protocol.run_control import RunState
 from protocol.screening import PRESETS, Screen, ScreeningPolicy, screen_schema
 from protocol.shards import decode_shard
@@ -146,6 +147,8 @@ from .workloads import WorkloadError, model_learner
 __all__ = ["Decision", "Validator", "ValidatorConfig", "ValidatorState", "WindowReport", "share_principal_weight"]
 
 log = logging.getLogger(__name__)
+
+MERGED_PEERS_HELD = 256  # heads whose merged peers are kept here (``Validator._merged_peers``)
 
 
 @dataclass(frozen=True)
@@ -384,6 +387,7 @@ class Validator:
         self._current: dict[str, HeadDescriptor] = {}  # experiment -> its canonical head, as last read
         self._answered: dict[str, HeadDescriptor] = {}  # experiment -> the head a publish made canonical (``_publish``)
         self._seen_heads: dict[str, HeadDescriptor] = {}  # the last few canonical heads read, by id
+        self._merged_by: dict[str, frozenset[str]] = {}  # head id -> the peers it merged (``_merged_peers``)
         # experiment -> when its open window may close without activity: the newcomers' grace and the
         # deadline (this validator's turn)
         self._due: dict[str, tuple[float, ...]] = {}
@@ -730,6 +734,49 @@ class Validator:
             del waiting[judged]
         return list(waiting.values())
 
+    def _records(self, spec: ExperimentSpec, head: HeadDescriptor) -> dict[str, int]:
+        """Each peer's record at the window on ``head`` (``protocol.records``): the peers the last
+        ``RECORD_HEADS`` canonical heads (``head`` and those before it) merged candidates of."""
+        heads = [head]
+        while len(heads) < RECORD_HEADS and heads[-1].parent is not None:
+            parent = self._lineage_head(spec, heads[-1].parent)
+            if parent is None:  # the edge no longer holds it: the record counts the heads it has
+                break
+            heads.append(parent)
+        return peer_records(self._merged_peers(spec, h) for h in heads)
+
+    def _lineage_head(self, spec: ExperimentSpec, head_id: HeadId) -> HeadDescriptor | None:
+        """Head ``head_id`` of ``spec``'s lineage, as seen here or read from the edge (checked)."""
+        head = self._seen_heads.get(head_id) or self.edge.head(spec.key, head_id)
+        if head is not None:
+            self._network.verify_head(head)
+            self._remember(head)
+        return head
+
+    def _merged_peers(self, spec: ExperimentSpec, head: HeadDescriptor) -> frozenset[str]:
+        """The peers of the candidates ``head`` merged, from their signed descriptors (read from the
+        edge once per head: the candidates on its parent, then on the head before that for one merged
+        a window late)."""
+        if not head.merged or head.parent is None:
+            return frozenset()
+        held = self._merged_by.get(head.head_id)
+        if held is None:
+            wanted, peers, base = set(head.merged), set(), head.parent
+            for _ in range(2):
+                for candidate in self.edge.candidates(spec.key, base_head=base):
+                    if candidate.candidate_id in wanted:
+                        candidate.verify_own()
+                        wanted.discard(candidate.candidate_id)
+                        peers.add(candidate.peer_id)
+                parent = self._lineage_head(spec, base) if wanted else None
+                if parent is None or parent.parent is None:
+                    break
+                base = parent.parent
+            if len(self._merged_by) >= MERGED_PEERS_HELD:
+                self._merged_by.clear()
+            held = self._merged_by[head.head_id] = frozenset(peers)
+        return held
+
     def _turn(self, head: HeadDescriptor) -> int:
         """This validator's place in the order in which validators propose the window after ``head``
         (0: first). The order is a rendezvous hash of the head id, so it rotates from window to window."""
@@ -759,8 +806,12 @@ class Validator:
             learner.model,
             base,
             _unnamed("val", head.metrics) | _lineage_step(head),
-            share_principal_weight(
-                [self._precheck(spec, head, base, window_steps, c, salt, known) for c in window], policy
+            weigh_by_record(
+                share_principal_weight(
+                    [self._precheck(spec, head, base, window_steps, c, salt, known) for c in window], policy
+                ),
+                self._records(spec, head),
+                dict(policy.max_examples_by_kind),
             ),
             policy,
             lambda params: self._evaluators[spec.model.name](learner.from_tensors(params), val_x, val_y),
@@ -855,9 +906,12 @@ class Validator:
         return at
 
     def warm(self, spec: ExperimentSpec) -> None:
-        """Work that depends only on the current head, done before its window's candidates arrive:
-        the anchor update of an anchored experiment when the head is (or anchors at) a new anchor."""
+        """Work that depends only on the current head, done before its window's candidates arrive: the
+        peers' records (``_records``: read once per head) and the anchor update of an anchored
+        experiment when the head is (or anchors at) a new anchor."""
         head = self._current.get(spec.key)
+        if head is not None:
+            self._records(spec, head)
         if head is None or not PRESETS[spec.screening].anchored:
             return
         at = self._anchor_head(spec, head)

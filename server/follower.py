@@ -286,9 +286,7 @@ async def _mirror_heads(
             blobs={ContentId(cid): await upstream.blob(ContentId(cid)) for cid in names},
         )
         # off the event loop: the checks (every signature, every blob's hash) and the writes take a while
-        report = await asyncio.to_thread(
-            import_lineage, state.store, state.blobs, history, lineage, state.clock.now_ms()
-        )
+        report = await state.offload(import_lineage, state.store, state.blobs, history, lineage, state.clock.now_ms())
         included = {c.candidate_id for c in candidates}
         listed = [c for c in listed if c.candidate_id not in included]
         for head in batch[len(batch) - report.heads :]:

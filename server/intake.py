@@ -59,7 +59,6 @@ Retention: when a head is promoted, artifacts of candidates whose window is
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -503,7 +502,7 @@ async def accept_order(state: EdgeState, signed: SignedRunControl, *, route: Exp
     if signed.order.action == "rollback" and target is not None and state.store.head(route, HeadId(target)) is None:
         raise NotFound(f"experiment {route} has no canonical head {target} to roll back to")
     now_ms = state.clock.now_ms()
-    run_state = await asyncio.to_thread(state.store.apply_run_control, signed, now_ms)
+    run_state = await state.offload(state.store.apply_run_control, signed, now_ms)
     event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}
     state.hub.publish(route, "control", event)
     return event

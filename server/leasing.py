@@ -133,7 +133,7 @@ class LeaseIssuer:
         """Give back those of ``lease_ids`` that are live and undelivered (``EdgeStore.release_leases``)
         and tell the ``leases`` topic (validators wake on it); returns them."""
         now_ms, signer = self.state.clock.now_ms(), self.state.signer
-        released = await asyncio.to_thread(
+        released = await self.state.offload(
             self.state.store.release_leases, lease_ids, now_ms, lambda lease: lease.signed(signer)
         )
         for lease in released:
@@ -211,7 +211,7 @@ class LeaseIssuer:
         if refusal is not None:
             raise Forbidden(refusal)
         await self.check_work(experiment, peer_id, work)
-        halted = (await asyncio.to_thread(self.state.store.run_state, experiment)).halted
+        halted = (await self.state.offload(self.state.store.run_state, experiment)).halted
         if halted is not None:
             raise Halted(
                 f"experiment {experiment} is {halted}; ask again in {HALTED_RETRY_S} s",
@@ -237,7 +237,7 @@ class LeaseIssuer:
         bits = self.state.experiment(experiment).lease_work_bits
         if bits == 0:
             return
-        head = await asyncio.to_thread(self.state.store.current_head, experiment)
+        head = await self.state.offload(self.state.store.current_head, experiment)
         if head is None:
             return  # no lease without a head either (``issue``)
         if work is None:
@@ -281,8 +281,8 @@ class LeaseIssuer:
         manifest = self.state.dataset(spec.dataset_id)
         now_ms = self.state.clock.now_ms()
         # caught up off the event loop (it reads the store); then only looked up in the store's thread below
-        standings = await asyncio.to_thread(self.state.credit.standings, experiment)
-        arrears = await asyncio.to_thread(self._arrears, experiment)
+        standings = await self.state.offload(self.state.credit.standings, experiment)
+        arrears = await self.state.offload(self._arrears, experiment)
         group = address_group(address)
 
         def has_record(peer: PeerId) -> bool:
@@ -337,7 +337,7 @@ class LeaseIssuer:
             ).signed(self.state.signer)
 
         seen = None if peer_kind is None else (peer_id, peer_kind)
-        lease, created = await asyncio.to_thread(self.state.store.grant_lease, experiment, now_ms, choose, seen, group)
+        lease, created = await self.state.offload(self.state.store.grant_lease, experiment, now_ms, choose, seen, group)
         if created:
             self.state.metrics.leases.inc()
             self.state.hub.publish(experiment, "leases", lease.to_wire())

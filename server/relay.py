@@ -318,7 +318,7 @@ async def close_revoked(state: EdgeState) -> None:
         await asyncio.sleep(REVOCATION_CHECK_S)
         tokens = {c.token for c in state.hub.connections.values() if c.token is not None}
         try:
-            revoked = await asyncio.to_thread(_revoked, state, tokens)
+            revoked = await state.offload(_revoked, state, tokens)
         except EdgeError as exc:  # the shared store is unreachable for now: the next sweep tries again
             log.warning("could not check the relay's admission tokens: %s", exc)
             continue

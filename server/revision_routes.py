@@ -17,7 +17,6 @@ serve, 413 a body over the limit.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -72,7 +71,7 @@ async def accept_revision(state: EdgeState, signed: SignedNetworkRevision) -> di
     revised = signed.apply(network)  # SignatureError: under quorum; InvalidMessage: not these terms
     for spec in revision.experiments:
         if spec.dataset_id not in state.datasets:  # prepared since the edge started?
-            state.datasets = await asyncio.to_thread(load_datasets, state.settings.datasets_dir)
+            state.datasets = await state.offload(load_datasets, state.settings.datasets_dir)
         try:
             spec.check_dataset(state.dataset(spec.dataset_id))
         except NotFound:
@@ -86,7 +85,7 @@ async def accept_revision(state: EdgeState, signed: SignedNetworkRevision) -> di
     if (refusal := handover_refusal(network, revision, lineages, sequences)) is not None:
         raise Conflict(refusal)
     now_ms = state.clock.now_ms()
-    await asyncio.to_thread(state.store.add_network_revision, signed, now_ms)
+    await state.offload(state.store.add_network_revision, signed, now_ms)
     state.revised(revised)
     event = applied_revision(state, signed, now_ms)
     state.hub.publish(NETWORK_SCOPE, "network", event)

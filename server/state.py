@@ -8,10 +8,13 @@ uploads (``uploads``) are always this edge's own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from datasets.layout import manifest_path, read_train_manifest
 from protocol.clock import SYSTEM_CLOCK, Clock
@@ -40,6 +43,7 @@ from .uploads import Uploads
 __all__ = ["EdgeState", "load_datasets", "open_blobs", "revised_history"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REDIS_TIMEOUT_S = 5.0
 
@@ -65,6 +69,7 @@ class EdgeState:
     head_deltas: HeadDeltas = field(default_factory=HeadDeltas)  # heads as deltas from their parents
     ice: IceIssuer = field(default_factory=IceIssuer)  # the ICE servers pages are given
     history: dict[int, NetworkManifest] = field(default_factory=dict)  # the network at each revision held, in order
+    _offloaded: set[asyncio.Task[Any]] = field(default_factory=set)  # work in worker threads, not ended yet
 
     @classmethod
     def open(cls, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> EdgeState:
@@ -122,7 +127,17 @@ class EdgeState:
         """The network before revision ``number`` (the terms whose validators sign it)."""
         return self.history.get(number - 1, self.network)
 
+    async def offload(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` in a worker thread (as ``asyncio.to_thread``), which ``close`` waits for before
+        it closes the store: cancelling the caller (a background task at shutdown) does not stop a
+        thread, and a store closed under a running statement can crash the process."""
+        task = asyncio.ensure_future(asyncio.to_thread(work, *args))
+        self._offloaded.add(task)
+        task.add_done_callback(self._offloaded.discard)
+        return await asyncio.shield(task)
+
     async def close(self) -> None:
+        await asyncio.gather(*self._offloaded, return_exceptions=True)
         await self.hub.close()
         self.store.close()
 

@@ -39,6 +39,7 @@ from protocol.signing import PureSigner, b64decode, peer_id_from_public_key
 from server.portal import PEER_PAGE
 from server.serve import BackgroundEdge
 from server.settings import Settings
+from server.state import EdgeState
 
 from .support import (
     EXPERIMENT,
@@ -813,3 +814,29 @@ def test_lists_answer_bounded_pages_with_a_cursor(client: httpx.Client) -> None:
         after = directory["next"]
     assert known == sorted(str(peer_id_from_public_key(t.public_key)) for t in trainers)
     assert client.get("/v1/peers", params={"limit": PEER_PAGE + 1}).status_code == 400
+
+
+def test_the_edge_closes_its_store_only_after_the_work_it_gave_worker_threads(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    """A background task cancelled at shutdown (the follower's import, the relay's revocation sweep)
+    leaves its store call running in a worker thread: ``EdgeState.close`` waits for it before it closes
+    the store (SQLite closed under a running statement can crash the process)."""
+    write_network(tmp_path / "network.json")
+
+    async def shut_down_mid_call() -> list[object]:
+        state = EdgeState.open(edge_settings(tmp_path, dataset_root))
+        await state.start()
+        finished: list[object] = []
+
+        def slow_read() -> None:
+            time.sleep(0.3)
+            finished.append(state.store.current_head(EXPERIMENT))  # the store is still open
+
+        caller = asyncio.ensure_future(state.offload(slow_read))
+        await asyncio.sleep(0.05)
+        caller.cancel()
+        await state.close()
+        return finished
+
+    assert asyncio.run(shut_down_mid_call()) == [None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -119,7 +120,8 @@ def test_a_validator_closes_a_window_without_reading_again_what_it_knows(
 ) -> None:
     """A window that follows the validator's own head reads no head (the candidate listing names the
     current one, the publish answered it canonical), no network (the activity answer carries the edge's
-    key), the window's leases in one request and no lease by id (the candidate's is among them)."""
+    key), the window's leases in one request, no lease by id (the candidate's is among them) and no
+    candidates but the window's (the peers' records were read when the head came out: ``warm``)."""
     edge, validator, root = network_env
     spec = validator.network.experiment(BASELINE)
     validator.ensure_genesis(spec)
@@ -127,6 +129,7 @@ def test_a_validator_closes_a_window_without_reading_again_what_it_knows(
     experiment = trainer.experiment(*BASELINE.parts)
     trainer.train_window_once(experiment)
     assert validator.poll(spec) is not None  # the first window: the validator reads the head it starts from
+    validator.warm(spec)  # as its loop does once the head is out: the peers' records are read here
     sent: list[tuple[str, str]] = []
     request = validator.edge._request
     monkeypatch.setattr(validator.edge, "_request", lambda m, p, **o: sent.append((m, p)) or request(m, p, **o))
@@ -138,6 +141,34 @@ def test_a_validator_closes_a_window_without_reading_again_what_it_knows(
     assert reads.count("/leases") == 1 and not [r for r in reads if r.startswith("/v1/leases/")], reads
     assert reads.count("/candidates") == 1, reads  # one page: shorter than a full one, so nothing more
     trainer.close()
+
+
+def test_a_validator_without_its_disk_reads_the_same_records_from_the_lineage(
+    network_env: tuple[BackgroundEdge, Validator, Path], tmp_path: Path, dataset_root: Path
+) -> None:
+    """A peer's record (``protocol.records``) comes from the canonical heads and the candidates they
+    merged, as the edge serves them: a validator started on an empty storage (its key only) weighs the
+    next window's peers exactly as the one that judged the lineage."""
+    edge, validator, root = network_env
+    spec = validator.network.experiment(BASELINE)
+    validator.ensure_genesis(spec)
+    trainers = [_trainer(edge, root, name) for name in ("regular", "newcomer")]
+    experiments = [trainer.experiment(*BASELINE.parts) for trainer in trainers]
+    for window in range(3):
+        trainers[0].train_window_once(experiments[0])
+        if window == 2:
+            trainers[1].train_window_once(experiments[1])
+        report = validator.poll(spec)
+        assert report is not None and report.head.merged
+    head = validator._current[spec.key]
+    records = validator._records(spec, head)
+    assert records == {str(trainers[0].peer_id): 3, str(trainers[1].peer_id): 1}, records
+    blank = StorageConfig(tmp_path / "blank")
+    blank.root.mkdir(parents=True)
+    shutil.copy(root / "validator" / "identity.key", blank.identity_path)
+    again = Validator(mlp_learner(), validator.network, blank, edge.url, dataset_root)
+    _OPEN.append(again)
+    assert again._records(spec, head) == records
 
 
 def test_a_trainer_whose_window_closed_while_it_trained_publishes_one_head_late_and_is_merged(

@@ -8,6 +8,7 @@ validator that lost its disk reads the momentum back from the edge and still rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -159,11 +160,13 @@ def test_a_quorum_runs_diloco_and_a_validator_without_its_disk_rejoins(tmp_path:
     )
     (tmp_path / "network.json").write_text(json.dumps(network.to_wire()))
     clock = ManualClock(wall_ms=int(time.time() * 1000))
-    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge:
+    with BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge, contextlib.ExitStack() as closing:
         validators = [_validator(tmp_path, i, network, edge, clock, dataset_root) for i in (0, 1)]
+        closing.callback(lambda: [validator.close() for validator in validators])  # a failed check leaks none
         for validator in validators:
             validator.ensure_genesis(nesterov)
         trainer = mnist_trainer(network, tmp_path / "trainer", edge.url)
+        closing.callback(trainer.close)
         experiment = trainer.experiment(*BASELINE.parts)
         heads = [_current(edge)]
         for window in range(3):
@@ -199,9 +202,6 @@ def test_a_quorum_runs_diloco_and_a_validator_without_its_disk_rejoins(tmp_path:
             gradient = momentum - mu * previous
             np.testing.assert_allclose(before - rate * (gradient + mu * momentum), after, atol=2e-5)
             previous = momentum
-        trainer.close()
-        for validator in validators:
-            validator.close()
 
 
 def test_the_edge_takes_a_head_only_after_its_outer_state(tmp_path: Path, dataset_root: Path) -> None:
