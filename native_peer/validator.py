@@ -530,7 +530,9 @@ class Validator:
         if self.edge.failovers != self._failovers:  # another edge of the list answers now
             self._failovers = self.edge.failovers
             self._follow_network()
-            self._republish(spec.key)  # a head proposed to the last edge may not have reached this one
+            # a head proposed to the last edge may not have reached this one, of any experiment: the move
+            # is seen once, by whichever experiment's poll comes first
+            self._republish(None)
         lost = self._journal(spec.key).after(None if head is None else head.head_id)
         if lost:
             self._restore(spec, lost)
@@ -568,13 +570,14 @@ class Validator:
         self._follow_network()
         self._republish(spec.key)
 
-    def _republish(self, key: str) -> None:
-        """Publish this validator's open decisions of experiment ``key`` again (proposals, attestations),
-        to an edge that may lack them: a replaced edge, or another edge of the list after a failover (its
-        last proposal, certified by the edge that went away before this one mirrored it, is otherwise
-        waited for there forever)."""
+    def _republish(self, key: str | None) -> None:
+        """Publish this validator's open decisions of experiment ``key`` (``None``: of every experiment)
+        again (proposals, attestations), to an edge that may lack them: a replaced edge, or another edge
+        of the list after a failover (its last proposal, certified by the edge that went away before this
+        one mirrored it, or refused there for an outer state uploaded only to the edge that went away, is
+        otherwise waited for forever)."""
         for decision in self.state.decisions.values():
-            if decision.head.experiment == key:
+            if key is None or decision.head.experiment == key:
                 decision.published = False
         self._flush()
 

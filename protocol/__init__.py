@@ -37,6 +37,7 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     evidence     lease evidence: a candidate's loss gain on its lease against training shards outside it
     near_duplicates  a window's copies of one update, found in linear time (count sketch, SimHash bands)
     trust        per-peer strikes and quarantine (an immutable TrustBook)
+    records      a peer's record in the lineage (heads that merged its work) and the merge weight it earns
     credit       which verdicts count toward credit and standing: borne out by the lineage or the quorum
     judging      judge_window: the whole decision for one window, pure; returns the next trust book
     deadline     when a validator closes a window: derived from recent window durations

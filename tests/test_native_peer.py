@@ -27,6 +27,7 @@ from native_peer.mnist import RELEASE, WORKLOAD, mlp_learner
 from native_peer.models import builtin_model
 from native_peer.shard_cache import ShardCache
 from native_peer.trainer import Trainer, WindowOutcome
+from native_peer.validator import Decision
 from protocol.batches import make_batches
 from protocol.clock import ManualClock
 from protocol.codec import decode_tensors
@@ -169,6 +170,28 @@ def test_a_validator_without_its_disk_reads_the_same_records_from_the_lineage(
     again = Validator(mlp_learner(), validator.network, blank, edge.url, dataset_root)
     _OPEN.append(again)
     assert again._records(spec, head) == records
+
+
+def test_a_move_to_another_edge_publishes_again_the_open_decisions_of_every_experiment(
+    network_env: tuple[BackgroundEdge, Validator, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client moves to the next edge while one experiment's proposal is being published (its head
+    refused there, the outer state it names having gone only to the edge that died): the next poll, of
+    whichever experiment, sees the move once and publishes the open decisions of every experiment
+    again, not only its own (else that proposal is waited for forever: a flaky CI run of
+    ``test_a_contributing_page_moves_to_a_mirror_when_its_edge_dies``)."""
+    _, validator, _ = network_env
+    specs = [validator.network.experiment(key) for key in (BASELINE, LOW_LR)]
+    heads = [validator.ensure_genesis(spec) for spec in specs]
+    for head in heads:  # an open proposal of each experiment, published once already
+        validator.state.decisions[head.head_id] = Decision(head, True, None, validator.trust, [], published=True)
+    published: list[str] = []
+    monkeypatch.setattr(validator, "_publish", lambda decision: published.append(str(decision.head.experiment)))
+    validator._edge_head(specs[1], None)  # no move: nothing again
+    assert published == []
+    monkeypatch.setattr(validator.edge, "failovers", validator.edge.failovers + 1)  # the client moved
+    validator._edge_head(specs[1], None)  # the other experiment's poll sees it first
+    assert sorted(published) == sorted(str(key) for key in (BASELINE, LOW_LR))
 
 
 def test_a_trainer_whose_window_closed_while_it_trained_publishes_one_head_late_and_is_merged(
