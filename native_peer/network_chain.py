@@ -114,6 +114,8 @@ class NetworkChain:
         """Give ``edge``, which serves revision ``served``, the revisions held after it, in order, up to
         the first it does not take now; whether it serves the one held here now."""
         missing = [signed for signed in self.chain if signed.revision.number > served]
+        if not missing:  # not held here either: nothing to give
+            return False
         log.warning("the edge serves network revision %d; giving back the %d after it", served, len(missing))
         for signed in missing:
             try:
@@ -124,7 +126,7 @@ class NetworkChain:
                 if edge.network().revision < signed.revision.number:  # not held there: not yet
                     log.warning("the edge takes network revision %d not yet: %s", signed.revision.number, exc)
                     return False
-        return bool(missing)
+        return True
 
     def _save(self) -> None:
         if self.path is not None:

@@ -742,19 +742,11 @@ class Validator:
         ``RECORD_HEADS`` canonical heads (``head`` and those before it) merged candidates of."""
         heads = [head]
         while len(heads) < RECORD_HEADS and heads[-1].parent is not None:
-            parent = self._lineage_head(spec, heads[-1].parent)
+            parent = self._head(spec, heads[-1].parent)
             if parent is None:  # the edge no longer holds it: the record counts the heads it has
                 break
             heads.append(parent)
         return peer_records(self._merged_peers(spec, h) for h in heads)
-
-    def _lineage_head(self, spec: ExperimentSpec, head_id: HeadId) -> HeadDescriptor | None:
-        """Head ``head_id`` of ``spec``'s lineage, as seen here or read from the edge (checked)."""
-        head = self._seen_heads.get(head_id) or self.edge.head(spec.key, head_id)
-        if head is not None:
-            self._network.verify_head(head)
-            self._remember(head)
-        return head
 
     def _merged_peers(self, spec: ExperimentSpec, head: HeadDescriptor) -> frozenset[str]:
         """The peers of the candidates ``head`` merged, from their signed descriptors (read from the
@@ -771,7 +763,7 @@ class Validator:
                         candidate.verify_own()
                         wanted.discard(candidate.candidate_id)
                         peers.add(candidate.peer_id)
-                parent = self._lineage_head(spec, base) if wanted else None
+                parent = self._head(spec, base) if wanted else None
                 if parent is None or parent.parent is None:
                     break
                 base = parent.parent
