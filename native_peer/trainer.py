@@ -24,7 +24,7 @@ the work is dropped and the next window starts from the newest head.
 unreachable. A lease signed by another edge key than the trainer knows (the edge was replaced, its
 store lost: a new store makes a new key), or a wait of a whole window timeout for a newer head, makes
 the trainer read the network manifest again and go on with the new key if the edge still serves the
-same network terms (validators, quorum, experiments), the trust root (``EdgeClient.followed``); it
+same network terms (validators, quorum, experiments), the trust root (``native_peer.network_chain``); it
 refuses the lease otherwise. The terms themselves change only by revisions a quorum of the validators
 signed (``protocol.network_revisions``): an experiment this trainer does not know, or a head its
 validators did not certify, makes it read the network again and follow the revisions from the terms it
