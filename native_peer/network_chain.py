@@ -26,7 +26,7 @@ from protocol.errors import ProtocolError
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.network_pins import served_by
-from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision, follow, head_network
+from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision, head_network, revisions_after
 from protocol.signing import canonical_json
 
 from .edge_client import EdgeClient, EdgeRequestError
@@ -39,26 +39,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class NetworkChain:
-    """``network``, the terms trusted now, and ``chain``, the revisions that led to them from the
-    manifest given (kept at ``path`` when there is one)."""
+    """``network``, the terms trusted now, ``chain``, the revisions that led to them from the manifest
+    given (kept at ``path`` when there is one), and ``networks``, the network at each of them."""
 
     network: NetworkManifest
     path: Path | None = None
     chain: list[SignedNetworkRevision] = field(default_factory=list)
-    base: NetworkManifest | None = None  # the manifest given (None: ``network``)
+    # the network at each revision from the manifest given (empty: ``network`` alone), kept with ``chain``
+    networks: list[NetworkManifest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.base = self.base or self.network
+        self.networks = self.networks or [self.network]
 
     def history(self) -> list[NetworkManifest]:
         """The network at each revision from the manifest given to the one held, in order: whose
         validators made which heads and orders (``protocol.network_revisions``)."""
-        assert self.base is not None
-        networks = [self.base]
-        for signed in self.chain:
-            if signed.revision.number > networks[-1].revision:
-                networks.append(signed.revision.apply(networks[-1]))
-        return networks
+        return list(self.networks)
 
     def verify_head(self, head: HeadDescriptor) -> None:
         """``SignatureError`` unless the validators of ``head``'s era (``head_network``: a head made
@@ -70,19 +66,19 @@ class NetworkChain:
         """``network`` revised by the revisions kept at ``path`` (none when it does not exist), each
         checked again against the terms before it."""
         chain: list[SignedNetworkRevision] = []
-        base = network
+        networks = [network]
         if path is not None and path.exists():
             try:
                 saved = json.loads(path.read_bytes())
                 if not isinstance(saved, list) or len(saved) > MAX_REVISIONS:
                     raise ValueError(f"at most {MAX_REVISIONS} revisions in a list")
                 chain = [SignedNetworkRevision.from_wire(r) for r in saved]
-                network = follow(network, chain)
+                networks += [revised for _, revised in revisions_after(network, chain)]
             except (OSError, ValueError, ProtocolError) as exc:
                 raise ValueError(
                     f"the network revisions kept at {path} do not follow the manifest given: {exc}"
                 ) from exc
-        return cls(network, path, chain, base)
+        return cls(networks[-1], path, chain, networks)
 
     def read(self, edge: EdgeClient) -> NetworkManifest | None:
         """The network as ``edge`` serves it now, checked and held here, when its edge key or revision is
@@ -101,10 +97,10 @@ class NetworkChain:
         followed = served_by(self.network, served, chain)
         if followed.revision > self.network.revision:
             held = {signed.revision.number for signed in self.chain}
-            self.chain += sorted(
-                (s for s in chain if s.revision.number <= followed.revision and s.revision.number not in held),
-                key=lambda s: s.revision.number,
-            )
+            new = [s for s in chain if s.revision.number <= followed.revision and s.revision.number not in held]
+            revised = revisions_after(self.networks[-1], new)  # checked by served_by already: cheap and rare
+            self.chain += [signed for signed, _ in revised]
+            self.networks += [network for _, network in revised]
             self._save()
             log.info("network %s is at revision %d now, checked", followed.network_id, followed.revision)
         self.network = followed

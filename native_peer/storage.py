@@ -41,6 +41,11 @@ class StorageConfig:
     def identity_path(self) -> Path:
         return self.root / "identity.key"
 
+    @property
+    def network_revisions_path(self) -> Path:
+        """The revisions of the network's terms this node followed (``native_peer.network_chain``)."""
+        return self.root / "network-revisions.json"
+
     def head_path(self, cid: ContentId) -> Path:
         return self.root / "heads" / f"{cid.removeprefix('sha256:')}.safetensors"
 

@@ -370,7 +370,7 @@ class Validator:
         self.clock = config.clock
         self.edge = EdgeClient(edge_url, token=admission_token, reader=self.identity)
         # the manifest given, revised by the revisions kept here and those the edge serves since
-        self._network = NetworkChain.load(network, storage.root / "network-revisions.json")
+        self._network = NetworkChain.load(network, storage.network_revisions_path)
         self._network.read(self.edge)
         if self.identity.public_key not in self.network.validator_key_set:
             raise ValueError("this node's key is not a validator key of the network manifest")
@@ -886,7 +886,7 @@ class Validator:
         target = anchor_window(head.window, spec.anchor_every)
         at = head
         while at.window > target and at.parent is not None:
-            parent = self._seen_heads.get(at.parent) or self.edge.head(spec.key, at.parent)
+            parent = self._head(spec, at.parent)
             if parent is None:
                 log.warning(
                     "%s: anchor head of window %d unknown at the edge; anchoring at %s",
@@ -895,8 +895,6 @@ class Validator:
                     head.head_id[:19],
                 )
                 return head
-            self._network.verify_head(parent)
-            self._remember(parent)
             at = parent
         return at
 
@@ -1177,7 +1175,7 @@ class Validator:
             self.sign_network()
 
     def _signed_by_edge(self, lease: Lease) -> None:
-        """Follow the edge's key (``_follow_edge_key``) when ``lease`` is not signed by the known one; a
+        """Follow the edge's key (``_follow_network``) when ``lease`` is not signed by the known one; a
         lease the edge did not sign stays refused (``precheck``)."""
         if self.network.edge_key is not None:
             try:

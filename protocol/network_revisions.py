@@ -47,6 +47,7 @@ __all__ = [
     "handover_refusal",
     "head_network",
     "order_network",
+    "revisions_after",
     "terms_digest",
 ]
 
@@ -201,17 +202,28 @@ class SignedNetworkRevision(QuorumSigned):
         return self.revision.apply(network)
 
 
-def follow(network: NetworkManifest, chain: Sequence[SignedNetworkRevision]) -> NetworkManifest:
-    """``network`` revised by each revision of ``chain`` after its own, in order, each checked against
-    the terms before it (``SignedNetworkRevision.apply``): what a peer that trusts ``network`` may trust
-    now. Revisions ``network`` already holds are passed over; a gap is ``InvalidMessage``."""
+def revisions_after(
+    network: NetworkManifest, chain: Sequence[SignedNetworkRevision]
+) -> list[tuple[SignedNetworkRevision, NetworkManifest]]:
+    """Each revision of ``chain`` after ``network``'s own, in order, with the network it makes, each
+    checked against the terms before it (``SignedNetworkRevision.apply``). Revisions ``network``
+    already holds are passed over; a gap is ``InvalidMessage``, both naming the revision."""
+    found = []
     for signed in sorted(chain, key=lambda s: s.revision.number):
         if signed.revision.number > network.revision:
             try:
                 network = signed.apply(network)
             except (InvalidMessage, SignatureError) as exc:
                 raise type(exc)(f"network revision {signed.revision.number}: {exc}") from None
-    return network
+            found.append((signed, network))
+    return found
+
+
+def follow(network: NetworkManifest, chain: Sequence[SignedNetworkRevision]) -> NetworkManifest:
+    """``network`` revised by each revision of ``chain`` after its own (``revisions_after``): what a
+    peer that trusts ``network`` may trust now."""
+    revised = revisions_after(network, chain)
+    return revised[-1][1] if revised else network
 
 
 def handover_refusal(

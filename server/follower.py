@@ -63,7 +63,7 @@ from protocol.messages import (
     HeadDescriptor,
     Verdict,
 )
-from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision
+from protocol.network_revisions import MAX_REVISIONS, SignedNetworkRevision, revisions_after
 from protocol.run_control import MAX_ORDERS, SignedRunControl
 
 from .errors import Conflict, NotFound
@@ -222,7 +222,7 @@ async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | 
     every experiment once; returns how many heads were taken. ``ProtocolError`` or ``Conflict`` when
     the upstream serves what does not verify or another lineage, ``UpstreamError`` when it fails."""
     cursors = cursors or _Cursors()
-    revisions = await _revisions(state, upstream)
+    revisions = revisions_after(state.network, await upstream.revisions())  # checked as a chain
     history = [*state.networks, *(network for _, network in revisions)]
     taken = 0
     for spec in history[-1].experiments:
@@ -238,17 +238,6 @@ async def mirror_once(state: EdgeState, upstream: Upstream, cursors: _Cursors | 
         await _mirror_evaluations(state, upstream, spec.key, cursors)
         await _mirror_orders(state, upstream, spec.key)
     return taken
-
-
-async def _revisions(state: EdgeState, upstream: Upstream) -> list[tuple[SignedNetworkRevision, NetworkManifest]]:
-    """The revisions applied upstream past the one this edge serves, each with the network it makes,
-    checked in turn against the terms before it (``ProtocolError`` for one that does not check)."""
-    network, found = state.network, []
-    for signed in sorted(await upstream.revisions(), key=lambda signed: signed.revision.number):
-        if signed.revision.number > network.revision:
-            network = signed.apply(network)
-            found.append((signed, network))
-    return found
 
 
 async def _mirror_heads(

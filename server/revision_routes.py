@@ -22,6 +22,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from protocol.errors import InvalidMessage, SignatureError, TooLarge
+from protocol.ids import ExperimentKey
+from protocol.messages import HeadDescriptor
 from protocol.network_pins import fingerprint
 from protocol.network_revisions import SignedNetworkRevision, handover_refusal
 
@@ -79,9 +81,11 @@ async def accept_revision(state: EdgeState, signed: SignedNetworkRevision) -> di
                 f"experiment {spec.key} trains on dataset {spec.dataset_id}, which this edge does not serve; "
                 "prepare it in the edge's datasets folder first"
             ) from None
-    changes = revision.changes_validators(network)
-    lineages = {spec.key: state.store.heads(spec.key) for spec in network.experiments} if changes else {}
-    sequences = {spec.key: state.store.run_state(spec.key).sequence for spec in network.experiments}
+    lineages: dict[ExperimentKey, list[HeadDescriptor]] = {}
+    sequences: dict[ExperimentKey, int] = {}
+    if revision.changes_validators(network):  # what its handover is checked against (read only then)
+        lineages = {spec.key: state.store.heads(spec.key) for spec in network.experiments}
+        sequences = {spec.key: state.store.run_state(spec.key).sequence for spec in network.experiments}
     if (refusal := handover_refusal(network, revision, lineages, sequences)) is not None:
         raise Conflict(refusal)
     now_ms = state.clock.now_ms()

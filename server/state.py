@@ -22,6 +22,7 @@ from protocol.errors import ProtocolError
 from protocol.ids import DatasetId, ExperimentKey
 from protocol.manifests import ExperimentSpec, FetchManifest, NetworkManifest
 from protocol.network_pins import NetworkSignature
+from protocol.network_revisions import revisions_after
 from protocol.signing import PureSigner
 
 from .admission import Admission
@@ -190,13 +191,11 @@ def revised_history(
     revision. ``RuntimeError`` naming the revision when the store's revisions do not follow (a store
     of another network, or a manifest file edited under a revised network)."""
     history = {network.revision: network} if history is None else dict(history)
-    for signed, _ in store.network_revisions(after=network.revision):
-        try:
-            network = signed.apply(network)
-        except ProtocolError as exc:
-            raise RuntimeError(f"the store's network revision {signed.revision.number} does not apply: {exc}") from None
-        history[network.revision] = network
-    return history
+    try:
+        revised = revisions_after(network, [signed for signed, _ in store.network_revisions(after=network.revision)])
+    except ProtocolError as exc:
+        raise RuntimeError(f"the store's network revisions do not apply: {exc}") from None
+    return history | {network.revision: network for _, network in revised}
 
 
 def _shared(settings: Settings, clock: Clock) -> tuple[Fanout | None, RateLimiter, RateLimiter, Once]:
