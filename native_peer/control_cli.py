@@ -190,16 +190,16 @@ def cmd_revise(args: argparse.Namespace) -> None:
 
 
 def _signing_terms(args: argparse.Namespace, signed: Signed) -> NetworkManifest:
-    """The network whose validators sign ``signed``: for a revision, the terms it revises, as the
-    validator's storage holds them (the revisions it followed), or an edge serves them (``--edge``)."""
-    network = _network(args.network)
-    if isinstance(signed, SignedRunControl):
-        return network
+    """The network whose validators sign ``signed``: the terms as the validator's storage holds them
+    (the revisions it followed), or as an edge serves them (``--edge``); for a revision, the terms it
+    revises."""
     try:
-        chain = NetworkChain.load(network, StorageConfig(args.storage).root / "network-revisions.json")
+        chain = NetworkChain.load(_network(args.network), StorageConfig(args.storage).network_revisions_path)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     network = chain.network if args.edge is None else _served(chain.network, args.edge).network
+    if isinstance(signed, SignedRunControl):
+        return network
     if network.revision != signed.revision.number - 1 or terms_digest(network) != signed.revision.previous:
         raise _fail(
             f"revision {signed.revision.number} revises other terms than revision {network.revision} of the network "
@@ -346,7 +346,7 @@ def add_control_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     sign.add_argument("order", type=Path, help="the order or revision file, signed in place")
     sign.add_argument("--network", type=Path, required=True, help="network manifest JSON")
     sign.add_argument("--storage", type=Path, required=True, help="the validator's storage (its identity.key)")
-    sign.add_argument("--edge", default=None, help="a revision: read the revisions since from this edge")
+    sign.add_argument("--edge", default=None, help="read the revisions of the network since from this edge")
     sign.set_defaults(run=cmd_sign)
 
     submit = commands.add_parser("submit", help="submit an order or revision and its signatures to edges")

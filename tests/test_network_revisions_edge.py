@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from native_peer.cli import main as dtn
 from native_peer.edge_client import EdgeClient
 from native_peer.network_chain import NetworkChain
+from native_peer.storage import StorageConfig
 from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.messages import Attestation, HeadDescriptor
@@ -137,8 +138,16 @@ def test_a_change_of_validators_applies_only_at_the_heads_it_hands_over_at(setti
         assert http.get(f"/v1/experiments/{EXPERIMENT}/head").json()["head_id"] == head.head_id
 
 
+@pytest.fixture
+def http(settings: Settings) -> Iterator[httpx.Client]:
+    """The edge, started before ``capsys`` captures (a test that starts it while captured leaves pytest's
+    own capture closed at teardown when it runs first in its process)."""
+    with _edge(settings) as client:
+        yield client
+
+
 def test_the_cli_writes_signs_offline_and_submits_a_revision(
-    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    settings: Settings, http: httpx.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for name, seed in (("a", 71), ("c", 73), ("d", 74)):
         (tmp_path / name).mkdir()
@@ -146,44 +155,73 @@ def test_the_cli_writes_signs_offline_and_submits_a_revision(
     spec = tmp_path / "added.json"
     spec.write_text(json.dumps(ADDED.to_wire()))
     network, revision = str(settings.network), tmp_path / "revision.json"
-    with _edge(settings) as http:
-        url = str(http.base_url)
-        dtn(["control", "revise", str(revision), "--network", network, "--edge", url, "--add-experiment", str(spec)])
-        assert (
-            "revision 1 of network revised-net, unsigned: experiments added study/added/rev-1"
-            in capsys.readouterr().out
-        )
-        with pytest.raises(SystemExit, match="is not a validator of this network"):
-            dtn(["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / "d")])
-        copy = tmp_path / "copy.json"
-        copy.write_bytes(revision.read_bytes())
+    url = str(http.base_url)
+    dtn(["control", "revise", str(revision), "--network", network, "--edge", url, "--add-experiment", str(spec)])
+    assert "revision 1 of network revised-net, unsigned: experiments added study/added/rev-1" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="is not a validator of this network"):
+        dtn(["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / "d")])
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(revision.read_bytes())
+    dtn(["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / "a")])
+    dtn(["control", "sign", str(copy), "--network", network, "--storage", str(tmp_path / "c")])
+    dtn(["control", "submit", str(revision), str(copy), "--edge", f"{url},{url}"])
+    submitted = capsys.readouterr().out
+    assert "applied; the network is at revision 1" in submitted and "already applied this one" in submitted
+    assert _served(http).experiment(ADDED.key) == ADDED
+    # the next one, from the terms the edge serves now: D replaces C, signed offline by A and C
+    genesis = _genesis(http)
+    change = [
+        *("control", "revise", str(revision), "--network", network, "--edge", url),
+        *("--add-validator", str(tmp_path / "d"), "--remove-validator", fingerprint(C.public_key)),
+    ]
+    dtn(change)
+    assert "handed over where 1 experiments stand" in capsys.readouterr().out
+    written = SignedNetworkRevision.from_wire(json.loads(revision.read_bytes())).revision
+    assert [(h.experiment, h.head) for h in written.handover] == [(EXPERIMENT, genesis.head_id)]
+    with pytest.raises(SystemExit, match="give --edge to read the revisions since"):
         dtn(["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / "a")])
-        dtn(["control", "sign", str(copy), "--network", network, "--storage", str(tmp_path / "c")])
-        dtn(["control", "submit", str(revision), str(copy), "--edge", f"{url},{url}"])
-        submitted = capsys.readouterr().out
-        assert "applied; the network is at revision 1" in submitted and "already applied this one" in submitted
-        assert _served(http).experiment(ADDED.key) == ADDED
-        # the next one, from the terms the edge serves now: D replaces C, signed offline by A and C
-        genesis = _genesis(http)
-        change = [
-            *("control", "revise", str(revision), "--network", network, "--edge", url),
-            *("--add-validator", str(tmp_path / "d"), "--remove-validator", fingerprint(C.public_key)),
+    for signer in ("a", "c"):
+        sign = ["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / signer)]
+        dtn([*sign, "--edge", url])
+    dtn(["control", "submit", str(revision), "--edge", url])
+    assert "applied; the network is at revision 2" in capsys.readouterr().out
+    dtn(["control", "revisions", "--network", network, "--edge", url])
+    shown = capsys.readouterr().out
+    assert "1: experiments added study/added/rev-1" in shown and "network revised-net: revision 2" in shown
+    assert b64encode(D.public_key) in json.dumps(http.get("/v1/network").json())
+    # the new validator signs an order from the same first manifest, the revisions read from the edge
+    order = tmp_path / "pause.json"
+    dtn(
+        [
+            "control",
+            "new",
+            str(order),
+            "--network",
+            network,
+            "--experiment",
+            str(EXPERIMENT),
+            "--action",
+            "pause",
+            "--edge",
+            url,
         ]
-        dtn(change)
-        assert "handed over where 1 experiments stand" in capsys.readouterr().out
-        written = SignedNetworkRevision.from_wire(json.loads(revision.read_bytes())).revision
-        assert [(h.experiment, h.head) for h in written.handover] == [(EXPERIMENT, genesis.head_id)]
-        with pytest.raises(SystemExit, match="give --edge to read the revisions since"):
-            dtn(["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / "a")])
-        for signer in ("a", "c"):
-            sign = ["control", "sign", str(revision), "--network", network, "--storage", str(tmp_path / signer)]
-            dtn([*sign, "--edge", url])
-        dtn(["control", "submit", str(revision), "--edge", url])
-        assert "applied; the network is at revision 2" in capsys.readouterr().out
-        dtn(["control", "revisions", "--network", network, "--edge", url])
-        shown = capsys.readouterr().out
-        assert "1: experiments added study/added/rev-1" in shown and "network revised-net: revision 2" in shown
-        assert b64encode(D.public_key) in json.dumps(http.get("/v1/network").json())
+    )
+    for signer in ("a", "d"):
+        dtn(
+            [
+                "control",
+                "sign",
+                str(order),
+                "--network",
+                network,
+                "--storage",
+                str(tmp_path / signer),
+                "--edge",
+                url,
+            ]
+        )
+    dtn(["control", "submit", str(order), "--edge", url])
+    assert "applied; the experiment is now" in capsys.readouterr().out
 
 
 def test_an_edge_that_lost_its_store_is_given_the_revisions_back_as_its_heads_reach_them(
@@ -192,7 +230,7 @@ def test_an_edge_that_lost_its_store_is_given_the_revisions_back_as_its_heads_re
     """A validator's chain (``NetworkChain``, kept on disk) gives a replacement edge, started from the
     first manifest, the revisions it lacks: an added experiment at once, a change of validators once
     the edge's heads reach its handover (given back as validators give heads back)."""
-    chain_path = tmp_path / "validator" / "network-revisions.json"
+    chain_path = StorageConfig(tmp_path / "validator").network_revisions_path
     chain_path.parent.mkdir()
     with _edge(settings) as http:
         added = SignedNetworkRevision.of(NetworkRevision.of(_served(http), 1, experiments=[ADDED]), [A, B])
