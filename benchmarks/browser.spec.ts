@@ -9,6 +9,7 @@ import { expect, test } from "@playwright/test";
 // BLAS collapses when the cores are shared). RUNS rounds, each measuring every configuration in turn
 // (interleaved: a drift hits all alike).
 const RUNS = Number(process.env.DTN_BENCH_RUNS ?? 3);
+const MEASURE_S = 5; // seconds of a tab's training per configuration and round
 
 test("browser training throughput vs native NumPy", async ({ page }, testInfo) => {
   test.setTimeout(RUNS * 600_000);
@@ -18,28 +19,33 @@ test("browser training throughput vs native NumPy", async ({ page }, testInfo) =
   const oneThread = { OPENBLAS_NUM_THREADS: "1", OMP_NUM_THREADS: "1" };
   // one tab on one worker, then on as many workers as the machine has cores (a window in parts)
   const cores = await page.evaluate(() => navigator.hardwareConcurrency);
+  // a tab's rate: examples over training seconds (its own accounting, browser_peer/costs.py: the window's
+  // parts, their transfers and averaging included; waiting for heads and leases not) over MEASURE_S
+  // seconds of training, once two windows ran on all its workers (its lease has grown to the window)
   const rate = async (workers: number, kernels: boolean) => {
     await page.goto(`/?experiment=study/mnist/rev-1${kernels ? "" : "&kernels=off"}`);
     await page.locator("#cores").selectOption(String(workers));
     await page.locator("#toggle").click();
-    const rates: number[] = [];
-    let lastWindow = -1;
+    const status = () => page.evaluate(() => (window as any).dtn.status);
+    let firstFull = -1;
     await expect
       .poll(
         async () => {
-          const status = await page.evaluate(() => (window as any).dtn.status);
-          if ((status.windows_done ?? 0) > lastWindow && status.workers === workers) {
-            if (lastWindow >= 0) rates.push(status.samples_per_s); // the first window warms up
-            lastWindow = status.windows_done;
-          }
-          return rates.length;
+          const now = await status();
+          if (now.workers === workers && firstFull < 0) firstFull = now.windows_done;
+          return firstFull < 0 ? 0 : now.windows_done - firstFull;
         },
         { timeout: 300_000, intervals: [250] },
       )
-      .toBeGreaterThanOrEqual(3);
-    const compute = await page.evaluate(() => (window as any).dtn.status.compute);
-    expect(compute === "wasm-simd").toBe(kernels); // the path measured is the path named
-    return rates.sort((a, b) => a - b)[1];
+      .toBeGreaterThanOrEqual(2);
+    const from = await status();
+    await expect
+      .poll(async () => (await status()).training_s - from.training_s, { timeout: 300_000, intervals: [250] })
+      .toBeGreaterThanOrEqual(MEASURE_S);
+    const to = await status();
+    expect(to.compute === "wasm-simd").toBe(kernels); // the path measured is the path named
+    expect(to.workers).toBe(workers);
+    return (to.trained_examples - from.trained_examples) / (to.training_s - from.training_s);
   };
   const configurations = { kernels: [1, true], numpy: [1, false], kernels_all_cores: [cores, true], numpy_all_cores: [cores, false] } as const;
   const runs: Record<string, number>[] = [];

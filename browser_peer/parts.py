@@ -8,6 +8,11 @@ exchange per window (head, moments and examples out; parameters and moments back
 step: a per-step gradient exchange between workers would copy the model twice per batch. Part
 workers keep nothing between windows.
 
+Examples stay in the shards' stored form (uint8) until a batch is trained: a part's task carries a
+quarter of the bytes of float32 features, and the tab skips a float32 copy of its whole lease (each such
+pass over a 16-shard lease cost 40-70 ms in Pyodide, a fifth of the window's training). ``train``
+reads each batch as float32 with the features' ``scale`` (``protocol.shards.feature_scale``).
+
 ``PartTask`` / ``PartResult`` travel between workers as safetensors (``protocol.codec``), never pickled.
 ``train`` is the loop every part runs, the tab's own part included.
 """
@@ -31,9 +36,9 @@ from protocol.model import ModelSpec, Params
 from .guest import Guest
 from .numpy_trainer import Adam, Backend, gradients
 
-__all__ = ["PartResult", "PartRunner", "PartTask", "average", "merged_optimizer", "split", "train"]
+__all__ = ["PartPace", "PartResult", "PartRunner", "PartTask", "average", "merged_optimizer", "split", "train"]
 
-F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
 _STATE = ("params", "mu", "nu")  # tensor name prefixes of a part's state
 
 
@@ -61,13 +66,15 @@ class PartTask:
     seeds: tuple[int, ...]  # the batch order of each epoch
     params: Params
     optimizer: Adam  # the tab's, as the window starts
-    x: F32
+    x: U8  # features as the shards store them
     y: npt.NDArray[np.int32]
+    scale: float  # what a stored feature is multiplied by to read it (``protocol.shards.feature_scale``)
 
     def encode(self) -> bytes:
         tensors = _flatten(params=self.params, mu=self.optimizer.mu, nu=self.optimizer.nu) | {"x": self.x, "y": self.y}
         settings = {"model": self.model.to_wire(), "batch_size": self.batch_size, "seeds": self.seeds,
-                    "learning_rate": self.optimizer.learning_rate, "count": self.optimizer.count}  # fmt: skip
+                    "learning_rate": self.optimizer.learning_rate, "count": self.optimizer.count,
+                    "scale": self.scale}  # fmt: skip
         return encode_tensors(tensors, {"task": json.dumps(settings)})
 
     @classmethod
@@ -81,9 +88,11 @@ class PartTask:
                 float(settings["learning_rate"]), count=int(settings["count"]), mu=groups["mu"], nu=groups["nu"]
             )
             seeds = tuple(int(seed) for seed in settings["seeds"])
-            return cls(
-                model, int(settings["batch_size"]), seeds, groups["params"], optimizer, tensors["x"], tensors["y"]
-            )
+            x, y = tensors["x"], tensors["y"]
+            if x.dtype != np.uint8 or len(x) != len(y):
+                raise ValueError("a part's examples are uint8 features and one label each")
+            scale = float(settings["scale"])
+            return cls(model, int(settings["batch_size"]), seeds, groups["params"], optimizer, x, y, scale)
         except (KeyError, ValueError, TypeError, InvalidMessage) as exc:
             raise CodecError(f"not a part task: {exc!r}") from None
 
@@ -112,13 +121,46 @@ class PartResult:
             raise CodecError(f"not a part result: {exc!r}") from None
 
 
-def split(x: F32, y: npt.NDArray[np.int32], parts: int, batch_size: int) -> list[tuple[F32, npt.NDArray[np.int32]]]:
-    """``parts`` slices of whole batches (the last takes the rest); fewer when there are not enough
-    batches for every part."""
+def split(
+    x: U8, y: npt.NDArray[np.int32], weights: list[float], batch_size: int
+) -> list[tuple[U8, npt.NDArray[np.int32]]]:
+    """One slice of whole batches per weight, sized in proportion to it (the last takes the rest), each
+    of at least one batch; fewer slices when there are not enough batches for every part."""
     batches = len(x) // batch_size
-    parts = max(1, min(parts, batches))
-    bounds = [batch_size * (batches * i // parts) for i in range(parts)] + [len(x)]
+    parts = max(1, min(len(weights), batches))
+    shares = np.cumsum(np.maximum(np.asarray(weights[:parts], np.float64), 1e-9))
+    cuts: list[int] = []
+    for i, share in enumerate(shares[:-1]):  # at least one batch before each cut and after it
+        low, high = (cuts[-1] if cuts else 0) + 1, batches - (parts - 1 - i)
+        cuts.append(min(max(round(float(batches * share / shares[-1])), low), high))
+    bounds = [0, *(batch_size * cut for cut in cuts), len(x)]
     return [(x[a:b], y[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+class PartPace:
+    """Each part's examples a second in the windows before, to split the next window so that the parts
+    finish together: another worker's part also pays for the transfer of its task and result, and the
+    cores are not equally free. Weights start equal and follow each window's measured rates, smoothed."""
+
+    SMOOTHING = 0.5  # the newest window's share of a part's rate
+
+    def __init__(self) -> None:
+        self._rates: list[float] = []
+
+    def weights(self, parts: int) -> list[float]:
+        """One weight per part for a window in ``parts`` parts."""
+        return list(self._rates) if len(self._rates) == parts else [1.0] * parts
+
+    def measured(self, rates: list[float | None]) -> None:
+        """Each part's examples a second in the window just trained (None: that part failed, and the
+        weights start over)."""
+        if any(rate is None or rate <= 0 for rate in rates):
+            self._rates = []
+        elif len(rates) != len(self._rates):
+            self._rates = [float(rate) for rate in rates if rate is not None]
+        else:
+            self._rates = [(1 - self.SMOOTHING) * old + self.SMOOTHING * float(new or 0.0)
+                           for old, new in zip(self._rates, rates, strict=True)]  # fmt: skip
 
 
 def average(arrays: list[Params], weights: list[float]) -> Params:
@@ -149,16 +191,18 @@ async def train(
     on_batch: Callable[[int, int, float], None] = lambda steps, total, elapsed_s: None,
 ) -> PartResult:
     """Train ``task``'s params on its examples with its optimizer (``on_batch(steps, total, seconds)``
-    after each batch)."""
+    after each batch); each batch is read as float32 as it is trained."""
     model = task.model
     params, optimizer = task.params, task.optimizer
     started = time.perf_counter()
     steps, loss_sum = 0, 0.0
     batches = [make_batches(task.x, task.y, task.batch_size, seed) for seed in task.seeds]
     total = sum(len(xb) for xb, _ in batches)
+    scale = np.float32(task.scale)
     for xb, yb in batches:
-        for x, y in zip(xb, yb, strict=True):
+        for stored, y in zip(xb, yb, strict=True):
             batch_started = time.perf_counter()
+            x = np.multiply(stored, scale, dtype=np.float32)
             loss, grads = gradients(model, params, x, y, backend.matmul)
             params = optimizer.step(params, grads, backend.adam)
             loss_sum += loss

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,7 +61,7 @@ from protocol.messages import LEASE_SECRET_HEADER, HeadDescriptor, LeaseGrant, P
 from protocol.model import ModelSpec, Params
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
 from protocol.screening import PRESETS
-from protocol.shards import decode_shard, verify_shard
+from protocol.shards import decode_shard_stored, feature_scale, verify_shard
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.updates import encode_update
 from protocol.uploads import UPLOAD_CHUNK_BYTES
@@ -78,14 +79,14 @@ from .bridge import Bridge, PeerBytes, Socket, SocketClosed
 from .costs import Costs
 from .guest import Guest
 from .numpy_trainer import Adam, Backend, fastest_backend
-from .parts import PartResult, PartTask, average, merged_optimizer, split, train
+from .parts import PartPace, PartResult, PartTask, average, merged_optimizer, split, train
 from .progress import Progress, storage_key
 from .session import EdgeSession, HttpError
 from .shard_store import ShardStore
 
 __all__ = ["BrowserPeer", "PeerConfig"]
 
-STATUS_EVERY_BATCHES = 8
+STATUS_EVERY_S = 0.25  # training progress to the page at most this often (each post is a copy and a repaint)
 HEARTBEAT_S = 30.0  # well inside the edge's idle timeout (90 s by default)
 HOLDER_ASKS, HOLDER_WAIT_S = 5, 0.5  # waiting for a peer that fetches the head from the edge: 2 s at most
 SHARD_CACHE_BYTES = 128 << 20  # all 37 of MNIST's training shards (28 MiB) fit, several times over
@@ -172,6 +173,7 @@ class BrowserPeer:
         self.backend = backend or fastest_backend()
         self.status["compute"] = self.backend.name
         self._optimizer: Adam | None = None
+        self._pace = PartPace()  # how to split a window over the page's workers
         self._residual: Params | None = None  # what the experiment's lossy codec dropped last window
         self._manifest: FetchManifest | None = None
         self._network: NetworkManifest | None = None
@@ -697,36 +699,57 @@ class BrowserPeer:
             self._manifest = FetchManifest.from_wire(
                 await self.http.fetch_json(f"/v1/datasets/{lease.dataset_id}/fetch-manifest.json")
             )
-        shards = [decode_shard(await self._shard(grant, shard_id)) for shard_id in lease.shard_ids]
+        features = self._manifest.features
+        shards = [decode_shard_stored(await self._shard(grant, shard_id), features) for shard_id in lease.shard_ids]
         await self._shards.save()
-        x_all, y_all = np.concatenate([x for x, _ in shards]), np.concatenate([y for _, y in shards])
+        x_all = np.concatenate([x for x, _, _ in shards])  # stored (uint8): each batch is read as it is trained
+        y_all = np.concatenate([y for _, y, _ in shards]).astype(np.int32)
         if self._optimizer is None:
             self._optimizer = Adam(spec.learning_rate)
         self._optimizer.learning_rate = spec.learning_rate_at(window)  # the experiment's schedule
         started = time.perf_counter()
         seeds = tuple(epoch_seed(lease, epoch) for epoch in range(spec.local_epochs))
-        slices = split(x_all, y_all, 1 + self.bridge.part_workers(), spec.batch_size)
+        slices = split(x_all, y_all, self._pace.weights(1 + self.bridge.part_workers()), spec.batch_size)
+        scale = feature_scale(features)
         tasks = [
-            PartTask(spec.model, spec.batch_size, tuple(seed + part for seed in seeds), start, self._optimizer, x, y)
+            PartTask(
+                spec.model, spec.batch_size, tuple(seed + part for seed in seeds), start, self._optimizer, x, y, scale
+            )
             for part, (x, y) in enumerate(slices)
         ]
         payloads = [task.encode() for task in tasks[1:]]  # before this worker's part moves the moments
 
-        def report(steps: int, total: int, elapsed_s: float) -> None:
-            if steps % STATUS_EVERY_BATCHES == 0:  # this worker's part; the others run alongside
-                self._report(
-                    phase=f"training window {window}: batch {steps}/{total}",
-                    samples_per_s=steps * spec.batch_size * len(tasks) / max(elapsed_s, 1e-9),
-                )
+        reported = [-STATUS_EVERY_S]  # the first batch is reported at once
 
-        own = train(tasks[0], self.backend, self.guest, report)
-        others = (self._part(i, payload, model, spec.learning_rate) for i, payload in enumerate(payloads, 1))
-        results = await asyncio.gather(own, *others)
+        def report(steps: int, total: int, elapsed_s: float) -> None:
+            if elapsed_s - reported[0] >= STATUS_EVERY_S:  # this worker's part; the others run alongside
+                reported[0] = elapsed_s
+                self._report(phase=f"training window {window}: batch {steps}/{total}")
+
+        finished: dict[int, float] = {}  # part -> seconds from the start to its result
+
+        async def timed(part: int, result: Awaitable[PartResult | None]) -> PartResult | None:
+            done = await result
+            finished[part] = time.perf_counter() - started
+            return done
+
+        others = [
+            asyncio.ensure_future(timed(i, self._part(i, payload, model, spec.learning_rate)))
+            for i, payload in enumerate(payloads, 1)
+        ]
+        await asyncio.sleep(0)  # the other workers are sent their parts before this one's holds the loop
+        results = await asyncio.gather(timed(0, train(tasks[0], self.backend, self.guest, report)), *others)
+        self._pace.measured(
+            [
+                len(task.x) / max(finished[i], 1e-9) if result else None
+                for i, (result, task) in enumerate(zip(results, tasks, strict=True))
+            ]
+        )
         trained = [(result, float(len(task.x))) for result, task in zip(results, tasks, strict=True) if result]
         self._optimizer = merged_optimizer([r for r, _ in trained], [n for _, n in trained])
         steps = sum(r.steps for r, _ in trained)
         seconds = time.perf_counter() - started
-        self.costs.trained(seconds)
+        self.costs.trained(seconds, steps * spec.batch_size)
         return _Trained(
             grant,
             origin=params,

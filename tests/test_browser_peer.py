@@ -14,18 +14,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from browser_peer.bridge import HttpAnswer
 from browser_peer.costs import Costs
+from browser_peer.numpy_trainer import Adam
+from browser_peer.parts import PartPace, PartTask, split
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge, windows
 from lab.stack import LocalNetwork, prepare_network, validating
 from native_peer.edge_client import EdgeClient
 from native_peer.identity import NodeIdentity
 from protocol.clock import ManualClock
+from protocol.errors import CodecError
 from protocol.evidence import AHEAD_CHAIN
+from protocol.model import init_params, mlp
 from protocol.run_control import RunControl, SignedRunControl
+from protocol.shards import PIXEL_SCALE
 from protocol.signing import PureSigner, peer_id_from_public_key
 from protocol.uploads import UPLOAD_HEADER
 from server.serve import BackgroundEdge
@@ -448,13 +454,52 @@ def test_a_candidate_over_the_frame_limit_is_staged_and_published_over_http_acro
 def test_a_tab_trains_one_window_on_several_workers_and_signs_one_candidate(stack: LocalNetwork) -> None:
     with _judged_edge(stack) as edge:
         bridge = NativeBridge(part_workers=2)  # three parts: this worker's and two others'
+        sent: list[PartTask] = []  # the parts the other workers were given, in order
+        train_part = bridge.train_part
+
+        async def recorded(index: int, payload: bytes) -> bytes:
+            sent.append(PartTask.decode(payload))
+            return await train_part(index, payload)
+
+        bridge.train_part = recorded  # type: ignore[method-assign]
         peer = BrowserPeer(bridge, PeerConfig(edge.url, BASELINE, b"\x45" * 32, max_windows=2))
         _run_to_end(peer, bridge)
         verdicts = httpx.get(f"{edge.url}/v1/experiments/{BASELINE}/verdicts", params={"peer_id": peer.peer_id}).json()
     assert peer.status["windows_done"] == 2 and any(v["accepted"] for v in verdicts), verdicts
-    # 4,000 leased examples = 62 batches of 64 a window, in parts of 20, 21 and 21 batches, every part
-    # from the tab's Adam; the tab goes on with the parts' moments averaged and the most steps taken
-    assert peer._optimizer is not None and peer._optimizer.count == 2 * 21
+    # 4,000 leased examples = 62 batches of 64 a window: the first window in parts of 21, 20 and 21
+    # batches, the second split by the rates measured in the first; every part goes from the tab's
+    # Adam, on the shards' uint8 examples; the tab goes on with the moments averaged and the most steps
+    assert len(sent) == 4 and all(task.x.dtype == np.uint8 and task.scale == PIXEL_SCALE for task in sent)
+    helpers = [[len(task.x) // 64 for task in sent[i : i + 2]] for i in (0, 2)]
+    assert helpers[0] == [20, 21]
+    assert peer._optimizer is not None and peer._optimizer.count == sum(max(62 - sum(h), *h) for h in helpers)
+
+
+def test_a_window_is_split_over_workers_in_proportion_to_their_measured_rates() -> None:
+    x, y = np.zeros((4000, 784), np.uint8), np.zeros(4000, np.int32)
+    batches = lambda weights: [len(part) // 64 for part, _ in split(x, y, weights, 64)]  # noqa: E731
+    assert batches([1.0, 1.0, 1.0]) == [21, 20, 21] and batches([3.0, 1.0]) == [46, 16]
+    assert batches([1.0, 1e-12, 1.0]) == [31, 1, 30]  # every part gets a batch
+    assert [len(part) for part, _ in split(x[:100], y[:100], [1.0, 1.0, 1.0], 64)] == [100]  # one batch: one part
+    pace = PartPace()
+    assert pace.weights(2) == [1.0, 1.0]
+    pace.measured([10_000.0, 20_000.0])
+    assert pace.weights(2) == [10_000.0, 20_000.0] and pace.weights(3) == [1.0, 1.0, 1.0]
+    pace.measured([30_000.0, 20_000.0])  # smoothed: half the newest window
+    assert pace.weights(2) == [20_000.0, 20_000.0]
+    pace.measured([30_000.0, None])  # a worker failed: equal parts again
+    assert pace.weights(2) == [1.0, 1.0]
+
+
+def test_a_part_task_carries_uint8_examples_and_refuses_others() -> None:
+    spec = mlp("mnist-mlp", [784, 16, 10])
+    x, y = np.arange(64 * 784, dtype=np.int64).reshape(64, 784) % 256, np.zeros(64, np.int32)
+    task = PartTask(spec, 64, (1,), init_params(spec, 0), Adam(1e-3), x.astype(np.uint8), y, PIXEL_SCALE)
+    again = PartTask.decode(task.encode())
+    assert again.x.dtype == np.uint8 and np.array_equal(again.x, task.x) and again.scale == PIXEL_SCALE
+    floats = PartTask(spec, 64, (1,), task.params, task.optimizer, x.astype(np.float32), y, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(CodecError, match="uint8"):
+        PartTask.decode(floats.encode())
 
 
 def test_browser_peers_take_the_head_from_a_holder_and_drop_one_that_lies(tmp_path: Path, dataset_root: Path) -> None:
@@ -541,13 +586,14 @@ def test_costs_split_the_wall_time_and_count_the_bytes_of_each_published_window(
     costs = Costs(started_s=100.0)
     assert costs.status(100.0)["wall_s"] == 0 and costs.status(99.0)["waiting_s"] == 0  # never below 0
     costs.paused(2.0)
-    costs.trained(5.0)
+    costs.trained(5.0, 640)
     costs.published(downloaded_bytes=3_000, sent_bytes=400)
-    costs.trained(4.0)
+    costs.trained(4.0, 1_280)
     costs.published(downloaded_bytes=3_500, sent_bytes=800)
     assert costs.status(112.0) == {
         "wall_s": 12.0,
         "training_s": 9.0,
+        "trained_examples": 1_920,
         "paused_s": 2.0,
         "waiting_s": 1.0,
         "window_downloaded_bytes": 500,  # since the window before was published
