@@ -20,7 +20,12 @@ update's gradient noise, as one batch N times larger would.
 
     python -m benchmarks.averaging_floor [--trainers 1 3 8] [--steps 140] [--runs 3]
         [--outers fedavg diloco:0.7:0.5 diloco:0.7:0.9] [--inner-lr-scalings 1 sqrt linear]
-        [--centralized-lr-scales 1.5 3]
+        [--centralized-lr-scales 1.5 3] [--large-batch-lr-scales 1 2 4 8]
+
+With ``--large-batch-lr-scales``, also the centralized loop at batch 64 × N for each N of ``--trainers``
+at each of those multiples of its learning rate (``large_batch_bound``): N trainers that merged after
+every step, with nothing lost to drift between merges, would train that loop; local SGD with more steps
+a window is not expected to need fewer samples than it at its best learning rate.
 """
 
 from __future__ import annotations
@@ -113,13 +118,31 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
+def large_batch_bound(
+    datasets: Path, target: float, spec: ExperimentSpec, baseline: int, cohorts: list[int], lr_scales: list[float]
+) -> None:
+    """The centralized loop at batch ``BATCH`` × N for each cohort N, at each Adam learning rate
+    ``LEARNING_RATE`` × scale: what N trainers that merged after every step (one step a window, no
+    drift between them) would need at their best learning rate. Each is the median of the baseline's
+    seeds, over ``baseline`` (the loop at ``BATCH``, ``LEARNING_RATE``)."""
+    print("\n| batch | Adam lr | samples × centralized |")
+    print("| --- | --- | --- |")
+    for trainers in cohorts:
+        for scale in lr_scales:
+            large = replace(spec, batch_size=BATCH * trainers, learning_rate=LEARNING_RATE * scale)
+            samples = centralized_baseline(datasets, target, large)
+            cell = f"{samples / baseline:.2f}" if samples else "not reached"
+            print(f"| {large.batch_size} | {large.learning_rate:.4g} | {cell} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 3, 8])
     parser.add_argument("--steps", type=int, default=140, help="optimizer steps a trainer takes a window")
-    parser.add_argument("--outers", nargs="+", default=["fedavg", "diloco:0.7:0.5", "diloco:0.7:0.9"])
+    parser.add_argument("--outers", nargs="*", default=["fedavg", "diloco:0.7:0.5", "diloco:0.7:0.9"])
     parser.add_argument("--inner-lr-scalings", nargs="+", default=["1"], choices=sorted(INNER_LR_SCALINGS))
     parser.add_argument("--centralized-lr-scales", type=float, nargs="*", default=[])
+    parser.add_argument("--large-batch-lr-scales", type=float, nargs="*", default=[])
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
@@ -135,6 +158,10 @@ def main() -> None:
         lr = LEARNING_RATE * scale
         other = centralized_baseline(root / "datasets", args.target, replace(spec, learning_rate=lr))
         print(f"  the same loop at Adam {lr:.4g}: " + (f"{other / baseline:.2f} ×" if other else "not reached"))
+    if args.large_batch_lr_scales:
+        large_batch_bound(root / "datasets", args.target, spec, baseline, args.trainers, args.large_batch_lr_scales)
+    if not args.outers:  # --outers with none: the centralized loops only
+        return
     print(f"\n{args.steps} steps a trainer a window, {args.runs} seeds each")
     print("| trainers | inner lr | outer step | reached | samples × centralized | windows |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -96,7 +96,8 @@ TRAINER_MODES = ("idle", "continuous", "adaptive")
 
 def centralized_samples(datasets: Path, target: float, spec: Any, seed: int = 0) -> int | None:
     """Samples one optax loop (initialized and its batches shuffled from ``seed``) trains on before its
-    test accuracy first reaches ``target``."""
+    test accuracy first reaches ``target``, evaluated every ``EVERY_STEPS`` batches of ``BATCH`` examples'
+    worth of samples whatever ``spec.batch_size`` is."""
     root = datasets / "mnist"
     x, y = load_train(root)
     test_x, test_y = load_split(root, "test")
@@ -106,12 +107,13 @@ def centralized_samples(datasets: Path, target: float, spec: Any, seed: int = 0)
     params = learner.init(jax.random.PRNGKey(seed))
     opt_state = engine.init_optimizer(params)
     samples = 0
+    every = max(1, round(EVERY_STEPS * BATCH / spec.batch_size))
     for epoch in range(10):
         xb, yb = make_batches(x, y, spec.batch_size, 100 * seed + epoch)
-        for start in range(0, len(xb) - EVERY_STEPS + 1, EVERY_STEPS):
-            chunk = slice(start, start + EVERY_STEPS)
+        for start in range(0, len(xb) - every + 1, every):
+            chunk = slice(start, start + every)
             params, opt_state, _ = engine.train_epoch(params, opt_state, xb[chunk], yb[chunk])
-            samples += EVERY_STEPS * spec.batch_size
+            samples += every * spec.batch_size
             if evaluate(params, test_x, test_y)["accuracy"] >= target:
                 return samples
     return None
