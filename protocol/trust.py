@@ -17,6 +17,12 @@ every candidate on its own; quarantine spares validators the work and bounds how
 offender is looked at (back after two or three more rejections). The score, an exponential moving
 average of acceptance, is informational (shown to viewers).
 
+The book is bounded: a peer that has taken part in none of the last ``forget_after`` judged windows is
+forgotten (score, strikes and quarantine), so the book holds the peers of those windows however many
+identities come and go (each fresh identity of a Sybil otherwise stayed in it for good, with the strikes
+it never stayed to decay, and every window's book and saved state grew with them). A forgotten peer is
+a new one, which any peer can be for the price of a key.
+
 A ``TrustBook`` never changes: ``after_window``, ``recorded`` and ``decayed`` return the next book.
 Peers are visited in sorted order, so every validator computes the same floats.
 """
@@ -43,6 +49,9 @@ class TrustBook:
     strike_decay: float = 0.9  # strikes are multiplied by this once per judged window a peer takes part in
     release_strikes: float = 1.5  # a quarantined peer is released once its strikes fall below this
     held: frozenset[str] = frozenset()  # the peers in quarantine
+    window: int = 0  # judged windows so far (``after_window`` calls)
+    seen: Mapping[str, int] = field(default_factory=dict)  # peer -> the window it last took part in
+    forget_after: int = 64  # judged windows without a peer before it is forgotten
 
     def recorded(self, peer_id: str, accepted: bool, reason: Reason) -> TrustBook:
         """The book after one decision about ``peer_id``'s candidate (no decay: see ``after_window``)."""
@@ -52,7 +61,11 @@ class TrustBook:
             strikes += reason.strike_weight
         held = self.held | {peer_id} if strikes >= self.max_strikes else self.held
         return replace(
-            self, scores={**self.scores, peer_id: score}, strikes={**self.strikes, peer_id: strikes}, held=held
+            self,
+            scores={**self.scores, peer_id: score},
+            strikes={**self.strikes, peer_id: strikes},
+            held=held,
+            seen={**self.seen, peer_id: self.window},
         )
 
     def decayed(self, peer_ids: Iterable[str]) -> TrustBook:
@@ -74,7 +87,21 @@ class TrustBook:
         book = self.decayed(peer for peer, _, _ in decisions)
         for peer, accepted, reason in decisions:
             book = book.recorded(peer, accepted, reason)
-        return book
+        window = self.window + 1
+        seen = {**book.seen, **{peer: window for peer, _, _ in decisions}}
+        gone = {
+            peer
+            for peer in set(book.scores) | set(book.strikes)
+            if window - seen.get(peer, self.window) >= self.forget_after
+        }
+        return replace(
+            book,
+            window=window,
+            seen={peer: w for peer, w in seen.items() if peer not in gone},
+            scores={peer: v for peer, v in book.scores.items() if peer not in gone},
+            strikes={peer: v for peer, v in book.strikes.items() if peer not in gone},
+            held=book.held - gone,
+        )
 
     def pardoned(self, peer_id: str) -> TrustBook:
         """The book with ``peer_id`` out of quarantine and its strikes cleared: a run-control ``pardon``
@@ -98,12 +125,16 @@ class TrustBook:
             "scores": dict(self.scores),
             "strikes": dict(self.strikes),
             "quarantined": sorted(self.held),
+            "window": self.window,
+            "seen": dict(self.seen),
+            "forget_after": self.forget_after,
         }
 
     @classmethod
     def from_wire(cls, value: object) -> TrustBook:
-        """Also reads older books: without ``strike_decay`` (integer strikes) or without a quarantine
-        list (then the peers at ``max_strikes`` or more are in quarantine)."""
+        """Also reads older books: without ``strike_decay`` (integer strikes), without a quarantine
+        list (then the peers at ``max_strikes`` or more are in quarantine) or without the windows its
+        peers were seen in (then every peer was seen in the book's last window)."""
         d = read_object(value, "trust book")
         scores, strikes = read_object(d.get("scores"), "scores"), read_object(d.get("strikes"), "strikes")
         strike_decay = read_float(d, "strike_decay") if "strike_decay" in d else cls.strike_decay
@@ -117,6 +148,9 @@ class TrustBook:
         held = d.get("quarantined", [peer for peer, n in counts.items() if n >= max_strikes])
         if not isinstance(held, list) or not all(isinstance(peer, str) and peer in counts for peer in held):
             raise InvalidMessage("quarantined must list peers of the book's strikes")
+        window = read_int(d, "window", low=0, high=1 << 62) if "window" in d else 0
+        seen = read_object(d.get("seen", {}), "seen")
+        forget_after = read_int(d, "forget_after", low=1, high=1 << 30) if "forget_after" in d else cls.forget_after
         return cls(
             max_strikes,
             read_float(d, "decay"),
@@ -125,6 +159,9 @@ class TrustBook:
             strike_decay,
             release,
             frozenset(held),
+            window,
+            {p: read_int(seen, p, low=0, high=window) if p in seen else window for p in set(scores) | set(counts)},
+            forget_after,
         )
 
 

@@ -440,7 +440,8 @@ def test_quarantine_is_a_term_with_probation_after_it_and_survives_the_wire() ->
     # probation: back in quarantine after two more outliers, not after five
     again = _windows(book, [Reason.OUTLIER] * 2)
     assert again[-1] >= 3 and book.after_window([("p", False, Reason.OUTLIER)] * 2).quarantined("p")
-    # a peer that stops submitting is not released: only the windows it takes part in count
+    # a peer that stops submitting is not released: only the windows it takes part in count (until it is
+    # forgotten: below)
     idle = TrustBook().after_window([("p", False, Reason.REPLAY)] * 3).after_window([("q", True, Reason.ACCEPTED)] * 20)
     assert idle.quarantined("p")
     # older books still read: integer strikes without strike_decay, no quarantine list (held at max_strikes)
@@ -448,6 +449,25 @@ def test_quarantine_is_a_term_with_probation_after_it_and_survives_the_wire() ->
     assert old.strikes == {"p": 2.0, "q": 3.0} and old.strike_decay == 0.9 and old.quarantine == {"q"}
     with pytest.raises(InvalidMessage):  # a quarantine list naming peers the book has no strikes for
         TrustBook.from_wire({**TrustBook().to_wire(), "quarantined": ["nobody"]})
+
+
+def test_a_peer_absent_for_forget_after_windows_is_forgotten_so_the_book_stays_bounded() -> None:
+    book = TrustBook(forget_after=4)
+    for window in range(40):  # a fresh identity every window, rejected and never seen again, beside an honest peer
+        book = book.after_window([(f"sybil-{window}", False, Reason.OUTLIER), ("honest", True, Reason.ACCEPTED)])
+        assert len(book.strikes) <= 5 and set(book.seen) == set(book.strikes) == set(book.scores)
+    assert book.window == 40 and set(book.strikes) == {"honest", "sybil-36", "sybil-37", "sybil-38", "sybil-39"}
+    assert TrustBook.from_wire(book.to_wire()) == book
+    # a quarantined peer that stays away is forgotten too: it comes back as new, as a new key would
+    held = TrustBook(forget_after=4).after_window([("p", False, Reason.REPLAY)] * 3)
+    for _ in range(3):
+        held = held.after_window([("q", True, Reason.ACCEPTED)])
+    assert held.quarantined("p")
+    held = held.after_window([("q", True, Reason.ACCEPTED)])
+    assert not held.quarantined("p") and "p" not in held.strikes and "p" not in held.scores
+    # a book saved before peers' windows were kept reads them as seen in its last window
+    old = {k: v for k, v in book.to_wire().items() if k not in ("window", "seen", "forget_after")}
+    assert TrustBook.from_wire(old).seen == dict.fromkeys(book.strikes, 0)
 
 
 def test_judge_window_decays_the_strikes_of_the_peers_it_judges() -> None:
