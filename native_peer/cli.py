@@ -58,6 +58,7 @@ from protocol.lineage import read_archive
 from protocol.manifests import NetworkManifest, SupportedWorkload
 from protocol.messages import HeadDescriptor
 from protocol.network_pins import NetworkSignature, fingerprint, pin_problem, signed_by
+from protocol.network_revisions import head_network
 from protocol.signing import b64encode, use_verifier
 
 from .compile_cache import use_compile_cache
@@ -66,6 +67,7 @@ from .edge_client import EdgeClient, EdgeRequestError
 from .export import ExportError, best_head, write_checkpoint
 from .identity import NodeIdentity
 from .mnist import RELEASE
+from .network_chain import NetworkChain
 from .storage import StorageConfig
 from .trainer import Project
 from .validator import Validator
@@ -227,7 +229,16 @@ def cmd_export(args: argparse.Namespace) -> None:
         raise SystemExit("dtn export reads heads from an edge (--edge URL) or a lineage archive (--lineage FILE)")
     if args.lineage is not None and args.network is None:
         raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
-    network = _served_network(args, "export")
+    chain = NetworkChain(_served_network(args, "export"))
+    if args.edge is not None:  # the revisions since the manifest given, checked: heads are checked by era
+        client = EdgeClient(args.edge, token=args.token)
+        try:
+            chain.read(client)
+        except (ProtocolError, EdgeRequestError) as exc:
+            raise SystemExit(f"dtn export: {args.edge}: {exc}") from None
+        finally:
+            client.close()
+    network, history = chain.network, chain.history()
     try:
         key = ExperimentKey.parse(args.experiment)
         model = network.experiment(key).model
@@ -238,7 +249,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         ) from None
     try:
         with _head_source(args, network, key) as (heads, artifact):
-            head, refused = best_head(heads, network, key)
+            head, refused = best_head(heads, history, key)
             for line in refused:
                 print(f"dtn export: refused {line}", file=sys.stderr)
             tensors, _ = decode_tensors(artifact(head))
@@ -246,11 +257,11 @@ def cmd_export(args: argparse.Namespace) -> None:
     except (ExportError, ProtocolError, EdgeRequestError, OSError) as exc:
         where = args.lineage if args.lineage is not None else args.edge
         raise SystemExit(f"dtn export: {where}: {exc}") from None
-    loss = head.metrics.get("val_loss")
+    loss, era = head.metrics.get("val_loss"), head_network(history, key, head.window)
     print(
         f"wrote {checkpoint} and {config}: {key} head {head.head_id[:19]} of window {head.window}"
         f"{f' (val_loss {loss:.4f})' if loss is not None else ''}, vouched for by "
-        f"{len(head.signers(network.validator_key_set))} of the network's validators (quorum {network.quorum})"
+        f"{len(head.signers(era.validator_key_set))} of its era's validators (quorum {era.quorum})"
     )
 
 

@@ -2,7 +2,10 @@
 
 ``best_head`` keeps the heads a quorum of the network's validators vouches for, checked as trainers
 check the head they train on (``protocol.window.head_to_train``: the proposer's signature and the
-certificate's attestations, ``HeadDescriptor.verify_trusted``), and picks the best of them: the lowest
+certificate's attestations, ``HeadDescriptor.verify_trusted``), each against the validators of its era
+where revisions of the network changed them (``protocol.network_revisions.head_network``: given the
+network at each revision, a head from before a change is checked against the validators who made it),
+and picks the best of them: the lowest
 validation loss (``val_loss``, measured by the validators on data trainers never see), the newest on a
 tie. Heads that do not verify are refused, each named with why.
 
@@ -17,7 +20,7 @@ holding the validator keys can check it again).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ from protocol.ids import ExperimentKey
 from protocol.manifests import NetworkManifest
 from protocol.messages import HeadDescriptor
 from protocol.model import Model
+from protocol.network_revisions import head_network
 
 __all__ = ["CHECKPOINT", "CONFIG", "FORMAT", "ExportError", "best_head", "write_checkpoint"]
 
@@ -41,16 +45,19 @@ class ExportError(ValueError):
 
 
 def best_head(
-    heads: Iterable[HeadDescriptor], network: NetworkManifest, key: ExperimentKey
+    heads: Iterable[HeadDescriptor], history: Sequence[NetworkManifest], key: ExperimentKey
 ) -> tuple[HeadDescriptor, list[str]]:
-    """The best head of ``key`` that ``network``'s quorum vouches for, and a line for each head refused."""
+    """The best head of ``key`` that a quorum of its era's validators vouches for (``history``: the
+    network at each revision, in order; one network when it was never revised), and a line for each
+    head refused."""
+    network = history[-1]
     verified, refused = [], []
     for head in heads:
         if head.experiment != key:
             refused.append(f"head {head.head_id[:19]} (window {head.window}) is of {head.experiment}, not {key}")
             continue
         try:
-            network.verify_head(head)
+            head_network(history, key, head.window).verify_head(head)
         except SignatureError as exc:
             refused.append(f"head {head.head_id[:19]} (window {head.window}): {exc}")
             continue

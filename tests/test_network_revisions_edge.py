@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 
 from native_peer.cli import main as dtn
 from native_peer.edge_client import EdgeClient
+from native_peer.export import best_head
 from native_peer.network_chain import NetworkChain
 from native_peer.storage import StorageConfig
 from protocol.ids import ExperimentKey
@@ -136,6 +137,38 @@ def test_a_change_of_validators_applies_only_at_the_heads_it_hands_over_at(setti
         by_d = Attestation.of(head, (), D, 2).to_wire()
         assert http.post(f"/v1/experiments/{EXPERIMENT}/attestations", json=by_d).status_code == 201
         assert http.get(f"/v1/experiments/{EXPERIMENT}/head").json()["head_id"] == head.head_id
+
+
+def test_export_checks_each_head_against_the_validators_of_its_era(settings: Settings, tmp_path: Path) -> None:
+    """``dtn export --network <first manifest> --edge``: the revisions since that manifest are followed,
+    so a head from before a change of validators (A and C) and one after it (A and D) both verify, and
+    the better one is written (against the first manifest alone, the later head was refused)."""
+    with _edge(settings) as http:
+        genesis, body = head_envelope(signer=A, metrics={"val_loss": 0.9})
+        assert http.post(f"/v1/experiments/{EXPERIMENT}/heads", content=body).status_code == 202
+        by_c = Attestation.of(genesis, (), C, 1).to_wire()
+        assert http.post(f"/v1/experiments/{EXPERIMENT}/attestations", json=by_c).status_code == 201
+        keys = (A.public_key, B.public_key, D.public_key)  # C replaced by D, handed over at the genesis
+        change = NetworkRevision.of(_served(http), 2_000, validator_keys=keys, heads={EXPERIMENT: genesis})
+        assert _submit(http, SignedNetworkRevision.of(change, [A, C])).status_code == 201
+        head, body = head_envelope(signer=A, parent=genesis.head_id, window=1, metrics={"val_loss": 0.4})
+        assert http.post(f"/v1/experiments/{EXPERIMENT}/heads", content=body).status_code == 202
+        by_d = Attestation.of(head, (), D, 2).to_wire()
+        assert http.post(f"/v1/experiments/{EXPERIMENT}/attestations", json=by_d).status_code == 201
+        export = ["export", "--experiment", str(EXPERIMENT), "--network", str(settings.network)]
+        dtn([*export, "--edge", str(http.base_url), "--out", str(tmp_path / "latest")])
+        written = json.loads((tmp_path / "latest" / "config.json").read_bytes())
+        assert written["head"]["head_id"] == head.head_id  # D's attestation counts in its era
+        # the genesis, attested by C, verifies in its era: no head is refused
+        client = EdgeClient(str(http.base_url))
+        chain = NetworkChain(NETWORK)
+        chain.read(client)
+        chosen, refused = best_head(client.heads(EXPERIMENT), chain.history(), EXPERIMENT)
+        assert chosen.head_id == head.head_id and refused == []
+        # checked against the first manifest alone (as before revisions were followed), D's head is refused
+        chosen, refused = best_head(client.heads(EXPERIMENT), [NETWORK], EXPERIMENT)
+        assert chosen.head_id == genesis.head_id and len(refused) == 1 and head.head_id[:19] in refused[0]
+        client.close()
 
 
 @pytest.fixture
