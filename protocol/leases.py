@@ -34,6 +34,7 @@ import numpy.typing as npt
 from .ids import PeerId, ShardId
 
 __all__ = [
+    "ARREARS_WINDOWS",
     "MAX_CACHE_BYTES",
     "Homes",
     "assign_leases",
@@ -42,6 +43,9 @@ __all__ = [
     "keeps_home",
     "rendezvous_score",
 ]
+
+
+ARREARS_WINDOWS = 8  # how long a lease that delivered nothing costs its holder its priority, in windows
 
 
 def rendezvous_score(seed: str, peer_id: str, shard_id: str) -> int:

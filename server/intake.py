@@ -376,7 +376,7 @@ def head_taken(state: EdgeState, head: HeadDescriptor) -> None:
     state.metrics.heads.inc()
     state.hub.publish(head.experiment, "heads", head.to_wire())
     state.hub.head_changed(head.experiment)
-    _retire_candidates(state, head.experiment)
+    _retire(state, head.experiment)
     _settle_votes(state, head)
 
 
@@ -394,14 +394,17 @@ def _quorum_event(
     }
 
 
-def _retire_candidates(state: EdgeState, experiment: ExperimentKey) -> None:
+def _retire(state: EdgeState, experiment: ExperimentKey) -> None:
     """Delete the artifacts of candidates whose window is judged and old enough; lineage keeps heads
-    (blobs are content-addressed: one whose bytes are also a head's stays)."""
+    (blobs are content-addressed: one whose bytes are also a head's stays). Forget the leases of
+    windows older still (``lease_retention_windows``)."""
     keep = state.settings.candidate_retention_windows
     if keep > 0:
         for cid in state.store.retire_candidates(experiment, keep):
             if state.store.head(experiment, HeadId(cid)) is None:
                 state.blobs.delete(ContentId(cid))
+    if state.settings.lease_retention_windows > 0:
+        state.store.retire_leases(experiment, state.settings.lease_retention_windows)
 
 
 def accept_verdicts(

@@ -61,7 +61,7 @@ from collections import defaultdict
 from protocol.ids import ExperimentKey, HeadId, LeaseId, PeerId, ShardId
 from protocol.lease_size import granted_shards
 from protocol.lease_work import lease_work_done, work_challenge
-from protocol.leases import Homes, assign_shards, home_seed, keeps_home
+from protocol.leases import ARREARS_WINDOWS, Homes, assign_shards, home_seed, keeps_home
 from protocol.messages import TRAINER_KINDS, HeadDescriptor, Lease, LeaseGrant
 
 from .budget import address_group
@@ -70,12 +70,11 @@ from .hub import Connection
 from .intake import check_peer_rate
 from .state import EdgeState
 
-__all__ = ["ARREARS_WINDOWS", "HALTED_RETRY_S", "Arrears", "LeaseIssuer"]
+__all__ = ["HALTED_RETRY_S", "Arrears", "LeaseIssuer"]
 
 log = logging.getLogger(__name__)
 
 HALTED_RETRY_S = 2  # how soon a trainer refused for a paused experiment asks again: it resumes within a window
-ARREARS_WINDOWS = 8  # how long a lease that delivered nothing costs its holder its priority, in windows
 
 
 class Arrears:

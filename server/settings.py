@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from protocol.edge_urls import edge_urls
 from protocol.errors import InvalidMessage
 from protocol.ice import ice_urls, is_turn
+from protocol.leases import ARREARS_WINDOWS
 from protocol.uploads import UPLOAD_CHUNK_BYTES
 
 from .ice import IceIssuer, read_turn_secret
@@ -79,6 +80,7 @@ _HELP = {
     "upload_min_bytes_per_s": "the pace a staged upload pays for its reservation with: once behind it past --upload-grace-s (stalled, or complete and not published), it gives way to a new upload that needs its room",
     "upload_grace_s": "seconds a staged upload may hold its reservation before it must keep --upload-min-bytes-per-s",
     "candidate_retention_windows": "candidate artifacts are deleted once their window is this many heads behind the current one (0: keep all)",
+    "lease_retention_windows": "leases, their holders and release marks are forgotten once their window is this many heads behind the current one; at least the windows whose lapsed leases cost their holders priority (0: keep all)",
     "public_url": "the edge's public URL as browsers and remote trainers reach it (https://host[:port], no path; behind a proxy: the proxy's); its origin may open the WebSockets",
     "forwarded_allow_ips": "addresses (comma-separated; * for any) of proxies whose X-Forwarded-For and X-Forwarded-Proto name the real client: per-address limits then see the client, not the proxy; empty: trust none",
     "unix_socket": "also listen on this unix socket (for a proxy on the same host: cheaper than TCP); connections on it are trusted like forwarded_allow_ips",
@@ -146,6 +148,7 @@ class Settings:
     max_connections_per_address: int = 256
     reserved_connections: int = 16
     candidate_retention_windows: int = 2
+    lease_retention_windows: int = 64
     upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
     upload_address_bytes: int = 64 * 1024 * 1024
     upload_stage_bytes: int = 1024 * 1024 * 1024
@@ -194,6 +197,11 @@ class Settings:
                 edge_urls(getattr(self, name))
             except InvalidMessage as exc:
                 raise ValueError(f"{name}: {exc}") from None
+        if 0 < self.lease_retention_windows < ARREARS_WINDOWS:
+            raise ValueError(
+                f"lease_retention_windows must be 0 (keep all) or at least {ARREARS_WINDOWS}: the windows whose"
+                " lapsed leases cost their holders priority"
+            )
         if self.accel_prefix and not _ACCEL_PREFIX.fullmatch(self.accel_prefix):
             raise ValueError(f"accel_prefix {self.accel_prefix!r} must look like /_shards/ (letters, digits, _ and -)")
         self.ice  # noqa: B018 - validates the ICE settings (and reads the TURN secret) now, not at the first page

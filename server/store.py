@@ -420,6 +420,30 @@ class EdgeStore:
                 released.append(lease)
         return released
 
+    def retire_leases(self, experiment: ExperimentKey, keep_windows: int) -> int:
+        """Forget the leases of ``experiment`` whose window is ``keep_windows`` or more heads behind the
+        current head, with their holders and release marks (a candidate keeps its lease id); how many."""
+        with self._db.transaction() as run:
+            row = run(f'SELECT h."window" {self._CURRENT} WHERE c.experiment = ?', experiment).fetchone()
+            if row is None:
+                return 0
+            last = int(row[0]) - keep_windows
+            gone = [
+                str(r[0])
+                for r in run(
+                    "DELETE FROM leases WHERE experiment = ? AND base_head IN"
+                    ' (SELECT head_id FROM heads WHERE experiment = ? AND "window" <= ?) RETURNING lease_id',
+                    experiment,
+                    experiment,
+                    last,
+                ).fetchall()
+            ]
+            run('DELETE FROM lease_holders WHERE experiment = ? AND "window" <= ?', experiment, last)
+            for lease_id in gone:
+                run("DELETE FROM released_leases WHERE lease_id = ?", lease_id)
+                self._parsed.pop(lease_id, None)
+            return len(gone)
+
     def lease(self, lease_id: LeaseId) -> Lease | None:
         rows = self._db.query("SELECT descriptor FROM leases WHERE lease_id = ?", lease_id)
         return _lease(rows[0][0]) if rows else None

@@ -26,6 +26,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from protocol.envelope import MAX_DESCRIPTOR_BYTES, pack_envelope
 from protocol.hashing import content_id
+from protocol.ids import HeadId
 from protocol.manifests import FetchManifest
 from protocol.messages import (
     CANDIDATE_PAGE,
@@ -601,6 +602,21 @@ def test_restart_keeps_heads_candidates_and_leases(settings: Settings) -> None:
         assert http.get("/v1/network").json()["edge_key"] == edge_key
         assert grant_lease(http, trainer) == grant  # the same lease and secret after a restart
         _join(edge.url, trainer).close()
+
+
+def test_leases_are_forgotten_once_their_window_is_lease_retention_windows_behind(settings: Settings) -> None:
+    with BackgroundEdge(replace(settings, lease_retention_windows=8)) as edge, httpx.Client(base_url=edge.url) as http:
+        parent = _genesis(http)
+        lease = _lease(http, PureSigner(b"\xa2" * 32))
+        for window in range(1, 9):
+            assert http.get(f"/v1/leases/{lease.lease_id}").status_code == 200  # kept until 8 heads behind
+            head, body = head_envelope(parent=HeadId(parent), window=window)
+            assert http.post(f"{BASE}/heads", content=body).status_code == 201
+            parent = head.head_id
+        assert http.get(f"/v1/leases/{lease.lease_id}").status_code == 404
+    for fewer in (1, 7):  # leases must outlive the windows their lapses cost priority over
+        with pytest.raises(ValueError, match="lease_retention_windows"):
+            replace(settings, lease_retention_windows=fewer)
 
 
 def _relay_lease(ws: ClientConnection, **request: object) -> dict[str, Any]:

@@ -217,6 +217,28 @@ def test_a_lease_given_back_frees_its_shards_and_delivers_nothing(store: EdgeSto
     assert store.lease_delivered(done.lease_id) == candidate.candidate_id
 
 
+def test_leases_of_old_windows_are_forgotten_with_their_holders_and_release_marks(store: EdgeStore) -> None:
+    (base,) = _chain(store, 1)
+    lapsed, given, delivering = (peer_id_from_public_key(t.public_key) for t in TRAINERS[2:5])
+    old, _ = store.grant_lease(EXPERIMENT, 1000, _chooser(lapsed, 1000))
+    back, _ = store.grant_lease(EXPERIMENT, 1000, _chooser(given, 1000))
+    assert store.release_leases([back.lease_id], 1500, lambda lease: lease.signed(EDGE))
+    done, _ = store.grant_lease(EXPERIMENT, 1000, _chooser(delivering, 1000))
+    candidate, _ = candidate_envelope(TRAINERS[4], base.head_id, done.lease_id)
+    assert store.add_candidate(candidate, 10, 1100)
+    heads = _chain_from(store, base, 2)
+    recent, _ = store.grant_lease(EXPERIMENT, 3000, _chooser(lapsed, 3000))  # on the head of window 2
+    assert store.retire_leases(EXPERIMENT, 3) == 0  # window 0 is 2 heads behind
+    assert len(store.lapsed_holders(EXPERIMENT, 0, 0)) == 2
+    _chain_from(store, heads[-1], 1)
+    assert store.retire_leases(EXPERIMENT, 3) == 3 and store.retire_leases(EXPERIMENT, 3) == 0
+    assert all(store.lease(lease.lease_id) is None for lease in (old, back, done))
+    assert store.leases(EXPERIMENT, base.head_id) == [] and store.lapsed_holders(EXPERIMENT, 0, 0) == []
+    assert store.lease_delivered(back.lease_id) is None  # its release mark went with it
+    assert store.lease(recent.lease_id) == recent
+    assert [c for _, c in store.candidates_since(EXPERIMENT, 0, 10)] == [candidate]  # the candidate stays
+
+
 def _raise() -> Lease:
     raise LookupError("no head")
 
