@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from benchmarks.compile_cache import run_peer
 
 
+@pytest.mark.slow  # two peer processes, each compiling or loading its epochs: 11 s
 def test_a_second_experiment_and_a_second_process_load_the_compiled_epoch(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}  # the tests' own cache set aside
     env["XDG_CACHE_HOME"] = str(tmp_path)  # so the default folder, under it

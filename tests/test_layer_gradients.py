@@ -147,9 +147,19 @@ layers = [
 }
 
 
-@pytest.mark.parametrize("matmul", sorted(MATMULS))
-@pytest.mark.parametrize(  # the language model's parity takes seconds of compute: the slow tier runs it
-    "model", [pytest.param(m, marks=pytest.mark.slow) if m == "char-lm" else m for m in sorted(MODELS)]
+def _heavy(model: str, matmul: str) -> bool:
+    """Parities that take seconds of compute, run in the slow tier: the language model's, and the
+    convolutional models' through SciPy's BLAS (their NumPy product runs in the fast tier)."""
+    return model == "char-lm" or (matmul == "blas" and "cnn" in model)
+
+
+@pytest.mark.parametrize(
+    ("model", "matmul"),
+    [
+        pytest.param(model, matmul, marks=[pytest.mark.slow] if _heavy(model, matmul) else [])
+        for model in sorted(MODELS)
+        for matmul in sorted(MATMULS)
+    ],
 )
 def test_model_loss_and_gradients_match_jax(model: str, matmul: str) -> None:
     spec = MODELS[model]
