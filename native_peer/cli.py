@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -202,10 +202,10 @@ def cmd_keys(args: argparse.Namespace) -> None:
 
 @contextmanager
 def _head_source(
-    args: argparse.Namespace, network: NetworkManifest, key: ExperimentKey
+    args: argparse.Namespace, network: NetworkManifest, key: ExperimentKey, client: EdgeClient | None
 ) -> Iterator[tuple[list[HeadDescriptor], Callable[[HeadDescriptor], bytes]]]:
     """The heads of ``key`` and how to read a head's artifact, checked against its content id: from a
-    lineage archive (``--lineage``), else downloaded from the edge."""
+    lineage archive (``--lineage``), else downloaded from the edge through ``client``."""
     if args.lineage is not None:
         model = network.experiment(key).model
         lineage = read_archive(args.lineage.read_bytes(), max_blob_bytes=model.max_artifact_bytes)
@@ -216,12 +216,9 @@ def _head_source(
             )
         yield list(lineage.heads), lambda head: lineage.blobs[ContentId(head.head_id)]
         return
-    client = EdgeClient(args.edge, token=args.token)
-    try:
-        with tempfile.TemporaryDirectory(prefix="dtn-export-") as downloads:
-            yield client.heads(key), lambda head: client.artifact(ContentId(head.head_id), Path(downloads) / "head")
-    finally:
-        client.close()
+    assert client is not None  # --edge, checked by cmd_export
+    with tempfile.TemporaryDirectory(prefix="dtn-export-") as downloads:
+        yield client.heads(key), lambda head: client.artifact(ContentId(head.head_id), Path(downloads) / "head")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -230,33 +227,32 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.lineage is not None and args.network is None:
         raise SystemExit("dtn export --lineage needs --network (the manifest whose validators vouch for its heads)")
     chain = NetworkChain(_served_network(args, "export"))
-    if args.edge is not None:  # the revisions since the manifest given, checked: heads are checked by era
-        client = EdgeClient(args.edge, token=args.token)
+    edge = closing(EdgeClient(args.edge, token=args.token)) if args.edge is not None else nullcontext()
+    with edge as client:
+        if client is not None:  # the revisions since the manifest given, checked: heads are checked by era
+            try:
+                chain.read(client)
+            except (ProtocolError, EdgeRequestError) as exc:
+                raise SystemExit(f"dtn export: {args.edge}: {exc}") from None
+        network, history = chain.network, chain.history()
         try:
-            chain.read(client)
-        except (ProtocolError, EdgeRequestError) as exc:
-            raise SystemExit(f"dtn export: {args.edge}: {exc}") from None
-        finally:
-            client.close()
-    network, history = chain.network, chain.history()
-    try:
-        key = ExperimentKey.parse(args.experiment)
-        model = network.experiment(key).model
-    except (ProtocolError, KeyError):
-        raise SystemExit(
-            f"dtn export: network {network.network_id} has no experiment {args.experiment}; "
-            f"experiments: {[str(spec.key) for spec in network.experiments]}"
-        ) from None
-    try:
-        with _head_source(args, network, key) as (heads, artifact):
-            head, refused = best_head(heads, history, key)
-            for line in refused:
-                print(f"dtn export: refused {line}", file=sys.stderr)
-            tensors, _ = decode_tensors(artifact(head))
-        checkpoint, config = write_checkpoint(args.out, network, model, head, tensors)
-    except (ExportError, ProtocolError, EdgeRequestError, OSError) as exc:
-        where = args.lineage if args.lineage is not None else args.edge
-        raise SystemExit(f"dtn export: {where}: {exc}") from None
+            key = ExperimentKey.parse(args.experiment)
+            model = network.experiment(key).model
+        except (ProtocolError, KeyError):
+            raise SystemExit(
+                f"dtn export: network {network.network_id} has no experiment {args.experiment}; "
+                f"experiments: {[str(spec.key) for spec in network.experiments]}"
+            ) from None
+        try:
+            with _head_source(args, network, key, client) as (heads, artifact):
+                head, refused = best_head(heads, history, key)
+                for line in refused:
+                    print(f"dtn export: refused {line}", file=sys.stderr)
+                tensors, _ = decode_tensors(artifact(head))
+            checkpoint, config = write_checkpoint(args.out, network, model, head, tensors)
+        except (ExportError, ProtocolError, EdgeRequestError, OSError) as exc:
+            where = args.lineage if args.lineage is not None else args.edge
+            raise SystemExit(f"dtn export: {where}: {exc}") from None
     loss, era = head.metrics.get("val_loss"), head_network(history, key, head.window)
     print(
         f"wrote {checkpoint} and {config}: {key} head {head.head_id[:19]} of window {head.window}"
