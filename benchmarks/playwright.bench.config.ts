@@ -8,7 +8,7 @@ const webServer = base.webServer as { command: string };
 export default defineConfig({
   ...base,
   testDir: ".",
-  testMatch: process.env.DTN_BENCH_MATCH ?? "browser.spec.ts",
+  testMatch: "browser.spec.ts",
   outputDir: "../test-results/bench",
   webServer: { ...base.webServer, command: `nice -n 19 ${webServer.command}` },
 });

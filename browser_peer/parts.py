@@ -154,13 +154,14 @@ class PartPace:
     def measured(self, rates: list[float | None]) -> None:
         """Each part's examples a second in the window just trained (None: that part failed, and the
         weights start over)."""
-        if any(rate is None or rate <= 0 for rate in rates):
+        measured = [float(rate) for rate in rates if rate is not None and rate > 0]
+        if len(measured) < len(rates):
             self._rates = []
-        elif len(rates) != len(self._rates):
-            self._rates = [float(rate) for rate in rates if rate is not None]
+        elif len(measured) != len(self._rates):
+            self._rates = measured
         else:
-            self._rates = [(1 - self.SMOOTHING) * old + self.SMOOTHING * float(new or 0.0)
-                           for old, new in zip(self._rates, rates, strict=True)]  # fmt: skip
+            self._rates = [(1 - self.SMOOTHING) * old + self.SMOOTHING * new
+                           for old, new in zip(self._rates, measured, strict=True)]  # fmt: skip
 
 
 def average(arrays: list[Params], weights: list[float]) -> Params:
