@@ -503,7 +503,7 @@ class Validator:
         params = self.learner(spec).init(jax.random.PRNGKey(seed))
         genesis, artifact = self._sign_head(spec, params, None, (), 0, self._evaluate(spec, params, "holdout"))
         write_atomic(self.storage.head_path(genesis.head_id), artifact)
-        proposed = {p.head_id: p for p in self.edge.proposals(spec.key, None)}
+        proposed = {p.head_id: p for p in self._proposals(spec, None)}
         if genesis.head_id in proposed and self.identity.public_key in proposed[genesis.head_id].signers(
             self.network.validator_key_set
         ):
@@ -976,11 +976,19 @@ class Validator:
             for c in window
         ]
 
+    def _proposals(self, spec: ExperimentSpec, parent: HeadDescriptor | None) -> list[HeadDescriptor]:
+        """The heads proposed on ``parent`` (``None``: genesis heads) by validators of the network: one
+        whose proposer the network does not list (a revision retired it while its proposal waited, or an
+        edge that serves what no validator of ours proposed) can never be certified, and is passed over."""
+        keys = self.network.validator_key_set
+        listed = self.edge.proposals(spec.key, None if parent is None else parent.head_id)
+        return [proposal for proposal in listed if proposal.validator_key in keys]
+
     def _attest_proposals(self, spec: ExperimentSpec, head: HeadDescriptor, window: Sequence[Candidate]) -> None:
         """Judge each head other validators proposed after ``head`` from the candidates its proposer
         considered; attest it when this validator computes exactly the same head."""
         keys = self.network.validator_key_set
-        for proposal in self.edge.proposals(spec.key, head.head_id):
+        for proposal in self._proposals(spec, head):
             if proposal.head_id in self.state.decisions or proposal.head_id in self._disputed:
                 continue
             if self.identity.public_key in proposal.signers(keys):

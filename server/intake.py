@@ -364,7 +364,7 @@ def _promote_if_certified(state: EdgeState, experiment: ExperimentKey, head_id: 
         a for a in head.certificate if a.validator_key in vouching and a.validator_key != head.validator_key
     )
     head = replace(head, certificate=certificate)
-    if state.store.promote_head(head, state.clock.now_ms()):
+    if state.store.promote_head(head, state.clock.now_ms(), state.network.revision):
         head_taken(state, head)
     return head, True
 
@@ -505,7 +505,7 @@ async def accept_order(state: EdgeState, signed: SignedRunControl, *, route: Exp
     if signed.order.action == "rollback" and target is not None and state.store.head(route, HeadId(target)) is None:
         raise NotFound(f"experiment {route} has no canonical head {target} to roll back to")
     now_ms = state.clock.now_ms()
-    run_state = await state.offload(state.store.apply_run_control, signed, now_ms)
+    run_state = await state.offload(state.store.apply_run_control, signed, now_ms, state.network.revision)
     event = {**applied_order(state, signed, now_ms), "state": run_state.to_wire()}
     state.hub.publish(route, "control", event)
     return event

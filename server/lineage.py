@@ -117,7 +117,7 @@ def import_lineage(
         blobs.put(data, cid)
     candidates = sum(store.add_candidate(candidate, 0, now_ms) for candidate in lineage.candidates)
     for head in lineage.heads[len(held) :]:
-        store.promote_head(head, now_ms)
+        store.promote_head(head, now_ms, network.revision)
     candidates_by_id = {c.candidate_id: c for c in lineage.candidates}
     votes: dict[str, list[Verdict]] = defaultdict(list)
     for vote in lineage.votes:

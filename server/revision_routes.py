@@ -5,8 +5,9 @@ serves change only as a quorum of its validators signs.
     GET  /v1/network/revisions   every revision applied, in order, each with when this edge took it
 
 Anyone may submit one (the signatures are the credential). The edge checks it against the terms it
-serves and applies it, in one store transaction with its number (edges sharing a store take each once),
-then serves the revised manifest, publishes it on the ``network`` topic and tells the other edges of
+serves and applies it, in one store transaction with its number (edges sharing a store take each once)
+and its handover check (no head or order certified by the validators before it is taken in between:
+``EdgeStore.add_network_revision``), then serves the revised manifest, publishes it on the ``network`` topic and tells the other edges of
 its deployment (``Hub.deliver``), which read it from the store. Refusals, each with its reason: 400 a
 malformed revision or one that does not fit its terms (an experiment already listed, a model that does
 not fit its dataset), 401 fewer than the quorum of the validators before it, or another network's, 409
@@ -81,15 +82,14 @@ async def accept_revision(state: EdgeState, signed: SignedNetworkRevision) -> di
                 f"experiment {spec.key} trains on dataset {spec.dataset_id}, which this edge does not serve; "
                 "prepare it in the edge's datasets folder first"
             ) from None
-    lineages: dict[ExperimentKey, list[HeadDescriptor]] = {}
-    sequences: dict[ExperimentKey, int] = {}
-    if revision.changes_validators(network):  # what its handover is checked against (read only then)
-        lineages = {spec.key: state.store.heads(spec.key) for spec in network.experiments}
-        sequences = {spec.key: state.store.run_state(spec.key).sequence for spec in network.experiments}
-    if (refusal := handover_refusal(network, revision, lineages, sequences)) is not None:
-        raise Conflict(refusal)
+
+    def refusal(lineages: dict[ExperimentKey, list[HeadDescriptor]], sequences: dict[ExperimentKey, int]) -> str | None:
+        return handover_refusal(network, revision, lineages, sequences)
+
     now_ms = state.clock.now_ms()
-    await state.offload(state.store.add_network_revision, signed, now_ms)
+    # checked in the transaction that keeps it: no head or order is taken in between
+    check = refusal if revision.changes_validators(network) else None
+    await state.offload(state.store.add_network_revision, signed, now_ms, check)
     state.revised(revised)
     event = applied_revision(state, signed, now_ms)
     state.hub.publish(NETWORK_SCOPE, "network", event)

@@ -106,6 +106,25 @@ def _head(text: object) -> HeadDescriptor:
     return HeadDescriptor.from_wire(json.loads(str(text)))
 
 
+# given the canonical heads (genesis first) and last run-control sequence of each experiment: why a
+# network revision must not apply, or ``None`` (``protocol.network_revisions.handover_refusal``)
+HandoverCheck = Callable[[dict[ExperimentKey, list[HeadDescriptor]], dict[ExperimentKey, int]], str | None]
+
+
+def _last_revision(run: Run) -> int:
+    return int(run("SELECT COALESCE(MAX(number), 0) FROM network_revisions").fetchone()[0])
+
+
+def _same_revision(run: Run, revision: int, what: str) -> None:
+    """``Conflict`` when the store holds a network revision after ``revision``, the one ``what`` was
+    checked against."""
+    if (last := _last_revision(run)) > revision:
+        raise Conflict(
+            f"{what} was certified under network revision {revision}, and the network is at revision {last} now: "
+            "send it again under the revised network"
+        )
+
+
 def _candidate(text: object) -> Candidate:
     return Candidate.from_wire(json.loads(str(text)))
 
@@ -168,9 +187,13 @@ class EdgeStore:
         return {str(key).removeprefix("network_signature/"): bytes(value).decode() for key, value in rows}
 
     # -- heads -----------------------------------------------------------------------------
-    def promote_head(self, head: HeadDescriptor, now_ms: int) -> bool:
-        """Make ``head`` current if its parent is the current head; False if it already is current."""
+    def promote_head(self, head: HeadDescriptor, now_ms: int, revision: int) -> bool:
+        """Make ``head`` current if its parent is the current head; False if it already is current.
+        ``revision`` is the network revision whose validators certified it: ``Conflict`` once the store
+        holds a later one (applied meanwhile, by this edge or another sharing the store), whose
+        validators may not be the same."""
         with self._db.transaction() as run:
+            _same_revision(run, revision, f"head {head.head_id}")
             row = run("SELECT head_id FROM current_heads WHERE experiment = ?", head.experiment).fetchone()
             current = None if row is None else row[0]
             if current == head.head_id:
@@ -737,12 +760,14 @@ class EdgeStore:
             return run("DELETE FROM tokens WHERE digest LIKE ?", pattern).rowcount
 
     # -- run control (``protocol.run_control``) ------------------------------------------------
-    def apply_run_control(self, signed: SignedRunControl, now_ms: int) -> RunState:
-        """Apply ``signed`` (its signatures already checked) to its experiment and keep it: the state it
-        leaves. ``Conflict`` with ``RunState.refusal``'s reason for a replay or an order after ``stop``;
+    def apply_run_control(self, signed: SignedRunControl, now_ms: int, revision: int) -> RunState:
+        """Apply ``signed`` (its signatures already checked against network revision ``revision``) to its
+        experiment and keep it: the state it leaves. ``Conflict`` with ``RunState.refusal``'s reason for a
+        replay or an order after ``stop``, or once the store holds a later revision (``promote_head``);
         read and written in one transaction, so edges sharing a store apply each sequence once."""
         order = signed.order
         with self._db.transaction() as run:
+            _same_revision(run, revision, f"run-control order {order.sequence}")
             row = run("SELECT state FROM run_states WHERE experiment = ?", order.experiment).fetchone()
             state = RunState() if row is None else RunState.from_wire(json.loads(str(row[0])))
             if (refusal := state.refusal(order)) is not None:
@@ -772,15 +797,32 @@ class EdgeStore:
         return [(SignedRunControl.from_wire(json.loads(str(signed))), int(at)) for signed, at in rows]
 
     # -- network revisions (``protocol.network_revisions``) ---------------------------------------
-    def add_network_revision(self, signed: SignedNetworkRevision, now_ms: int) -> None:
+    def add_network_revision(
+        self, signed: SignedNetworkRevision, now_ms: int, refusal: HandoverCheck | None = None
+    ) -> None:
         """Keep ``signed`` (checked against the terms before it by the caller) as the next revision:
-        ``Conflict`` unless it is the one after the last held, read and written in one transaction, so
-        edges sharing a store take each revision once."""
+        ``Conflict`` unless it is the one after the last held, or with the reason ``refusal`` gives when
+        it is given the canonical heads (genesis first) and the last run-control sequence of every
+        experiment (``protocol.network_revisions.handover_refusal``). All read and written in one
+        transaction: edges sharing a store take each revision once, and no head or order is taken
+        between the check and the revision (``promote_head`` and ``apply_run_control`` refuse one
+        certified under an earlier revision)."""
         number = signed.revision.number
         with self._db.transaction() as run:
-            last = int(run("SELECT COALESCE(MAX(number), 0) FROM network_revisions").fetchone()[0])
+            last = _last_revision(run)
             if number != last + 1:
                 raise Conflict(f"network revision {number} does not follow revision {last}, the last this edge holds")
+            if refusal is not None:
+                lineages: dict[ExperimentKey, list[HeadDescriptor]] = {}
+                for (descriptor,) in run('SELECT descriptor FROM heads ORDER BY "window"').fetchall():
+                    head = _head(descriptor)
+                    lineages.setdefault(head.experiment, []).append(head)
+                sequences = {
+                    ExperimentKey.parse(str(key)): RunState.from_wire(json.loads(str(state))).sequence
+                    for key, state in run("SELECT experiment, state FROM run_states").fetchall()
+                }
+                if (reason := refusal(lineages, sequences)) is not None:
+                    raise Conflict(reason)
             run(
                 "INSERT INTO network_revisions (number, signed, applied_at_ms) VALUES (?, ?, ?)",
                 *(number, json.dumps(signed.to_wire()), now_ms),

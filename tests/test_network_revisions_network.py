@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from native_peer import StorageConfig, Validator
-from native_peer.edge_client import EdgeClient
+from native_peer.edge_client import EdgeClient, EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from protocol.ids import ExperimentKey
@@ -112,19 +112,25 @@ def test_a_running_network_adds_an_experiment_and_hands_over_to_new_validators(
             for key in (BASELINE, LOW_LR):
                 order = RunControl(first.network_id, key, "pause", sequence=1, issued_at_ms=int(time.time() * 1000))
                 _submit(edge, SignedRunControl.of(order, [a, b]))
-            time.sleep(3)  # a proposal already on its way may still complete the window it closed
-            network = _served(edge)
-            current = {key: _head(edge, key) for key in (BASELINE, LOW_LR)}
-            heads = {key: head for key, head in current.items() if head is not None}
-            paused = {key: head.window for key, head in current.items() if head is not None}
-            two = NetworkRevision.of(
-                network,
-                int(time.time() * 1000),
-                validator_keys=(a.public_key, d.public_key),
-                heads=heads,
-                orders={BASELINE: 1, LOW_LR: 1},
-            )
-            _submit(edge, SignedNetworkRevision.of(two, [b, c]))
+            for attempt in range(5):
+                time.sleep(3)  # a proposal already on its way may still complete the window it closed
+                network = _served(edge)
+                current = {key: _head(edge, key) for key in (BASELINE, LOW_LR)}
+                heads = {key: head for key, head in current.items() if head is not None}
+                paused = {key: head.window for key, head in current.items() if head is not None}
+                two = NetworkRevision.of(
+                    network,
+                    int(time.time() * 1000),
+                    validator_keys=(a.public_key, d.public_key),
+                    heads=heads,
+                    orders={BASELINE: 1, LOW_LR: 1},
+                )
+                try:
+                    _submit(edge, SignedNetworkRevision.of(two, [b, c]))
+                    break
+                except EdgeRequestError as exc:  # one landed after all: write it again, as the edge says
+                    if exc.status != 409 or "moved past the revision's handover" not in str(exc) or attempt == 4:
+                        raise
             threads["validator-1"].join(timeout=2 * WINDOW_S)
             assert not threads["validator-1"].is_alive(), "B did not retire"
             start("validator-3", validator(3).run, None, stop)  # D, given the first manifest

@@ -35,6 +35,7 @@ from protocol.errors import InvalidMessage, SignatureError
 from protocol.judging import WindowDecision
 from protocol.manifests import ExperimentSpec, NetworkManifest
 from protocol.messages import Attestation, HeadDescriptor
+from protocol.network_revisions import NetworkRevision, SignedNetworkRevision
 from server.serve import BackgroundEdge
 from tools.cli import main as tools_main
 from tools.networks import BASELINE, mnist_network
@@ -197,6 +198,41 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
     disputes = [e["data"] for e in events if e["topic"] == "quorum" and e["data"]["rivals"]]
     assert disputes and any(set(d["rivals"]) & byzantine_heads or d["head_id"] in byzantine_heads for d in disputes)
     trainer.close()
+
+
+@pytest.mark.slow
+def test_a_proposal_left_by_a_validator_a_revision_retired_holds_up_nothing(
+    quorum_env: Env, dataset_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """A revision replaces validators while a window was being closed: the proposal a retired validator
+    left on the handover head stays listed, never to be certified. The validators of the revised network
+    pass it over (a validator that raised on it would stop validating every experiment) and certify the
+    window between them."""
+    edge, _, _, _, root = quorum_env
+    first = _validator(quorum_env, 0, dataset_root=dataset_root)
+    leaving = _validator(quorum_env, 1, ByzantineValidator, dataset_root=dataset_root)  # proposes at once
+    spec, genesis = _genesis(quorum_env, [first, leaving])
+    trainer = _trainer(quorum_env, "trainer")
+    reader = EdgeClient(edge.url)
+    for client in (trainer, reader):
+        request.addfinalizer(client.close)
+    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+    leaving.poll(spec)
+    [left] = reader.proposals(spec.key, genesis.head_id)
+    assert left.validator_key == leaving.identity.public_key
+    keys = [NodeIdentity.load_or_create(root / f"validator-{i}" / "identity.key") for i in range(4)]
+    change = NetworkRevision.of(
+        reader.network(), 1_000, validator_keys=(keys[0].public_key, keys[3].public_key), heads={spec.key: genesis}
+    )
+    reader.submit_revision(SignedNetworkRevision.of(change, [keys[1], keys[2]]))
+    joining = _validator(quorum_env, 3, dataset_root=dataset_root)  # given the first manifest: follows the chain
+    for validator in (first, leaving, joining):
+        validator._follow_network()
+    assert leaving.retired is not None and first.retired is None and joining.retired is None
+    head = _next_head(quorum_env, [first, joining], spec, genesis.window)
+    assert head.merged == (outcome.candidate_id,)
+    assert head.signers(frozenset(k.public_key for k in keys)) == {keys[0].public_key, keys[3].public_key}
+    assert left.head_id in {p.head_id for p in reader.proposals(spec.key, genesis.head_id)}  # still listed
 
 
 @pytest.mark.slow

@@ -81,7 +81,7 @@ def _chain(store: EdgeStore, length: int) -> list[HeadDescriptor]:
     heads: list[HeadDescriptor] = []
     for window in range(length):
         head, _ = head_envelope(parent=heads[-1].head_id if heads else None, window=window)
-        assert store.promote_head(head, 1000 + window)
+        assert store.promote_head(head, 1000 + window, 0)
         heads.append(head)
     return heads
 
@@ -100,10 +100,10 @@ def test_heads_chain_from_the_current_one(store: EdgeStore) -> None:
         store.head(EXPERIMENT, genesis.head_id) == genesis
         and store.head(EXPERIMENT, HeadId("sha256:" + "0" * 64)) is None
     )
-    assert not store.promote_head(child, 5000)  # already current
+    assert not store.promote_head(child, 5000, 0)  # already current
     stray, _ = head_envelope(parent=genesis.head_id, window=7)
     with pytest.raises(Conflict, match="is not the current head"):
-        store.promote_head(stray, 5000)
+        store.promote_head(stray, 5000, 0)
 
 
 def test_one_candidate_per_lease_in_arrival_order(store: EdgeStore) -> None:
@@ -146,7 +146,7 @@ def _chain_from(store: EdgeStore, parent: HeadDescriptor, length: int) -> list[H
     heads = [parent]
     for _ in range(length):
         head, _ = head_envelope(parent=heads[-1].head_id, window=heads[-1].window + 1)
-        assert store.promote_head(head, 2000)
+        assert store.promote_head(head, 2000, 0)
         heads.append(head)
     return heads[1:]
 
@@ -554,9 +554,9 @@ def test_run_control_orders_apply_once_in_sequence_and_outlive_the_store(opener:
     order = RunControl("test-net", EXPERIMENT, "pause", sequence=1, issued_at_ms=5)
     store = opener()
     assert store.run_state(EXPERIMENT) == RunState()
-    assert store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 10) == RunState(1, paused=True)
+    assert store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 10, 0) == RunState(1, paused=True)
     with pytest.raises(Conflict, match="sequence 1 was already used"):
-        store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 11)
+        store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 11, 0)
     again = opener()  # another edge on the same database, or this one restarted
     assert again.run_state(EXPERIMENT) == RunState(1, paused=True)
     assert [(signed.order, at) for signed, at in again.run_orders(EXPERIMENT)] == [(order, 10)]
@@ -585,3 +585,36 @@ def test_network_revisions_are_taken_once_in_sequence_and_outlive_the_store(open
     again = opener()  # another edge on the same database, or this one restarted
     assert again.network_revisions() == [(first, 10), (second, 12)]
     assert again.network_revisions(after=1) == [(second, 12)]
+
+
+def test_a_revision_is_checked_in_its_transaction_and_shuts_out_what_was_certified_before_it(opener: Opener) -> None:
+    """The handover check reads the heads and orders in the transaction that keeps the revision, and a
+    head or order certified under the revision before is refused once a later one is held (by this
+    edge or another sharing the store): nothing the old validators certified slips in between."""
+    network = NetworkManifest("test-net", (VALIDATOR.public_key,), (experiment_spec(),))
+    other = PureSigner(b"\x77" * 32)
+    change = SignedNetworkRevision.of(
+        NetworkRevision.of(network, 5, quorum=1, validator_keys=[other.public_key]), [VALIDATOR]
+    )
+    store, again = opener(), opener()
+    genesis, child = _chain(store, 2)
+    order = RunControl("test-net", EXPERIMENT, "pause", sequence=1, issued_at_ms=5)
+    store.apply_run_control(SignedRunControl.of(order, [VALIDATOR]), 10, 0)
+    seen: list[tuple[dict[ExperimentKey, list[HeadDescriptor]], dict[ExperimentKey, int]]] = []
+
+    def refuse(lineages: dict[ExperimentKey, list[HeadDescriptor]], sequences: dict[ExperimentKey, int]) -> str:
+        seen.append((lineages, sequences))
+        return "moved past the handover"
+
+    with pytest.raises(Conflict, match="moved past the handover"):
+        store.add_network_revision(change, 20, refuse)
+    assert seen == [({EXPERIMENT: [genesis, child]}, {EXPERIMENT: 1})] and store.network_revisions() == []
+    store.add_network_revision(change, 21, lambda lineages, sequences: None)
+    late, _ = head_envelope(parent=child.head_id, window=2)
+    with pytest.raises(Conflict, match="certified under network revision 0, and the network is at revision 1"):
+        again.promote_head(late, 22, 0)
+    resume = RunControl("test-net", EXPERIMENT, "resume", sequence=2, issued_at_ms=6)
+    with pytest.raises(Conflict, match="network is at revision 1"):
+        again.apply_run_control(SignedRunControl.of(resume, [VALIDATOR]), 23, 0)
+    assert again.current_head(EXPERIMENT) == child and again.run_state(EXPERIMENT) == RunState(1, paused=True)
+    assert again.promote_head(late, 24, 1)  # certified under the revision held
