@@ -11,7 +11,7 @@ MNIST_SHA256 := 0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d
 .PHONY: setup services demo test test-fast test-slow test-python test-python-fast test-python-slow test-browser lint \
 	bench attack-suite clean
 
-setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed var/kernels/kernels.wasm /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl /usr/bin/turnserver services
+setup: $(VENV)/.installed node_modules/.installed var/pyodide/.installed var/kernels/kernels.wasm var/kernels/kernels-fma.wasm /usr/bin/chromium /usr/sbin/nginx /usr/bin/wrk /usr/bin/openssl /usr/bin/turnserver services
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ node_modules/.installed: package.json package-lock.json
 
 var/kernels/kernels.wasm: node_modules/.installed browser_peer/kernels/kernels.wat tools/build_kernels.mjs
 	node tools/build_kernels.mjs browser_peer/kernels/kernels.wat $@
+
+var/kernels/kernels-fma.wasm: node_modules/.installed browser_peer/kernels/kernels.wat tools/build_kernels.mjs
+	node tools/build_kernels.mjs --fma browser_peer/kernels/kernels.wat $@
 
 var/pyodide/.installed: node_modules/.installed $(VENV)/.installed tools/pyodide_runtime.py
 	$(PY) -m tools pyodide-runtime --out var/pyodide --wheels $(WHEELS)

@@ -175,8 +175,8 @@ def linked_backend() -> Backend:
     ``{exports, path}``, exports null where it did not), else the fastest without them; its name says
     which, and why not the kernels."""
     linked = js.dtnKernels
-    if linked.exports is not None:
-        return fastest_backend(Kernels(linked.exports))
+    if linked.exports is not None:  # named by the build linked: wasm-simd, or wasm-simd-fma (decision 0052)
+        return dataclasses.replace(fastest_backend(Kernels(linked.exports)), name=str(linked.path))
     backend = fastest_backend()
     return dataclasses.replace(backend, name=f"{backend.name} ({linked.path})")
 

@@ -1,8 +1,8 @@
 """What a browser tab loads to become a peer, each under a content-addressed URL cached for a year.
 
 ``PeerBundle``: the peer's Python code as one zip (``protocol/`` + ``browser_peer/``), and the
-trainer's WebAssembly kernels where they are built (``var/kernels/kernels.wasm``, ``make setup``; the
-page trains without them otherwise), built at start-up, deterministic (sorted names, fixed timestamps),
+trainer's WebAssembly kernels where they are built (``var/kernels/kernels.wasm`` and
+``kernels-fma.wasm``, ``make setup``; the page trains without them otherwise), built at start-up, deterministic (sorted names, fixed timestamps),
 so its content id changes only when the code does. ``PyodideRuntime``: the self-hosted Pyodide directory (``python -m tools pyodide-runtime``),
 its id computed over every file's name and sha256 (listed too, so the page's Service Worker checks
 each file it keeps). Both are served under a URL that holds their id
@@ -32,7 +32,10 @@ __all__ = ["ImmutableFiles", "PeerBundle", "PyodideRuntime", "router"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "browser_peer")
-KERNELS = ("var/kernels/kernels.wasm", "browser_peer/kernels/kernels.wasm")  # built file, its name in the bundle
+# each built kernels file (SIMD128, and with relaxed SIMD's fused multiply-add) and its name in the bundle
+KERNELS = tuple(
+    (f"var/kernels/{name}", f"browser_peer/kernels/{name}") for name in ("kernels.wasm", "kernels-fma.wasm")
+)
 URL_ID_HEX = 32  # 128 bits of the sha256 in URLs
 
 router = APIRouter(tags=["browser"])
@@ -50,8 +53,7 @@ class PeerBundle:
             for package in PACKAGES
             for path in sorted((root / package).rglob("*.py"))
         ]
-        built, name = root / KERNELS[0], KERNELS[1]
-        files += [(built, name)] if built.is_file() else []
+        files += [(root / built, name) for built, name in KERNELS if (root / built).is_file()]
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
             for path, name in files:
                 info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))

@@ -175,8 +175,10 @@ const offlineReady = serviceWorkerInControl();
 
 function makeWorker() {
   // the worker starts loading the runtime as soon as it exists (static/worker.js)
-  // `?kernels=off` on the page trains without the WebAssembly kernels (benchmarks/browser.spec.ts)
-  const worker = new Worker(`/static/worker.js${params.get("kernels") === "off" ? "?kernels=off" : ""}`);
+  // `?kernels=off` on the page trains without the WebAssembly kernels (benchmarks/browser.spec.ts),
+  // `?kernels=wasm-simd` with the build that fuses no multiply-add (static/worker.js)
+  const kernels = params.get("kernels");
+  const worker = new Worker(`/static/worker.js${kernels ? `?kernels=${encodeURIComponent(kernels)}` : ""}`);
   const sharing = new HeadSharing((message) => worker.postMessage(message)); // heads from and to other tabs
   state.heads = sharing.stats;
   worker.onmessage = (event) => {

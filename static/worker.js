@@ -34,22 +34,36 @@ const runtime = (async () => {
 // into Pyodide's own memory so that they work on NumPy arrays in place: {exports, path}, exports null
 // (the trainer keeps its NumPy path) without WebAssembly SIMD, with no kernels or an incomplete build on
 // the edge, where linking fails, or with `?kernels=off` on this script's URL (the benchmark's baseline).
+// Where WebAssembly has relaxed SIMD, the build whose multiply-adds are fused (decision 0052) comes first;
+// `?kernels=wasm-simd` (or `wasm-simd-fma`) asks for one build.
 // i8x16.popcnt(i8x16.splat(0)) as a function: valid only where WebAssembly has SIMD128
 const SIMD_PROBE = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 10, 1, 8, 0, 65, 0, 253, 15, 253, 98, 11]);
-const KERNELS_FILE = "/home/pyodide/peer/browser_peer/kernels/kernels.wasm";
+// (v) => f32x4.relaxed_madd(v, v, v): valid only where WebAssembly has relaxed SIMD
+const FMA_PROBE = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 6, 1, 96, 1, 123, 1, 123, 3, 2, 1, 0, 10, 13, 1, 11, 0, 32, 0, 32, 0, 32, 0, 253, 133, 2, 11]);
+const KERNELS_DIR = "/home/pyodide/peer/browser_peer/kernels";
+const KERNEL_BUILDS = [
+  { file: "kernels-fma.wasm", path: "wasm-simd-fma", probe: FMA_PROBE },
+  { file: "kernels.wasm", path: "wasm-simd", probe: SIMD_PROBE },
+];
 const KERNEL_EXPORTS = ["gemm_nn", "gemm_nt", "adam"]; // what browser_peer/kernels calls
 
 function linkKernels(pyodide) {
-  if (new URLSearchParams(self.location.search).get("kernels") === "off") return { exports: null, path: "kernels off" };
+  const asked = new URLSearchParams(self.location.search).get("kernels"); // "off", or one build's path
+  if (asked === "off") return { exports: null, path: "kernels off" };
   if (!WebAssembly.validate(SIMD_PROBE)) return { exports: null, path: "no WebAssembly SIMD" };
-  if (!pyodide.FS.analyzePath(KERNELS_FILE).exists) return { exports: null, path: "no kernels on this edge" };
+  const builds = KERNEL_BUILDS.filter(
+    ({ file, path, probe }) =>
+      (!asked || asked === path) && WebAssembly.validate(probe) && pyodide.FS.analyzePath(`${KERNELS_DIR}/${file}`).exists,
+  );
+  if (!builds.length) return { exports: null, path: "no kernels on this edge" };
+  const { file, path } = builds[0];
   try {
-    const bytes = pyodide.FS.readFile(KERNELS_FILE);
+    const bytes = pyodide.FS.readFile(`${KERNELS_DIR}/${file}`);
     const options = { loadAsync: false, global: false, nodelete: true };
     const exports = pyodide._module.loadWebAssemblyModule(bytes, options, "dtn_kernels", {}, 0);
     const missing = KERNEL_EXPORTS.filter((name) => typeof exports[name] !== "function");
     if (missing.length) return { exports: null, path: `kernels without ${missing.join(", ")} (an old build?)` };
-    return { exports, path: "wasm-simd" };
+    return { exports, path };
   } catch (error) {
     return { exports: null, path: `kernels not linked: ${error}` };
   }

@@ -1,9 +1,11 @@
 """The WebAssembly SIMD kernels (browser_peer/kernels/kernels.wat, built by ``make
-var/kernels/kernels.wasm``) agree with NumPy: the GEMMs in the layouts a dense layer's forward,
-weight gradient and input gradient use, and the fused Adam update, run in Node on one shared linear memory."""
+var/kernels/kernels.wasm`` and, with relaxed SIMD's fused multiply-adds, ``kernels-fma.wasm``) agree
+with NumPy, each build: the GEMMs in the layouts a dense layer's forward, weight gradient and input
+gradient use, and the fused Adam update, run in Node on one shared linear memory."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -20,37 +22,50 @@ from server.peer_runtime import PeerBundle
 
 from .conftest import REPO
 
-KERNELS = REPO / "var" / "kernels" / "kernels.wasm"
+BUILDS = ("kernels.wasm", "kernels-fma.wasm")
 HARNESS = Path(__file__).with_name("wasm_kernels_harness.mjs")
 ON_PYODIDE = Path(__file__).with_name("wasm_kernels_pyodide.mjs")
 
 pytestmark = pytest.mark.slow  # starts Node
 
 
-def _need_kernels() -> None:
-    if not KERNELS.exists():
-        message = f"{KERNELS} is missing (make var/kernels/kernels.wasm)"
+@pytest.fixture(params=BUILDS)
+def kernels(request: pytest.FixtureRequest) -> Path:
+    """Each build of the kernels, built (``make setup``)."""
+    built = REPO / "var" / "kernels" / request.param
+    if not built.exists():
+        message = f"{built} is missing (make var/kernels/{request.param})"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+    return built
 
 
-def _run(tmp_path: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]) -> dict[str, np.ndarray]:
-    _need_kernels()
+@functools.cache
+def _node() -> list[str]:
+    """Node, with relaxed SIMD on where this V8 has it behind a flag (Node 20; Chromium has it on)."""
     node = shutil.which("node")
     assert node, "node is required"
+    options = subprocess.run([node, "--v8-options"], capture_output=True, text=True, check=True).stdout
+    flag = "--experimental-wasm-relaxed-simd"
+    return [node, flag] if flag in options else [node]
+
+
+def _run(
+    tmp_path: Path, kernels: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]
+) -> dict[str, np.ndarray]:
     for name, array in arrays.items():
         (tmp_path / f"{name}.f32").write_bytes(np.ascontiguousarray(array, dtype=np.float32).tobytes())
     job = {"arrays": {name: int(array.size) for name, array in arrays.items()}, "calls": calls}
     (tmp_path / "job.json").write_text(json.dumps(job))
-    subprocess.run([node, str(HARNESS), str(KERNELS), str(tmp_path)], check=True, timeout=60)
+    subprocess.run([*_node(), str(HARNESS), str(kernels), str(tmp_path)], check=True, timeout=60)
     return {
         name: np.frombuffer((tmp_path / f"{name}.out.f32").read_bytes(), dtype=np.float32).reshape(array.shape)
         for name, array in arrays.items()
     }
 
 
-def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
+def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path, kernels: Path) -> None:
     rng = np.random.default_rng(0)
     m, k, n = 37, 29, 23  # odd sizes: the SIMD body and the scalar tail both run
     x = rng.standard_normal((m, k), dtype=np.float32)
@@ -60,6 +75,7 @@ def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
     dw = np.full((k, n), 7.0, np.float32)
     out = _run(
         tmp_path,
+        kernels,
         {"x": x, "w": w, "dy": dy, "y": y, "dw": dw},
         [
             # y = x @ w
@@ -72,7 +88,7 @@ def test_gemm_matches_numpy_forward_and_weight_gradient(tmp_path: Path) -> None:
     np.testing.assert_allclose(out["dw"], 7.0 + x.T @ dy, rtol=1e-5, atol=1e-4)
 
 
-def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path) -> None:
+def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path, kernels: Path) -> None:
     rng = np.random.default_rng(3)
     m, k, n = 37, 29, 23  # dot products of 23 (5 SIMD steps and a tail of 3) into 29 columns
     dy = rng.standard_normal((m, n), dtype=np.float32)
@@ -82,6 +98,7 @@ def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path) -> None:
     part = np.full((m, 17), np.nan, np.float32)
     out = _run(
         tmp_path,
+        kernels,
         {"dy": dy, "w": w, "dx": dx, "part": part},
         [
             # dx = dy @ w.T
@@ -93,14 +110,16 @@ def test_gemm_nt_matches_numpy_input_gradient(tmp_path: Path) -> None:
     np.testing.assert_allclose(out["part"], dy[:, :19] @ w[:17, :19].T, rtol=1e-5, atol=1e-4)
 
 
-def test_adam_matches_numpy(tmp_path: Path) -> None:
+def test_adam_matches_numpy(tmp_path: Path, kernels: Path) -> None:
     rng = np.random.default_rng(1)
     size = 103
     p, g = rng.standard_normal(size, dtype=np.float32), rng.standard_normal(size, dtype=np.float32)
     m, v = rng.standard_normal(size, dtype=np.float32), rng.random(size, dtype=np.float32)
     b1, b2, eps, lr, t = 0.9, 0.999, 1e-8, 1e-3, 3
     step = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
-    out = _run(tmp_path, {"p": p, "g": g, "m": m, "v": v}, [["adam", [size, "p", "g", "m", "v", b1, b2, eps, step]]])
+    out = _run(
+        tmp_path, kernels, {"p": p, "g": g, "m": m, "v": v}, [["adam", [size, "p", "g", "m", "v", b1, b2, eps, step]]]
+    )
     m_ref = b1 * m + (1 - b1) * g
     v_ref = b2 * v + (1 - b2) * g * g
     np.testing.assert_allclose(out["m"], m_ref, rtol=1e-6, atol=1e-6)
@@ -109,18 +128,15 @@ def test_adam_matches_numpy(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out["g"], g)
 
 
-def _on_pyodide(script: str, *bundle: str) -> dict[str, Any]:
-    """The JSON ``script`` (in tests/) ends with, run in Pyodide under Node with the kernels linked."""
-    _need_kernels()
-    node = shutil.which("node")
-    assert node, "node is required"
+def _on_pyodide(script: str, kernels: Path, *bundle: str) -> dict[str, Any]:
+    """The JSON ``script`` (in tests/) ends with, run in Pyodide under Node with ``kernels`` linked."""
     done = subprocess.run(
         [
-            node,
+            *_node(),
             str(ON_PYODIDE),
             str(REPO / "node_modules" / "pyodide" / "pyodide.mjs"),
             f"{REPO / 'var' / 'pyodide'}/",
-            str(KERNELS),
+            str(kernels),
             str(Path(__file__).with_name(script)),
             *bundle,
         ],
@@ -132,23 +148,23 @@ def _on_pyodide(script: str, *bundle: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_gemm_writes_numpy_arrays_in_pyodides_heap() -> None:
+def test_gemm_writes_numpy_arrays_in_pyodides_heap(kernels: Path) -> None:
     """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
-    result = _on_pyodide("wasm_kernels_on_heap.py")
+    result = _on_pyodide("wasm_kernels_on_heap.py", kernels)
     assert result["finite"]
     assert result["max_error"] <= 1e-4
 
 
-def test_trainer_with_kernels_matches_its_numpy_path_in_pyodide(tmp_path: Path) -> None:
+def test_trainer_with_kernels_matches_its_numpy_path_in_pyodide(tmp_path: Path, kernels: Path) -> None:
     """The browser trainer (from the peer bundle the edge serves, kernels included) takes the same
     steps with the kernels as on its NumPy path: an MLP and a small CNN (conv by im2col), 3 Adam steps
     from one head on one set of batches; every product and every Adam update ran in the kernels; and
     operands the kernels cannot take go to NumPy."""
     bundle = PeerBundle(REPO)
     with zipfile.ZipFile(io.BytesIO(bundle.data)) as archive:
-        assert archive.read("browser_peer/kernels/kernels.wasm") == KERNELS.read_bytes()
+        assert archive.read(f"browser_peer/kernels/{kernels.name}") == kernels.read_bytes()
     (tmp_path / "bundle.zip").write_bytes(bundle.data)
-    result = _on_pyodide("wasm_kernels_trainer.py", str(tmp_path / "bundle.zip"))
+    result = _on_pyodide("wasm_kernels_trainer.py", kernels, str(tmp_path / "bundle.zip"))
     # per step: the MLP's two dense layers forward and their weight gradients (gemm_nn), the second's
     # input gradient (gemm_nt), Adam on 4 tensors; the CNN's conv and dense alike, with the conv's input
     # gradient too (a reshape comes first)

@@ -1,18 +1,36 @@
 // Compiles the browser trainer's WebAssembly text kernels (SIMD128) to a binary with wabt, with a
 // leading `dylink.0` section (no data, no table) so that Pyodide's `loadWebAssemblyModule` links it
 // against Pyodide's own memory: the kernels then read NumPy arrays by address, without copies.
-// Usage: node tools/build_kernels.mjs <in.wat> <out.wasm>
+// With --fma, each multiply-add of a vector accumulator in the text, written
+// (f32x4.add (local.get $acc) (f32x4.mul (local.get $x) (local.get $y))), is compiled as relaxed SIMD's
+// (f32x4.relaxed_madd (local.get $x) (local.get $y) (local.get $acc)): one fused multiply-add where the
+// CPU has one (decision 0052). The build fails when the text has no such multiply-add to rewrite.
+// Usage: node tools/build_kernels.mjs [--fma] <in.wat> <out.wasm>
 import fs from 'node:fs';
 import path from 'node:path';
 import wabtFactory from 'wabt';
 
-const [source, target] = process.argv.slice(2);
+const args = process.argv.slice(2);
+const fma = args[0] === '--fma';
+const [source, target] = fma ? args.slice(1) : args;
 if (!source || !target) {
-  console.error('usage: node tools/build_kernels.mjs <in.wat> <out.wasm>');
+  console.error('usage: node tools/build_kernels.mjs [--fma] <in.wat> <out.wasm>');
   process.exit(2);
 }
+const MULTIPLY_ADD =
+  /\(f32x4\.add \(local\.get (\$\w+)\) \(f32x4\.mul (\(local\.get \$\w+\)) (\(local\.get \$\w+\))\)\)/g;
+let text = fs.readFileSync(source, 'utf8');
+if (fma) {
+  const sites = text.match(MULTIPLY_ADD)?.length ?? 0;
+  if (sites === 0) {
+    console.error(`${source}: no (f32x4.add (local.get $acc) (f32x4.mul ...)) to fuse`);
+    process.exit(1);
+  }
+  text = text.replace(MULTIPLY_ADD, '(f32x4.relaxed_madd $2 $3 (local.get $1))');
+  console.log(`${target}: ${sites} multiply-adds fused`);
+}
 const wabt = await wabtFactory();
-const module = wabt.parseWat(path.basename(source), fs.readFileSync(source, 'utf8'), { simd: true });
+const module = wabt.parseWat(path.basename(source), text, { simd: true, relaxed_simd: fma });
 module.validate();
 fs.mkdirSync(path.dirname(target), { recursive: true });
 const wasm = Buffer.from(module.toBinary({}).buffer);

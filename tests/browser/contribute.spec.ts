@@ -41,9 +41,10 @@ test("a browser window is trained in a worker, accepted by the validator, and sh
   const status = await page.evaluate(() => (window as any).dtn.status);
   expect(status.windows_done).toBeGreaterThanOrEqual(1);
   expect(status.samples_per_s).toBeGreaterThan(0);
-  // Chromium has WebAssembly SIMD: the worker linked the kernels and the trainer uses them (the page says so)
-  expect(status.compute).toBe("wasm-simd");
-  await expect(page.locator("#compute")).toHaveText("wasm-simd");
+  // Chromium has WebAssembly SIMD and relaxed SIMD: the worker linked the kernels' fused multiply-add
+  // build and the trainer uses it (the page says so)
+  expect(status.compute).toBe("wasm-simd-fma");
+  await expect(page.locator("#compute")).toHaveText("wasm-simd-fma");
   await expect(page.locator("#verdict")).toContainText("accepted");
   // the viewer shows the head that merged the browser's candidate
   await expect(page.locator(`.head[data-experiment="${EXPERIMENT}"]`)).not.toContainText("window 0 ", {
