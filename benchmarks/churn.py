@@ -3,12 +3,21 @@ the edge giving a leaver's undelivered leases back (decision 0048) saves the net
 
 Per run, a real network on this machine (``lab.stack``: edge, validator and ``--trainers`` native
 continuous trainers, each its own process) on the bench network (4 shards of 1,000 examples a lease, up
-to 16), and in this process ``--tabs`` browser tabs: the page's own peer (``browser_peer.BrowserPeer``)
-over ``lab.browser_host.NativeBridge`` (real relay, real HTTP, NumPy training; no Chromium), each in a
-thread of its own. A tab stays for a visit drawn uniformly from ``--visit-s`` after it opened, then
-closes wherever it is (its task cancelled: its relay connection goes mid-training, mid-upload or while
-it waits for a head), for good: ``--away-s`` later another visitor opens a tab in its place (a new
-identity, empty storage). Configurations, interleaved:
+to 16), and ``--tabs`` browser tabs, each a place a visitor's tab takes in turn, of a kind
+(``--tab-kind``):
+
+    peer       the page's own peer (``browser_peer.BrowserPeer``) in this process over
+               ``lab.browser_host.NativeBridge`` (real relay, real HTTP, NumPy training; no Chromium)
+    chromium   Debian's headless Chromium opening the edge's page with ``?contribute=1`` (Pyodide, the
+               kernels and the peer as a visitor gets them, one worker), a fresh profile each visit
+
+A tab stays for a visit drawn uniformly from ``--visit-s`` after it opened, then closes wherever it is
+(the peer's task cancelled, or Chromium killed: its relay connection goes mid-training, mid-upload or
+while it waits for a head), for good: ``--away-s`` later another visitor opens a tab in its place (a new
+identity, empty storage). With ``--link home`` the tabs sit in network namespaces behind
+``lab.links.HOME`` (20 Mbit/s down, 5 up, 60 ms, 1 % loss; the edge listens on the link's host end, the
+native trainers reach it there from the root namespace): a Chromium visitor downloads Pyodide over it
+first. Configurations, interleaved:
 
     given-back   the edge gives a leaver's undelivered leases back after ``lease_release_grace_s``
                  (its default)
@@ -21,7 +30,7 @@ tabs' candidates stored in the span and their closes; and the longest gap betwee
 spread (min–max) over ``--runs``; the ratio given-back / kept of the medians.
 
     python -m benchmarks.churn [--runs 3] [--seconds 60] [--trainers 1] [--tabs 2] [--visit-s 3 9]
-        [--away-s 1] [--out docs/results]
+        [--away-s 1] [--tab-kind peer|chromium] [--link loopback|home] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -30,8 +39,13 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +53,8 @@ from pathlib import Path
 
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge
+from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_problem
+from lab.links import HOME, HomeLink, LinkProfile, link_unsupported, placed
 from lab.stack import Fleet, LocalNetwork, free_port
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
@@ -55,6 +71,7 @@ from . import (
 )
 
 CONFIGS = {"given-back": (), "kept": ("--lease-release-grace-s", "3600")}
+LINKS: dict[str, LinkProfile | None] = {"loopback": None, "home": HOME}
 
 
 @dataclass(frozen=True)
@@ -68,8 +85,8 @@ class Run:
 
 
 class Tab(threading.Thread):
-    """A place for a tab, until ``stop``: each visit a ``BrowserPeer`` of a new visitor (its own identity
-    and storage), cancelled after its visit."""
+    """A place for a tab, until ``stop``: each visit a new visitor's tab (its own identity and storage),
+    closed after its visit (``visit``)."""
 
     def __init__(self, url: str, visit_s: tuple[float, float], away_s: float, rng: random.Random):
         super().__init__(daemon=True)
@@ -79,9 +96,22 @@ class Tab(threading.Thread):
 
     def run(self) -> None:
         while not self._stopping.is_set():
-            asyncio.run(self._visit(self.rng.uniform(*self.visit_s)))
+            self.visit(self.rng.uniform(*self.visit_s))
             self.closes += 1
             self._stopping.wait(self.away_s)
+
+    def visit(self, seconds: float) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
+class PeerTab(Tab):
+    """Each visit a ``BrowserPeer`` over ``NativeBridge``, its task cancelled after the visit."""
+
+    def visit(self, seconds: float) -> None:
+        asyncio.run(self._visit(seconds))
 
     async def _visit(self, seconds: float) -> None:
         bridge = NativeBridge()
@@ -93,20 +123,56 @@ class Tab(threading.Thread):
         finally:
             await bridge.aclose()
 
-    def stop(self) -> None:
-        self._stopping.set()
+
+class ChromiumTab(Tab):
+    """Each visit a headless Chromium with a fresh profile under ``root`` (inside ``link``'s namespace
+    when given) on the edge's contributing page, killed after the visit (no unload handler runs: the
+    edge learns it left from its relay connection alone)."""
+
+    def __init__(self, *args: object, root: Path, link: HomeLink | None) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.root, self.link = root, link
+
+    def visit(self, seconds: float) -> None:
+        profile = Path(tempfile.mkdtemp(prefix="tab-", dir=self.root))
+        argv = [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                f"{self.url}/?contribute=1&experiment={BENCH_EXPERIMENT}"]  # fmt: skip
+        with (self.root / "chromium.log").open("ab") as log:
+            chromium = subprocess.Popen(
+                self.link.argv(argv) if self.link else argv, stdout=log, stderr=log, start_new_session=True
+            )
+        try:
+            self._stopping.wait(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(chromium.pid, signal.SIGKILL)
+            chromium.wait()
+            shutil.rmtree(profile, ignore_errors=True)
 
 
 def run_once(local: LocalNetwork, root: Path, config: str, args: argparse.Namespace, seed: int) -> Run:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    with placed(LINKS[args.link], seed) as link:
+        return _run(local, root, config, args, seed, link)
+
+
+def _run(
+    local: LocalNetwork, root: Path, config: str, args: argparse.Namespace, seed: int, link: HomeLink | None
+) -> Run:
+    port, host = free_port(), link.host if link else "127.0.0.1"
+    url = f"http://{host}:{port}"
     edge = EdgeClient(url)
     names = [f"trainer-{i}" for i in range(args.trainers)]
     rng = random.Random(seed)
-    tabs = [Tab(url, tuple(args.visit_s), args.away_s, random.Random(rng.random())) for _ in range(args.tabs)]
+    visits = (url, tuple(args.visit_s), args.away_s)
+    tabs = [
+        ChromiumTab(*visits, random.Random(rng.random()), root=root, link=link)
+        if args.tab_kind == "chromium"
+        else PeerTab(*visits, random.Random(rng.random()))
+        for _ in range(args.tabs)
+    ]
     try:
         with Fleet(root) as fleet:
-            fleet.start_edge_and_validator(local, port, *CONFIGS[config])
+            fleet.start_edge_and_validator(local, port, *CONFIGS[config], host=host)
             for name in names:
                 fleet.start(name, [*local.trainer_argv(url, root / name), "--experiment", str(BENCH_EXPERIMENT)])
             while not all(published(root / name) for name in names):  # compiled, through a window each
@@ -126,9 +192,12 @@ def run_once(local: LocalNetwork, root: Path, config: str, args: argparse.Namesp
             tab_candidates = sum(
                 1 for c in edge.candidates(BENCH_EXPERIMENT) if c.peer_kind == "browser" and c.created_at_ms >= since_ms
             )
-            for tab in tabs:
-                tab.join(timeout=max(args.visit_s) + 10)
     finally:
+        for tab in tabs:  # a Chromium tab is killed at once; a peer's visit ends within its length
+            tab.stop()
+        for tab in tabs:
+            if tab.is_alive():
+                tab.join(timeout=max(args.visit_s) + 10)
         edge.close()
     print()
     samples = sum(b["trained_samples"] for b in after) - sum(b["trained_samples"] for b in before)
@@ -150,7 +219,14 @@ def main() -> None:
     parser.add_argument("--tabs", type=int, default=2)
     parser.add_argument("--visit-s", type=float, nargs=2, default=(3.0, 9.0))
     parser.add_argument("--away-s", type=float, default=1.0)
+    parser.add_argument("--tab-kind", choices=("peer", "chromium"), default="peer")
+    parser.add_argument("--link", choices=tuple(LINKS), default="loopback")
     args = parser.parse_args()
+    problem = (browser_problem() if args.tab_kind == "chromium" else None) or (
+        link_unsupported() if LINKS[args.link] else None
+    )
+    if problem is not None:
+        parser.exit(2, f"cannot run: {problem}\n")
     runs = interleaved(
         "churn",
         tuple(CONFIGS),
@@ -165,7 +241,8 @@ def main() -> None:
 
     fields = ("heads_per_min", "trainer_samples_per_s", "tab_candidates", "tab_closes", "longest_gap_s")
     lines = [
-        f"{args.trainers} native continuous trainer(s); {args.tabs} tabs, each closed after a visit of "
+        f"{args.trainers} native continuous trainer(s); {args.tabs} tabs ({args.tab_kind}, {args.link}), "
+        "each closed after a visit of "
         f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and replaced by a new visitor's {args.away_s:g} s later; "
         f"{args.seconds:g} s measured per run, {args.runs} runs",
         "",
@@ -183,7 +260,8 @@ def main() -> None:
     if args.out is not None:
         command = (
             f"python -m benchmarks.churn --runs {args.runs} --seconds {args.seconds:g} --trainers {args.trainers} "
-            f"--tabs {args.tabs} --visit-s {args.visit_s[0]:g} {args.visit_s[1]:g} --away-s {args.away_s:g}"
+            f"--tabs {args.tabs} --visit-s {args.visit_s[0]:g} {args.visit_s[1]:g} --away-s {args.away_s:g} "
+            f"--tab-kind {args.tab_kind} --link {args.link}"
         )
         print(f"wrote {write_result(args.out, 'churn', 'Liveness under churn', command, lines)}")
 

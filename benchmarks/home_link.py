@@ -31,18 +31,16 @@ loopback (and, for bytes, to direct), per peer kind, in the same run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lab.demo import CHROMIUM, CHROMIUM_FLAGS, browser_problem
 from lab.efficiency import utilization
-from lab.links import DIRECT, HOME, HomeLink, LinkProfile, link_unsupported
+from lab.links import DIRECT, HOME, LinkProfile, link_unsupported, placed
 from lab.stack import Fleet, LocalNetwork, free_port, prepare_network
 from native_peer.edge_client import EdgeClient
 from native_peer.storage import StorageConfig
@@ -74,15 +72,6 @@ def network(validator_key: bytes) -> NetworkManifest:
     demo = mnist_network(validator_key, "bench")
     [spec] = [s for s in demo.experiments if s.key == BASELINE]
     return replace(demo, experiments=(replace(spec, key=BENCH_EXPERIMENT),))
-
-
-@contextlib.contextmanager
-def placed(profile: LinkProfile | None, seed: int) -> Iterator[HomeLink | None]:
-    if profile is None:
-        yield None
-        return
-    with HomeLink(profile, seed=seed) as link:
-        yield link
 
 
 def peer_argv(peer: str, local: LocalNetwork, url: str, root: Path) -> list[str]:

@@ -38,13 +38,13 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["DIRECT", "HOME", "MAX_LINKS", "HomeLink", "LinkProfile", "link_unsupported"]
+__all__ = ["DIRECT", "HOME", "MAX_LINKS", "HomeLink", "LinkProfile", "link_unsupported", "placed"]
 
 MAX_LINKS = 16  # links at once on this machine: namespaces dtn-link-0 .. dtn-link-15
 MAX_QUEUED = 4096  # packets held per direction (delayed); beyond: lost, like a full router buffer
@@ -74,6 +74,16 @@ class LinkProfile:
 
 HOME = LinkProfile(down_mbit=20.0, up_mbit=5.0, rtt_ms=60.0, loss=0.01)  # issue #25's home connection
 DIRECT = LinkProfile(down_mbit=None, up_mbit=None, rtt_ms=0.0, loss=0.0)  # the same path, nothing emulated
+
+
+@contextlib.contextmanager
+def placed(profile: LinkProfile | None, seed: int) -> Iterator[HomeLink | None]:
+    """A ``HomeLink`` of ``profile`` for the block, or ``None`` (``profile`` ``None``: loopback)."""
+    if profile is None:
+        yield None
+        return
+    with HomeLink(profile, seed=seed) as link:
+        yield link
 
 
 def _capable(capability: int) -> bool:

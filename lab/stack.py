@@ -181,11 +181,13 @@ class Fleet:
             time.sleep(0.1)
         raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
-    def start_edge_and_validator(self, local: LocalNetwork, port: int, *edge_flags: str) -> None:
-        """``local``'s edge (``edge_flags`` added) on ``port`` of 127.0.0.1, then, once it answers, its
+    def start_edge_and_validator(
+        self, local: LocalNetwork, port: int, *edge_flags: str, host: str = "127.0.0.1"
+    ) -> None:
+        """``local``'s edge (``edge_flags`` added) on ``port`` of ``host``, then, once it answers, its
         validator."""
-        url = f"http://127.0.0.1:{port}"
-        self.start("edge", local.edge_argv(port, *edge_flags))
+        url = f"http://{host}:{port}"
+        self.start("edge", local.edge_argv(port, *edge_flags, "--host", host))
         self.wait_ready(f"{url}/healthz")
         self.start("validator", local.validator_argv(url))
 
