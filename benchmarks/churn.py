@@ -13,8 +13,9 @@ to 16), and ``--tabs`` browser tabs, each a place a visitor's tab takes in turn,
 
 A tab stays for a visit drawn uniformly from ``--visit-s`` after it opened, then closes wherever it is
 (the peer's task cancelled, or Chromium killed: its relay connection goes mid-training, mid-upload or
-while it waits for a head), for good: ``--away-s`` later another visitor opens a tab in its place (a new
-identity, empty storage). With ``--link home`` the tabs sit in network namespaces behind
+while it waits for a head): ``--away-s`` later a tab opens in its place, a new visitor's (a new
+identity, empty storage) for a peer, the same visitor's returning browser for Chromium (its cached
+runtime and identity kept). With ``--link home`` the tabs sit in network namespaces behind
 ``lab.links.HOME`` (20 Mbit/s down, 5 up, 60 ms, 1 % loss; the edge listens on the link's host end, the
 native trainers reach it there from the root namespace): a Chromium visitor downloads Pyodide over it
 first. Configurations, interleaved:
@@ -38,10 +39,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -85,8 +86,7 @@ class Run:
 
 
 class Tab(threading.Thread):
-    """A place for a tab, until ``stop``: each visit a new visitor's tab (its own identity and storage),
-    closed after its visit (``visit``)."""
+    """A place for a tab, until ``stop``: a tab each visit, closed after it (``visit``)."""
 
     def __init__(self, url: str, visit_s: tuple[float, float], away_s: float, rng: random.Random):
         super().__init__(daemon=True)
@@ -125,21 +125,27 @@ class PeerTab(Tab):
 
 
 class ChromiumTab(Tab):
-    """Each visit a headless Chromium with a fresh profile under ``root`` (inside ``link``'s namespace
-    when given) on the edge's contributing page, killed after the visit (no unload handler runs: the
-    edge learns it left from its relay connection alone)."""
+    """Each visit a headless Chromium (inside ``link``'s namespace when given) on the edge's
+    contributing page, killed after the visit (no unload handler runs: the edge learns it left from its
+    relay connection alone). A place is one visitor who comes back: its profile under ``root`` (the
+    runtime its Service Worker cached, its identity) outlives each visit, as a returning contributor's
+    browser keeps them; a first visit downloads the runtime over the link."""
 
     def __init__(self, *args: object, root: Path, link: HomeLink | None) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self.root, self.link = root, link
+        self.profile = Path(tempfile.mkdtemp(prefix="tab-", dir=root))
 
     def visit(self, seconds: float) -> None:
-        profile = Path(tempfile.mkdtemp(prefix="tab-", dir=self.root))
-        argv = [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+        argv = [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
                 f"{self.url}/?contribute=1&experiment={BENCH_EXPERIMENT}"]  # fmt: skip
         with (self.root / "chromium.log").open("ab") as log:
             chromium = subprocess.Popen(
-                self.link.argv(argv) if self.link else argv, stdout=log, stderr=log, start_new_session=True
+                self.link.argv(argv) if self.link else argv,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_killed_with_parent,
             )
         try:
             self._stopping.wait(seconds)
@@ -147,7 +153,12 @@ class ChromiumTab(Tab):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(chromium.pid, signal.SIGKILL)
             chromium.wait()
-            shutil.rmtree(profile, ignore_errors=True)
+
+
+def _killed_with_parent() -> None:
+    """In a child before it runs its program: SIGKILL when this benchmark's process ends, however."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def run_once(local: LocalNetwork, root: Path, config: str, args: argparse.Namespace, seed: int) -> Run:
@@ -243,7 +254,8 @@ def main() -> None:
     lines = [
         f"{args.trainers} native continuous trainer(s); {args.tabs} tabs ({args.tab_kind}, {args.link}), "
         "each closed after a visit of "
-        f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and replaced by a new visitor's {args.away_s:g} s later; "
+        f"{args.visit_s[0]:g}–{args.visit_s[1]:g} s and opened again {args.away_s:g} s later "
+        f"({'the same visitor, returning' if args.tab_kind == 'chromium' else 'a new visitor'}); "
         f"{args.seconds:g} s measured per run, {args.runs} runs",
         "",
         "| edge | heads / min | native samples / s | tab candidates | tab closes | longest gap between heads, s |",
