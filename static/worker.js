@@ -51,22 +51,25 @@ function linkKernels(pyodide) {
   const asked = new URLSearchParams(self.location.search).get("kernels"); // "off", or one build's path
   if (asked === "off") return { exports: null, path: "kernels off" };
   if (!WebAssembly.validate(SIMD_PROBE)) return { exports: null, path: "no WebAssembly SIMD" };
-  const builds = KERNEL_BUILDS.filter(
-    ({ file, path, probe }) =>
-      (!asked || asked === path) && WebAssembly.validate(probe) && pyodide.FS.analyzePath(`${KERNELS_DIR}/${file}`).exists,
+  const asking = KERNEL_BUILDS.filter(({ path }) => !asked || asked === path);
+  if (!asking.length) return { exports: null, path: `no kernels build ${asked}` };
+  const builds = asking.filter(
+    ({ file, probe }) => WebAssembly.validate(probe) && pyodide.FS.analyzePath(`${KERNELS_DIR}/${file}`).exists,
   );
-  if (!builds.length) return { exports: null, path: "no kernels on this edge" };
-  const { file, path } = builds[0];
-  try {
-    const bytes = pyodide.FS.readFile(`${KERNELS_DIR}/${file}`);
-    const options = { loadAsync: false, global: false, nodelete: true };
-    const exports = pyodide._module.loadWebAssemblyModule(bytes, options, "dtn_kernels", {}, 0);
-    const missing = KERNEL_EXPORTS.filter((name) => typeof exports[name] !== "function");
-    if (missing.length) return { exports: null, path: `kernels without ${missing.join(", ")} (an old build?)` };
-    return { exports, path };
-  } catch (error) {
-    return { exports: null, path: `kernels not linked: ${error}` };
+  let failed = { exports: null, path: "no kernels on this edge" };
+  for (const { file, path } of builds) { // the first build that links; why the last one did not, else
+    try {
+      const bytes = pyodide.FS.readFile(`${KERNELS_DIR}/${file}`);
+      const options = { loadAsync: false, global: false, nodelete: true };
+      const exports = pyodide._module.loadWebAssemblyModule(bytes, options, `dtn_${path}`, {}, 0);
+      const missing = KERNEL_EXPORTS.filter((name) => typeof exports[name] !== "function");
+      if (!missing.length) return { exports, path };
+      failed = { exports: null, path: `kernels without ${missing.join(", ")} (an old build?)` };
+    } catch (error) {
+      failed = { exports: null, path: `kernels not linked: ${error}` };
+    }
   }
+  return failed;
 }
 
 async function fetchVerified({ url, id }) {
