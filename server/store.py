@@ -125,6 +125,10 @@ def _same_revision(run: Run, revision: int, what: str) -> None:
         )
 
 
+def _run_state(text: object) -> RunState:
+    return RunState.from_wire(json.loads(str(text)))
+
+
 def _candidate(text: object) -> Candidate:
     return Candidate.from_wire(json.loads(str(text)))
 
@@ -769,7 +773,7 @@ class EdgeStore:
         with self._db.transaction() as run:
             _same_revision(run, revision, f"run-control order {order.sequence}")
             row = run("SELECT state FROM run_states WHERE experiment = ?", order.experiment).fetchone()
-            state = RunState() if row is None else RunState.from_wire(json.loads(str(row[0])))
+            state = RunState() if row is None else _run_state(row[0])
             if (refusal := state.refusal(order)) is not None:
                 raise Conflict(refusal)
             state = state.after(order)
@@ -787,7 +791,7 @@ class EdgeStore:
     def run_state(self, experiment: ExperimentKey) -> RunState:
         """What the orders applied to ``experiment`` leave (running, when none was)."""
         rows = self._db.query("SELECT state FROM run_states WHERE experiment = ?", experiment)
-        return RunState.from_wire(json.loads(str(rows[0][0]))) if rows else RunState()
+        return _run_state(rows[0][0]) if rows else RunState()
 
     def run_orders(self, experiment: ExperimentKey) -> list[tuple[SignedRunControl, int]]:
         """The orders applied to ``experiment``, in sequence, each with when this store applied it."""
@@ -818,7 +822,7 @@ class EdgeStore:
                     head = _head(descriptor)
                     lineages.setdefault(head.experiment, []).append(head)
                 sequences = {
-                    ExperimentKey.parse(str(key)): RunState.from_wire(json.loads(str(state))).sequence
+                    ExperimentKey.parse(str(key)): _run_state(state).sequence
                     for key, state in run("SELECT experiment, state FROM run_states").fetchall()
                 }
                 if (reason := refusal(lineages, sequences)) is not None:
