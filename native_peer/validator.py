@@ -1172,6 +1172,7 @@ class Validator:
             log.warning("the edge signs with a new key (a replaced edge); network %s re-read", self.network.network_id)
             self._followed.clear()
         if self.network.revision != before.revision and self.retired is None:
+            self._drop_retired_proposals()
             for spec in self.network.experiments:
                 if spec.model.name not in self.learners:
                     try:
@@ -1181,6 +1182,17 @@ class Validator:
                         continue
                     self._evaluators[spec.model.name] = Evaluator(learner)
             self.sign_network()
+
+    def _drop_retired_proposals(self) -> None:
+        """Drop the open decisions on heads whose proposer the network no longer lists (a revision
+        retired it): no edge certifies such a head, so an attestation of it is never published."""
+        keys = self.network.validator_key_set
+        retired = [head_id for head_id, d in self.state.decisions.items() if d.head.validator_key not in keys]
+        for head_id in retired:
+            log.info("head %s: its proposer left the network in revision %d", head_id[:19], self.network.revision)
+            del self.state.decisions[head_id]
+        if retired:
+            self.state.save(self._state_path)
 
     def _signed_by_edge(self, lease: Lease) -> None:
         """Follow the edge's key (``_follow_network``) when ``lease`` is not signed by the known one; a

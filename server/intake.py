@@ -248,7 +248,11 @@ async def accept_head(
         _on_current(state, head.experiment, head.parent, current)
         if head.outer_state is not None and not state.blobs.exists(head.outer_state):
             raise Conflict(f"the outer state {head.outer_state} this head names is not stored; upload it first")
-        if inline or state.store.proposal(head.experiment, head.head_id) is None:  # staged again: stored
+        stored = state.store.proposal(head.experiment, head.head_id)
+        if stored is not None and stored.validator_key not in state.network.validator_key_set:
+            # proposed by a validator a revision retired: a listed validator that computed the same head takes it over
+            state.store.take_over_proposal(head, stored.validator_key)
+        elif inline or stored is None:  # staged again: stored
             _within_proposals(state, head)
             artifact = await _artifact(state, inline, head.experiment, head.head_id)
             _charge(state, head, head.head_id, len(artifact))
@@ -280,6 +284,11 @@ def accept_attestation(state: EdgeState, value: object, *, route: ExperimentKey)
         if current is not None and current.head_id == attestation.head_id:
             return current, True  # certified already; one more voice changes nothing
         raise NotFound(f"no proposed head {attestation.head_id}")
+    if head.validator_key not in state.network.validator_key_set:  # a revision retired it while it waited
+        raise Conflict(
+            f"head {attestation.head_id} was proposed by {b64encode(head.validator_key)}, whom network revision"
+            f" {state.network.revision} does not list: it can never be certified"
+        )
     if not attestation.attests(head):
         state.metrics.quorum_conflicts.inc()
         state.hub.publish(head.experiment, "quorum", _quorum_event("disputed", head, [], attestation.validator_key))

@@ -516,6 +516,21 @@ class EdgeStore:
             )
             return True
 
+    def take_over_proposal(self, head: HeadDescriptor, retired_key: bytes) -> bool:
+        """Keep ``head`` in place of the proposal of the same head that ``retired_key`` made (a validator
+        a revision retired, whose proposal can never be certified); the attestations received for that
+        head stay, as they name its content, not its proposer. False when that proposal is gone or
+        another proposer took it over meanwhile."""
+        with self._db.transaction() as run:
+            taken = run(
+                "UPDATE proposals SET validator_key = ?, descriptor = ?"
+                " WHERE experiment = ? AND head_id = ? AND validator_key = ?",
+                b64encode(head.validator_key),
+                json.dumps(replace(head, certificate=()).to_wire()),
+                *(head.experiment, head.head_id, b64encode(retired_key)),
+            )
+            return taken.rowcount == 1
+
     def proposed_by(self, experiment: ExperimentKey, parent: HeadId | None, validator_key: bytes) -> int:
         """How many heads ``validator_key`` proposed on top of ``parent`` (``None``: genesis)."""
         rows = self._db.query(

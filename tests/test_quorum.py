@@ -26,7 +26,7 @@ import pytest
 
 from lab.rogue import Rogue
 from native_peer import StorageConfig, Validator, ValidatorConfig
-from native_peer.edge_client import EdgeClient
+from native_peer.edge_client import EdgeClient, EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
 from native_peer.trainer import Trainer
@@ -45,11 +45,15 @@ from .support import edge_settings, metric, mnist_trainer
 Env = tuple[BackgroundEdge, NetworkManifest, list[Validator], ManualClock, Path]
 
 
-class ByzantineValidator(Validator):
-    """Proposes as soon as a window closes, and signs a merge other than the one it judged."""
+class EagerValidator(Validator):
+    """Proposes as soon as a window closes, whoever's turn it is."""
 
     def _turn(self, head: HeadDescriptor) -> int:
         return 0
+
+
+class ByzantineValidator(EagerValidator):
+    """Proposes as soon as a window closes, and signs a merge other than the one it judged."""
 
     def _judge(
         self, spec: ExperimentSpec, head: HeadDescriptor, window: Any, leases: Any = ()
@@ -233,6 +237,44 @@ def test_a_proposal_left_by_a_validator_a_revision_retired_holds_up_nothing(
     assert head.merged == (outcome.candidate_id,)
     assert head.signers(frozenset(k.public_key for k in keys)) == {keys[0].public_key, keys[3].public_key}
     assert left.head_id in {p.head_id for p in reader.proposals(spec.key, genesis.head_id)}  # still listed
+
+
+@pytest.mark.slow
+def test_a_head_a_retired_validator_proposed_is_taken_over_by_validators_the_revision_lists(
+    quorum_env: Env, dataset_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """A revision retires a validator whose honest proposal waits for an attestation: a validator that
+    attests it as the revision lands is told the head can never be certified (409, not a failed round),
+    and the validators of the revised network certify that same head as their own proposal."""
+    edge, _, _, _, root = quorum_env
+    first = _validator(quorum_env, 0, dataset_root=dataset_root)
+    leaving = _validator(quorum_env, 1, EagerValidator, dataset_root=dataset_root)
+    spec, genesis = _genesis(quorum_env, [first, leaving])
+    trainer = _trainer(quorum_env, "trainer")
+    reader = EdgeClient(edge.url)
+    for client in (trainer, reader):
+        request.addfinalizer(client.close)
+    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
+    leaving.poll(spec)
+    [left] = reader.proposals(spec.key, genesis.head_id)
+    keys = [NodeIdentity.load_or_create(root / f"validator-{i}" / "identity.key") for i in range(4)]
+    change = NetworkRevision.of(
+        reader.network(), 1_000, validator_keys=(keys[0].public_key, keys[3].public_key), heads={spec.key: genesis}
+    )
+    reader.submit_revision(SignedNetworkRevision.of(change, [keys[1], keys[2]]))
+    first.poll(spec)  # not following the revision yet: attests the head, which the edge refuses with the reason
+    assert first.state.decisions[left.head_id].attestation is not None and first.state.decisions[left.head_id].published
+    with pytest.raises(EdgeRequestError) as refused:
+        first.edge.publish_attestation(first.state.decisions[left.head_id].attestation)
+    assert refused.value.status == 409 and "can never be certified" in str(refused.value)
+    joining = _validator(quorum_env, 3, dataset_root=dataset_root)
+    for validator in (first, leaving, joining):
+        validator._follow_network()
+    assert left.head_id not in first.state.decisions  # its proposer retired: the decision is dropped
+    head = _next_head(quorum_env, [first, joining], spec, genesis.window)
+    assert head.head_id == left.head_id and head.merged == (outcome.candidate_id,)
+    assert head.validator_key in {keys[0].public_key, keys[3].public_key}
+    assert head.signers(frozenset(k.public_key for k in keys)) == {keys[0].public_key, keys[3].public_key}
 
 
 @pytest.mark.slow
