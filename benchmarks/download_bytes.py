@@ -7,13 +7,16 @@ fresh network per configuration and run, the configurations interleaved:
 
     before   every leased shard downloaded and every head whole, as tabs did before
              (``PeerConfig(shard_cache_bytes=0, head_deltas=False)``)
-    after    shards kept by content, heads as deltas from the head trained on (the defaults)
+    exact    shards kept by content, heads as exact deltas from the head trained on (the network's
+             heads off the grid: ``head_grid = "exact"``, decision 0019)
+    after    shards kept, heads on their parent's int8 grid and their deltas a byte a weight (the
+             defaults, the demo network's ``head_grid = "int8"``, decision 0053)
 
 Counted in the peer's host: every HTTP answer's body over the run, a shard's bytes as new the first time
 it comes and as again after that. Reported per configuration, median and spread (min–max) over
 ``--runs``, in MB a window: every byte, head bytes (whole or deltas), shards new, shards again; head
 bytes a window over one whole head; and after / before, of every byte and of what is not new data (heads
-and shards downloaded again: what the issue measured). The first head comes whole in both. A lone
+and shards downloaded again: what the issue measured), and after / exact. The first head comes whole in all. A lone
 peer's home is every shard, so ``after`` goes on downloading shards it never held, once each, until it
 holds all 37 (about 40 windows at 4 a lease): "shards new" falls towards zero with more windows.
 
@@ -26,18 +29,20 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from browser_peer.peer import BrowserPeer, PeerConfig
 from lab.browser_host import NativeBridge
 from lab.stack import prepare_network, validating
+from protocol.manifests import NetworkManifest
 from server.serve import BackgroundEdge
-from tools.networks import BASELINE
+from tools.networks import BASELINE, mnist_network
 
-CONFIGS = {
-    "before": {"shard_cache_bytes": 0, "head_deltas": False},
-    "after": {},
+CONFIGS = {  # name -> (the peer's options, the network's head grid)
+    "before": ({"shard_cache_bytes": 0, "head_deltas": False}, "int8"),
+    "exact": ({}, "exact"),
+    "after": ({}, "int8"),
 }
 
 
@@ -57,13 +62,20 @@ class Run:
 
 def one_run(config: str, windows_wanted: int, datasets: Path) -> Run:
     with tempfile.TemporaryDirectory(prefix="dtn-bytes-") as tmp:
-        stack = prepare_network(Path(tmp), datasets=datasets)
+        options, grid = CONFIGS[config]
+
+        def network(key: bytes) -> NetworkManifest:
+            demo = mnist_network(key)
+            return replace(demo, experiments=tuple(replace(spec, head_grid=grid) for spec in demo.experiments))
+
+        stack = prepare_network(Path(tmp), datasets=datasets, network=network)
         spec = stack.network.experiment(BASELINE)
         settings = stack.edge_settings(pyodide_dir=stack.root / "no-pyodide")
         with BackgroundEdge(settings) as edge, validating(stack, edge.url, [spec]):
             bridge = NativeBridge()
-            options = PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=windows_wanted, **CONFIGS[config])
-            peer = BrowserPeer(bridge, options)
+            peer = BrowserPeer(
+                bridge, PeerConfig(edge.url, BASELINE, b"\x49" * 32, max_windows=windows_wanted, **options)
+            )
 
             async def contribute() -> None:
                 await asyncio.wait_for(peer.run(), 600)
@@ -107,12 +119,14 @@ def main() -> None:
         ]
         ratio = statistics.median(r.per_window(r.heads) / r.head_bytes for r in done)
         print(f"{config:8}" + "".join(f"{_spread(p):>24}" for p in parts) + f"{ratio:>20.3f}")
-    for name, measure in (
-        ("every byte", lambda r: r.total),
-        ("heads and shards downloaded again", lambda r: r.heads + r.shards_again),
+    for baseline, name, measure in (
+        ("before", "every byte", lambda r: r.total),
+        ("before", "heads and shards downloaded again", lambda r: r.heads + r.shards_again),
+        ("exact", "every byte", lambda r: r.total),
+        ("exact", "heads", lambda r: r.heads),
     ):
-        ratios = [measure(a) / measure(b) for a, b in zip(by["after"], by["before"], strict=True)]
-        print(f"after / before, {name}: {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})")
+        ratios = [measure(a) / measure(b) for a, b in zip(by["after"], by[baseline], strict=True)]
+        print(f"after / {baseline}, {name}: {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})")
 
 
 if __name__ == "__main__":

@@ -815,6 +815,7 @@ class Validator:
             salt=salt,
             outer=spec.outer,
             momentum=self._outer_state(head),
+            grid=spec.head_grid,
         )
         if decision.merged is not None:
             steps = sum(c.steps for c in window if c.candidate_id in decision.accepted)

@@ -28,7 +28,8 @@ Pyodide) all import this package; it imports only the standard library and NumPy
     lease_work   a small proof of work per lease, bound to the peer and the head, where an experiment asks one
     batches      seeded batching of a window's examples
     shards       dataset shard encoding and verification
-    head_delta   heads as exact deltas from their parents: encode, apply and check by content id
+    head_delta   heads as deltas from their parents (exact, or on the int8 grid): encode, apply and check by content id
+    head_grid    heads on their parent's int8 grid: the validators' unbiased, deterministic snap of a window's step
     content_cache  what peers keep of downloaded shards: by content, verified on use, LRU within a byte cap
     aggregation  merge rules (FedAvg and robust aggregators)
     outer        the outer optimizer: FedAvg, or DiLoCo's Nesterov step with its momentum as lineage state

@@ -44,6 +44,7 @@ from .aggregation import (
     unflatten,
 )
 from .errors import ProtocolError
+from .head_grid import snap
 from .manifests import ExperimentSpec, FetchManifest
 from .messages import Candidate, HeadDescriptor, Lease
 from .model import Model, Params
@@ -242,6 +243,7 @@ def judge_window(
     salt: bytes = b"",
     outer: OuterOptimizer = FEDAVG,
     momentum: Vector | None = None,
+    grid: str = "exact",
 ) -> WindowDecision:
     """Screens for every submission, the merged parameters when the window promotes, the next trust book:
     ``admit`` → ``screen_updates`` → ``measure_alone`` → ``leave_one_out`` → ``promote`` (``outer_step``)
@@ -258,7 +260,7 @@ def judge_window(
     ``ValueError`` when it needs a reference the window lacks. ``salt`` breaks the robust rules' ties
     (``tie_keys``): the same at every validator, unknown to submitters until the window closes, never
     random. ``outer`` steps from ``base`` with ``momentum``, the state the base head names
-    (``protocol.outer``)."""
+    (``protocol.outer``), onto ``grid`` (``protocol.head_grid``: "int8" snaps the step, seeded by ``salt``)."""
     anchor = reference if reference is not None and policy.anchored else None
     rule = policy.merge_rule(anchor is not None)
     if rule in NEEDS_REFERENCE and anchor is None:
@@ -280,7 +282,7 @@ def judge_window(
     merged_metrics: dict[str, float] | None = None
     state = momentum  # a window that merges nothing leaves the outer state as it was
     if rows:
-        merged, merged_metrics, state = promote(merge, rows, outer, momentum, evaluate, base_metrics, policy)
+        merged, merged_metrics, state = promote(merge, rows, outer, momentum, evaluate, base_metrics, policy, grid)
         blocked = blocked_screens(base_metrics, merged_metrics, [trusted[i] for i in rows], marginal, policy)
         if blocked:
             screens.update(blocked)
@@ -476,13 +478,19 @@ def line_search(shares: Sequence[float], measure: Callable[[float], T], loss: Ca
 
 
 def outer_step(
-    merge: Merge, update: Vector, outer: OuterOptimizer, momentum: Vector | None, share: float = 1.0
+    merge: Merge,
+    update: Vector,
+    outer: OuterOptimizer,
+    momentum: Vector | None,
+    share: float = 1.0,
+    grid: str = "exact",
 ) -> tuple[Params, Vector | None]:
     """The merged parameters, ``outer``'s step from the merge's base with ``share`` × ``update`` (the
-    merge rule's, ``Merge.update``), and the next outer state (``protocol.outer``: FedAvg has none,
-    DiLoCo's Nesterov step carries ``momentum``)."""
+    merge rule's, ``Merge.update``), on ``grid`` (``protocol.head_grid``), and the next outer state
+    (``protocol.outer``: FedAvg has none, DiLoCo's Nesterov step carries ``momentum``)."""
     stepped, state = outer.step(merge.base, share * update, momentum)
-    return unflatten(merge.spec, stepped), state
+    params = unflatten(merge.spec, stepped)
+    return (snap(merge.base_params, params, merge.salt) if grid == "int8" else params), state
 
 
 def promote(
@@ -493,6 +501,7 @@ def promote(
     evaluate: Evaluate,
     base_metrics: Mapping[str, float],
     policy: ScreeningPolicy,
+    grid: str = "exact",
 ) -> tuple[Params, dict[str, float], Vector | None]:
     """The step the window proposes, its holdout metrics and the next outer state: ``outer_step`` at
     the share of ``policy.step_shares`` of the merge's update that ``line_search`` finds on the
@@ -506,7 +515,7 @@ def promote(
     update = merge.update(rows)  # the merge rule runs once; each share scales its update
 
     def measure(share: float) -> tuple[Params, dict[str, float], Vector | None]:
-        merged, state = outer_step(merge, update, outer, momentum, share)
+        merged, state = outer_step(merge, update, outer, momentum, share, grid)
         return merged, evaluate(merged), state
 
     return line_search(policy.step_shares, measure, lambda step: step[1]["loss"])[1]
@@ -577,8 +586,8 @@ class Merge:
         salt: bytes,
         reference: Mapping[str, np.ndarray] | None,
     ) -> None:
-        self.spec, self.policy, self.rule = spec, policy, AGGREGATORS[rule]
-        self.base = flatten(spec, base)
+        self.spec, self.policy, self.rule, self.salt = spec, policy, AGGREGATORS[rule], salt
+        self.base_params, self.base = base, flatten(spec, base)
         caps = dict(policy.max_examples_by_kind)
         # a delayed update counts as s(τ)·Δ (FedBuff's server step: the discount shrinks the update
         # itself, so a lone late update is discounted too, not only relative to the others)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InvalidMessage
 from .fields import read_bool, read_float, read_int, read_list, read_object, read_sha256_hex, read_str
+from .head_grid import GRIDS
 from .ids import DatasetId, ExperimentKey, HeadId, ShardId
 from .lease_work import MAX_LEASE_WORK_BITS
 from .messages import HeadDescriptor
@@ -178,6 +179,7 @@ class ExperimentSpec:
     lr_min_factor: float = 0.1
     anchor_every: int = 4  # the validator trains its own update on every this-many-th head (decision 0017)
     lease_work_bits: int = 0  # the proof of work a lease costs (``protocol.lease_work``); 0: none
+    head_grid: str = "exact"  # "int8": each head is its parent plus int8 steps (``protocol.head_grid``)
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -193,6 +195,8 @@ class ExperimentSpec:
             raise InvalidMessage("max_shards_per_lease must be at least shards_per_lease")
         if not 0 <= self.lease_work_bits <= MAX_LEASE_WORK_BITS:
             raise InvalidMessage(f"lease_work_bits {self.lease_work_bits} is not within [0, {MAX_LEASE_WORK_BITS}]")
+        if self.head_grid not in GRIDS:
+            raise InvalidMessage(f"unknown head grid {self.head_grid!r}; grids: {GRIDS}")
 
     @property
     def lease_bounds(self) -> tuple[int, int]:
@@ -286,6 +290,7 @@ class ExperimentSpec:
             lease_work_bits=read_int(d, "lease_work_bits", low=0, high=MAX_LEASE_WORK_BITS)
             if "lease_work_bits" in d
             else 0,
+            head_grid=read_str(d, "head_grid", max_len=8) if "head_grid" in d else "exact",
         )
 
 

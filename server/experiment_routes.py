@@ -144,8 +144,8 @@ async def head_delta(
     to the parent's artifact and check the result against ``head_id``), for a peer that holds the parent;
     immutable. 404 when ``from`` is not the head's parent, or the delta would be no smaller than the head:
     download the artifact then."""
-    state.experiment(key)
-    delta = await state.head_deltas.delta(state.store, state.blobs, key, HeadId(head_id), base)
+    grid = state.experiment(key).head_grid  # "int8": its heads are on their parents' grid (``protocol.head_grid``)
+    delta = await state.head_deltas.delta(state.store, state.blobs, key, HeadId(head_id), base, grid)
     response = conditional_get(request, delta.data, delta.delta_id, cache_control=IMMUTABLE)
     if request.method == "GET" and response.status_code == 200:
         state.metrics.head_delta_bytes.inc(len(delta.data))

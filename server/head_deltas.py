@@ -43,9 +43,10 @@ class HeadDeltas:
         self._making: dict[str, asyncio.Future[Delta]] = {}
 
     async def delta(
-        self, store: EdgeStore, blobs: Blobs, experiment: ExperimentKey, head_id: HeadId, base: str
+        self, store: EdgeStore, blobs: Blobs, experiment: ExperimentKey, head_id: HeadId, base: str, grid: str = "exact"
     ) -> Delta:
-        """Head ``head_id`` of ``experiment`` as a delta from ``base``; ``NotFound`` unless ``base`` is
+        """Head ``head_id`` of ``experiment`` as a delta from ``base`` (on the int8 grid where the
+        experiment's ``grid`` says so and the head is on it, else exact); ``NotFound`` unless ``base`` is
         its parent, both artifacts are here, and the delta is smaller than the head."""
         head = store.head(experiment, head_id)
         if head is None:
@@ -57,15 +58,15 @@ class HeadDeltas:
         elif head_id in self._making:
             delta = await asyncio.shield(self._making[head_id])
         else:
-            delta = await self._make(blobs, head_id, head.parent)
+            delta = await self._make(blobs, head_id, head.parent, grid)
         if len(delta.data) >= delta.head_bytes:
             raise NotFound(f"head {head_id}'s delta is no smaller than the head: download the head")
         return delta
 
-    async def _make(self, blobs: Blobs, head_id: HeadId, parent: HeadId) -> Delta:
+    async def _make(self, blobs: Blobs, head_id: HeadId, parent: HeadId, grid: str) -> Delta:
         making = self._making[head_id] = asyncio.get_running_loop().create_future()
         try:
-            delta = await asyncio.to_thread(_encode, blobs, head_id, parent)
+            delta = await asyncio.to_thread(_encode, blobs, head_id, parent, grid)
         except asyncio.CancelledError:
             making.cancel()
             raise
@@ -82,12 +83,12 @@ class HeadDeltas:
         return delta
 
 
-def _encode(blobs: Blobs, head_id: HeadId, parent: HeadId) -> Delta:
+def _encode(blobs: Blobs, head_id: HeadId, parent: HeadId, grid: str) -> Delta:
     if not (blobs.exists(head_id) and blobs.exists(parent)):
         raise NotFound(f"no artifact of head {head_id} or of its parent here")
     target = blobs.read(head_id)
     try:
-        data = encode_delta(blobs.read(parent), target)
+        data = encode_delta(blobs.read(parent), target, grid)
     except CodecError as exc:
         raise NotFound(f"head {head_id} has no delta from its parent: {exc}") from None
     return Delta(data, content_id(data), len(target))

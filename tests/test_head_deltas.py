@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,11 +19,12 @@ from native_peer.storage import StorageConfig
 from protocol.codec import decode_tensors, encode_tensors
 from protocol.errors import CodecError, IntegrityError, ProtocolError
 from protocol.hashing import content_id
-from protocol.head_delta import apply_delta, encode_delta
+from protocol.head_delta import FORMAT, GRID_FORMAT, apply_delta, encode_delta
+from protocol.head_grid import snap
 from protocol.model import init_params
 from server.serve import BackgroundEdge
 
-from .support import EXPERIMENT, SPEC, edge_settings, head_envelope, metric, write_network
+from .support import EXPERIMENT, SPEC, edge_settings, experiment_spec, head_envelope, metric, write_network
 
 BASE = f"/v1/experiments/{EXPERIMENT}"
 
@@ -153,6 +155,29 @@ def test_the_edge_serves_a_head_as_a_delta_from_its_parent_only(edge: Background
         assert http.get(f"{BASE}/heads/sha256:{'0' * 64}/delta", params={"from": parent}).status_code == 404
         assert http.get(f"{BASE}/heads/not-an-id/delta", params={"from": parent}).status_code == 400
         assert http.get(f"{BASE}/heads/{child}/delta").status_code == 400  # no base named
+
+
+def test_an_experiment_on_the_int8_grid_has_its_heads_served_as_a_quarter_of_a_head(
+    tmp_path: Path, dataset_root: Path
+) -> None:
+    write_network(tmp_path / "network.json", replace(experiment_spec(), head_grid="int8"))
+    genesis = init_params(SPEC, 0)
+    with (
+        BackgroundEdge(edge_settings(tmp_path, dataset_root)) as edge,
+        httpx.Client(base_url=edge.url, timeout=10) as http,
+    ):
+        parent = _promote(http, genesis, None, 0)
+        on_grid = _promote(http, snap(genesis, _stepped(genesis, 1), b"w1"), parent, 1)
+        off_grid = _promote(
+            http, _stepped(decode_tensors(http.get(f"/v1/artifacts/{on_grid}").content)[0], 2), on_grid, 2
+        )
+        for head_id, base, kind in ((on_grid, parent, GRID_FORMAT), (off_grid, on_grid, FORMAT)):
+            answer = http.get(f"{BASE}/heads/{head_id}/delta", params={"from": base})
+            assert answer.status_code == 200 and decode_tensors(answer.content)[1]["format"] == kind
+            artifact = http.get(f"/v1/artifacts/{head_id}").content
+            assert apply_delta(http.get(f"/v1/artifacts/{base}").content, base, answer.content, head_id) == artifact
+            if kind == GRID_FORMAT:
+                assert len(answer.content) <= 0.3 * len(artifact)
 
 
 def test_a_native_follower_rebuilds_heads_from_deltas(edge: BackgroundEdge, tmp_path: Path) -> None:

@@ -30,12 +30,13 @@ shards_per_lease = 3
 def _old_preset(key: bytes) -> NetworkManifest:
     """The demo's network as ``tools.networks`` wrote it in code before it became a file, but for the
     baseline's outer momentum (0.5 since windows overlap: docs/results/2026-12-pipeline.md) and its
-    lease bound (16 shards since continuous trainers size their leases: decision 0014)."""
+    lease bound (16 shards since continuous trainers size their leases: decision 0014), and both on the
+    int8 head grid (decision 0053)."""
 
     def spec(experiment: ExperimentKey, learning_rate: float) -> ExperimentSpec:
         return ExperimentSpec(
             experiment, DatasetId("mnist"), builtin_model("mnist-mlp"), learning_rate, 64, 1, 4,
-            min_candidates=1, window_timeout_s=30.0, screening="balanced",
+            min_candidates=1, window_timeout_s=30.0, screening="balanced", head_grid="int8",
         )  # fmt: skip
 
     baseline = replace(

@@ -30,6 +30,7 @@ from protocol.codec import decode_tensors, encode_tensors
 from protocol.envelope import pack_envelope
 from protocol.errors import InvalidMessage
 from protocol.hashing import content_id
+from protocol.head_grid import block_of, block_starts
 from protocol.ids import ContentId
 from protocol.judging import Submission, judge_window
 from protocol.manifests import ExperimentSpec
@@ -195,12 +196,18 @@ def test_a_quorum_runs_diloco_and_a_validator_without_its_disk_rejoins(tmp_path:
         params = [
             flatten(SPEC, decode_tensors(httpx.get(f"{edge.url}/v1/artifacts/{h.head_id}").content)[0]) for h in heads
         ]
-        # θ₁ = θ₀ − η(g + μ m₁), m₁ = μ m₀ + g: the momentum each head names is the one its step used
+        # θ₁ = θ₀ − η(g + μ m₁), m₁ = μ m₀ + g: the momentum each head names is the one its step used; the
+        # head is that step on the int8 grid (``protocol.head_grid``): within its block's 2^e < 2 max|step| / 127
+        assert nesterov.head_grid == "int8"
         previous = np.zeros(SPEC.num_params)
         rate, mu = nesterov.outer.learning_rate, nesterov.outer.momentum
+        starts = block_starts([int(np.prod(shape)) for shape in SPEC.shapes.values()])
         for before, after, momentum in zip(params[:-1], params[1:], momenta, strict=True):
             gradient = momentum - mu * previous
-            np.testing.assert_allclose(before - rate * (gradient + mu * momentum), after, atol=2e-5)
+            exact = before - rate * (gradient + mu * momentum)
+            quantum = 2 * np.maximum.reduceat(np.abs(exact - before), starts) / 127
+            assert (np.abs(after - exact) <= quantum[block_of(starts, len(before))] + 2e-5).all()
+            assert not np.allclose(after, exact, rtol=0, atol=1e-7)  # on the grid, not the exact step
             previous = momentum
 
 
