@@ -7,11 +7,12 @@ the network against a centralized loop, in one run.
                   trainers, each its own process (``lab.stack``), one experiment, until a head's test
                   accuracy (measured by the validator) reaches the target or time runs out
 
-Configurations ``<outer>-<trainers>-<codec>``: outer ∈ ``fedavg`` | ``diloco`` (the outer Nesterov
+Configurations ``<outer>-<trainers>-<codec>[-grid]``: outer ∈ ``fedavg`` | ``diloco`` (the outer Nesterov
 step at DiLoCo's 0.7 / 0.9) | ``diloco:<lr>:<momentum>``; trainers ∈ ``idle`` (they wait while a
 window is judged) | ``continuous`` (they train the next window's lease meanwhile, 4 shards a lease) |
 ``adaptive`` (continuous, sizing their leases up to ``ADAPTIVE_MAX_SHARDS``: ``protocol.lease_size``);
-codec ∈ fp32 | fp16 | int8. Defaults: ``fedavg-idle-fp32`` and ``diloco-continuous-int8``.
+codec ∈ fp32 | fp16 | int8; ``-grid``: heads on their parent's int8 grid (``head_grid = "int8"``,
+decision 0053), else exact. Defaults: ``fedavg-idle-fp32`` and ``diloco-continuous-int8``.
 
 Reported per configuration, median and spread (min–max) over ``--runs``: samples trained on until the
 target head — every example each trainer trained on before it (``trained_samples`` of its outcomes:
@@ -70,14 +71,21 @@ class Config:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     max_shards: int | None = None  # adaptive leases up to this many shards
+    head_grid: str = "exact"
 
     @classmethod
     def parse(cls, name: str) -> Config:
-        outer, trainers, codec = name.split("-")
+        outer, trainers, codec, *grid = name.split("-")
         kind, *numbers = outer.split(":")
-        if kind not in ("fedavg", "diloco") or len(numbers) not in (0, 2) or trainers not in TRAINER_MODES:
+        if (
+            kind not in ("fedavg", "diloco")
+            or len(numbers) not in (0, 2)
+            or trainers not in TRAINER_MODES
+            or grid not in ([], ["grid"])
+        ):
             raise SystemExit(
-                f"unknown configuration {name!r}: <fedavg|diloco[:lr:momentum]>-<idle|continuous|adaptive>-<codec>"
+                f"unknown configuration {name!r}:"
+                " <fedavg|diloco[:lr:momentum]>-<idle|continuous|adaptive>-<codec>[-grid]"
             )
         lr, momentum = (float(n) for n in numbers) if numbers else (0.7, 0.9)
         return cls(
@@ -88,6 +96,7 @@ class Config:
             lr,
             momentum,
             ADAPTIVE_MAX_SHARDS if trainers == "adaptive" else None,
+            "int8" if grid else "exact",
         )
 
 
@@ -145,6 +154,7 @@ def run_network(root: Path, datasets: Path, config: Config, trainers: int, targe
             outer_optimizer=config.outer,
             outer_learning_rate=config.outer_lr,
             outer_momentum=config.outer_momentum,
+            head_grid=config.head_grid,
         )
         return replace(manifest, experiments=(spec,))
 

@@ -119,7 +119,7 @@ def _grid_delta(
     step = after.astype(np.float64) - before.astype(np.float64)
     finite = np.isfinite(step)
     exponents = block_exponents(np.where(finite, step, 0.0), starts)
-    scaled = np.where(finite, step, 0.0) / np.ldexp(1.0, exponents.astype(np.int64))[block_of(starts, len(step))]
+    scaled = np.where(finite, step, 0.0) / np.ldexp(1.0, exponents.astype(np.int32))[block_of(starts, len(step))]
     q = np.clip(np.rint(scaled), -127, 127).astype(np.int8)
     off = np.flatnonzero(grid_step(before, q, exponents, starts).view("<u4") != new).astype(np.uint32)
     if len(off) > _MAX_EXCEPTIONS * len(new):
@@ -185,5 +185,5 @@ def _grid_words(tensors: dict[str, npt.NDArray[np.generic]], old: npt.NDArray[np
     if len(index) != len(kept) or len(index) > len(old) or (len(index) and int(index.max()) >= len(old)):
         raise CodecError("a grid delta's exceptions are out of bounds")
     words = grid_step(old.view("<f4"), q, exponents, starts).view("<u4").copy()
-    words[index] = kept
+    words[index.astype(np.intp)] = kept
     return words

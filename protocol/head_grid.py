@@ -31,24 +31,24 @@ MAX_Q = 127
 _MIN_EXPONENT, _MAX_EXPONENT = -149, 120  # 2^e a float32 (subnormal at the low end), 127 · 2^e finite
 
 
-def block_starts(sizes: Sequence[int]) -> npt.NDArray[np.int64]:
+def block_starts(sizes: Sequence[int]) -> npt.NDArray[np.intp]:
     """Where each block starts in the concatenation of tensors of ``sizes`` elements: blocks of
     ``BLOCK`` elements within a tensor, its last one shorter; an empty tensor has none."""
-    lengths = np.asarray(sizes, np.int64)
+    lengths = np.asarray(sizes, np.intp)
     counts = -(-lengths // BLOCK)  # blocks per tensor
     first = np.repeat(np.cumsum(counts) - counts, counts)  # each block's tensor's first block
-    within = np.arange(int(counts.sum()), dtype=np.int64) - first
-    starts: npt.NDArray[np.int64] = np.repeat(np.cumsum(lengths) - lengths, counts) + BLOCK * within
+    within = np.arange(int(counts.sum()), dtype=np.intp) - first
+    starts: npt.NDArray[np.intp] = np.repeat(np.cumsum(lengths) - lengths, counts) + BLOCK * within
     return starts
 
 
-def block_of(starts: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.int64]:
+def block_of(starts: npt.NDArray[np.intp], total: int) -> npt.NDArray[np.intp]:
     """Each element's block."""
     lengths = np.diff(np.append(starts, total))
     return np.repeat(np.arange(len(starts)), lengths)
 
 
-def block_exponents(step: npt.NDArray[np.float64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int16]:
+def block_exponents(step: npt.NDArray[np.float64], starts: npt.NDArray[np.intp]) -> npt.NDArray[np.int16]:
     """Per block, the smallest e with max |step| ≤ 127 · 2^e (the lowest for a block that stays)."""
     if not len(starts):
         return np.zeros(0, np.int16)
@@ -72,12 +72,12 @@ def _uniforms(count: int, seed: int) -> npt.NDArray[np.float64]:
 
 
 def _quantize(
-    step: npt.NDArray[np.float64], starts: npt.NDArray[np.int64], seed: int
+    step: npt.NDArray[np.float64], starts: npt.NDArray[np.intp], seed: int
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int16]]:
     """``step`` (finite) as q per element and e per block, q = ⌊step / 2^e + u⌋ with ``_uniforms``
     of ``seed``: E[q · 2^e] = step."""
     exponents = block_exponents(step, starts)
-    scaled = step / np.ldexp(1.0, exponents.astype(np.int64))[block_of(starts, len(step))]  # exact: 2^e
+    scaled = step / np.ldexp(1.0, exponents.astype(np.int32))[block_of(starts, len(step))]  # exact: 2^e
     q = np.floor(scaled + _uniforms(len(step), seed))
     return np.clip(q, -MAX_Q, MAX_Q).astype(np.int8), exponents
 
@@ -86,7 +86,7 @@ def grid_step(
     base: npt.NDArray[np.float32],
     q: npt.NDArray[np.int8],
     exponents: npt.NDArray[np.int16],
-    starts: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.intp],
 ) -> npt.NDArray[np.float32]:
     """base + q · 2^e in float32 arithmetic: q · 2^e is exact, the sum rounded once, the same everywhere
     (exponents past a float32's range are clipped to it)."""

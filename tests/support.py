@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -340,3 +343,35 @@ def measured_accuracies(
 
     found = until(f"test-split evaluations of windows {[h.window for h in heads]}", measured, timeout_s)
     return [found[h.head_id]["test_accuracy"] for h in heads]
+
+
+@functools.cache
+def node_command() -> list[str]:
+    """Node, with relaxed SIMD on where this V8 has it behind a flag (Node 20; Chromium has it on)."""
+    node = shutil.which("node")
+    assert node, "node is required"
+    options = subprocess.run([node, "--v8-options"], capture_output=True, text=True, check=True).stdout
+    flag = "--experimental-wasm-relaxed-simd"
+    return [node, flag] if flag in options else [node]
+
+
+def on_pyodide(script: str | Path, kernels: Path, *bundle: str) -> dict[str, Any]:
+    """The JSON ``script`` (a file name in tests/, or a path) ends with, run in Pyodide under Node with
+    ``kernels`` linked and, given a peer bundle, its code importable (``tests/wasm_kernels_pyodide.mjs``)."""
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            *node_command(),
+            str(Path(__file__).with_name("wasm_kernels_pyodide.mjs")),
+            str(repo / "node_modules" / "pyodide" / "pyodide.mjs"),
+            f"{repo / 'var' / 'pyodide'}/",
+            str(kernels),
+            str(Path(__file__).parent / script),
+            *bundle,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

@@ -4,7 +4,10 @@ quarter of the head that rebuilds it bit for bit, exceptions kept exactly, and t
 
 from __future__ import annotations
 
+import base64
+import zipfile
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +18,10 @@ from protocol.hashing import content_id
 from protocol.head_delta import FORMAT, GRID_FORMAT, apply_delta, encode_delta
 from protocol.head_grid import BLOCK, block_of, block_starts, snap
 from protocol.model import init_params
+from server.peer_runtime import PeerBundle
 
-from .support import SPEC
+from .conftest import REPO
+from .support import SPEC, on_pyodide
 
 
 def _adam_window(params: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
@@ -137,3 +142,31 @@ def test_blocks_stay_within_their_tensor() -> None:
     starts = block_starts([3, 0, BLOCK + 1])
     assert starts.tolist() == [0, 3, 3 + BLOCK]
     assert block_of(starts, 3 + BLOCK + 1).tolist() == [0, 0, 0] + [1] * BLOCK + [2]
+
+
+@pytest.mark.slow  # starts Node
+def test_a_tab_rebuilds_a_grid_head_and_snaps_alike_in_pyodide(tmp_path: Path) -> None:
+    """The peer bundle's code under Pyodide (32-bit NumPy in WebAssembly) rebuilds the head from the
+    grid delta made here, and snaps the same step to the same bytes as this machine."""
+    (tmp_path / "bundle.zip").write_bytes(PeerBundle(REPO).data)
+    with zipfile.ZipFile(tmp_path / "bundle.zip") as archive:
+        assert "protocol/head_grid.py" in archive.namelist()
+    delta = encode_delta(PARENT, CHILD, "int8")
+    given = {name: base64.b64encode(data).decode() for name, data in (("parent", PARENT), ("delta", delta))}
+    stepped = base64.b64encode(encode_tensors(STEPPED)).decode()
+    (tmp_path / "grid.py").write_text(
+        f"""
+import base64, json
+from protocol.codec import decode_tensors, encode_tensors
+from protocol.hashing import content_id
+from protocol.head_delta import apply_delta
+from protocol.head_grid import snap
+parent, delta = (base64.b64decode(s) for s in ({given["parent"]!r}, {given["delta"]!r}))
+rebuilt = apply_delta(parent, content_id(parent), delta, {content_id(CHILD)!r})
+genesis, stepped = decode_tensors(parent)[0], decode_tensors(base64.b64decode({stepped!r}))[0]
+json.dumps({{"rebuilt": content_id(rebuilt), "snapped": content_id(encode_tensors(snap(genesis, stepped, b"window 1"), {{"window": "1"}}))}})
+"""
+    )
+    kernels = REPO / "var" / "kernels" / "kernels.wasm"
+    result = on_pyodide(tmp_path / "grid.py", kernels, str(tmp_path / "bundle.zip"))
+    assert result == {"rebuilt": content_id(CHILD), "snapped": content_id(CHILD)}

@@ -5,15 +5,12 @@ gradient use, and the fused Adam update, run in Node on one shared linear memory
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
-import shutil
 import subprocess
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,10 +18,10 @@ import pytest
 from server.peer_runtime import PeerBundle
 
 from .conftest import REPO
+from .support import node_command, on_pyodide
 
 BUILDS = ("kernels.wasm", "kernels-fma.wasm")
 HARNESS = Path(__file__).with_name("wasm_kernels_harness.mjs")
-ON_PYODIDE = Path(__file__).with_name("wasm_kernels_pyodide.mjs")
 
 pytestmark = pytest.mark.slow  # starts Node
 
@@ -41,16 +38,6 @@ def kernels(request: pytest.FixtureRequest) -> Path:
     return built
 
 
-@functools.cache
-def _node() -> list[str]:
-    """Node, with relaxed SIMD on where this V8 has it behind a flag (Node 20; Chromium has it on)."""
-    node = shutil.which("node")
-    assert node, "node is required"
-    options = subprocess.run([node, "--v8-options"], capture_output=True, text=True, check=True).stdout
-    flag = "--experimental-wasm-relaxed-simd"
-    return [node, flag] if flag in options else [node]
-
-
 def _run(
     tmp_path: Path, kernels: Path, arrays: dict[str, np.ndarray], calls: list[list[object]]
 ) -> dict[str, np.ndarray]:
@@ -58,7 +45,7 @@ def _run(
         (tmp_path / f"{name}.f32").write_bytes(np.ascontiguousarray(array, dtype=np.float32).tobytes())
     job = {"arrays": {name: int(array.size) for name, array in arrays.items()}, "calls": calls}
     (tmp_path / "job.json").write_text(json.dumps(job))
-    subprocess.run([*_node(), str(HARNESS), str(kernels), str(tmp_path)], check=True, timeout=60)
+    subprocess.run([*node_command(), str(HARNESS), str(kernels), str(tmp_path)], check=True, timeout=60)
     return {
         name: np.frombuffer((tmp_path / f"{name}.out.f32").read_bytes(), dtype=np.float32).reshape(array.shape)
         for name, array in arrays.items()
@@ -128,29 +115,9 @@ def test_adam_matches_numpy(tmp_path: Path, kernels: Path) -> None:
     np.testing.assert_array_equal(out["g"], g)
 
 
-def _on_pyodide(script: str, kernels: Path, *bundle: str) -> dict[str, Any]:
-    """The JSON ``script`` (in tests/) ends with, run in Pyodide under Node with ``kernels`` linked."""
-    done = subprocess.run(
-        [
-            *_node(),
-            str(ON_PYODIDE),
-            str(REPO / "node_modules" / "pyodide" / "pyodide.mjs"),
-            f"{REPO / 'var' / 'pyodide'}/",
-            str(kernels),
-            str(Path(__file__).with_name(script)),
-            *bundle,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
 def test_gemm_writes_numpy_arrays_in_pyodides_heap(kernels: Path) -> None:
     """Linked by Pyodide's loader, the kernel reads and writes NumPy arrays by address: no copies."""
-    result = _on_pyodide("wasm_kernels_on_heap.py", kernels)
+    result = on_pyodide("wasm_kernels_on_heap.py", kernels)
     assert result["finite"]
     assert result["max_error"] <= 1e-4
 
@@ -164,7 +131,7 @@ def test_trainer_with_kernels_matches_its_numpy_path_in_pyodide(tmp_path: Path, 
     with zipfile.ZipFile(io.BytesIO(bundle.data)) as archive:
         assert archive.read(f"browser_peer/kernels/{kernels.name}") == kernels.read_bytes()
     (tmp_path / "bundle.zip").write_bytes(bundle.data)
-    result = _on_pyodide("wasm_kernels_trainer.py", kernels, str(tmp_path / "bundle.zip"))
+    result = on_pyodide("wasm_kernels_trainer.py", kernels, str(tmp_path / "bundle.zip"))
     # per step: the MLP's two dense layers forward and their weight gradients (gemm_nn), the second's
     # input gradient (gemm_nt), Adam on 4 tensors; the CNN's conv and dense alike, with the conv's input
     # gradient too (a reshape comes first)
