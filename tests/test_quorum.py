@@ -29,7 +29,7 @@ from native_peer import StorageConfig, Validator, ValidatorConfig
 from native_peer.edge_client import EdgeClient, EdgeRequestError
 from native_peer.identity import NodeIdentity
 from native_peer.mnist import mlp_learner
-from native_peer.trainer import Trainer
+from native_peer.trainer import Trainer, WindowOutcome
 from protocol.clock import ManualClock
 from protocol.errors import InvalidMessage, SignatureError
 from protocol.judging import WindowDecision
@@ -204,19 +204,20 @@ def test_a_byzantine_validators_head_never_becomes_canonical(quorum_env: Env, da
     trainer.close()
 
 
-@pytest.mark.slow
-def test_a_proposal_left_by_a_validator_a_revision_retired_holds_up_nothing(
-    quorum_env: Env, dataset_root: Path, request: pytest.FixtureRequest
-) -> None:
-    """A revision replaces validators while a window was being closed: the proposal a retired validator
-    left on the handover head stays listed, never to be certified. The validators of the revised network
-    pass it over (a validator that raised on it would stop validating every experiment) and certify the
-    window between them."""
-    edge, _, _, _, root = quorum_env
-    first = _validator(quorum_env, 0, dataset_root=dataset_root)
-    leaving = _validator(quorum_env, 1, ByzantineValidator, dataset_root=dataset_root)  # proposes at once
-    spec, genesis = _genesis(quorum_env, [first, leaving])
-    trainer = _trainer(quorum_env, "trainer")
+def _proposed_then_retired(
+    env: Env, cls: type[Validator], dataset_root: Path, request: pytest.FixtureRequest
+) -> tuple[
+    Validator, Validator, ExperimentSpec, HeadDescriptor, EdgeClient, WindowOutcome, HeadDescriptor, list[NodeIdentity]
+]:
+    """Validator 0 and validator 1 (a ``cls`` that proposes at once) make genesis, a trainer trains a
+    window and validator 1 proposes its head; then a revision signed by validators 1 and 2 replaces them
+    by validator 3 from genesis on, which no validator follows yet. Returns validators 0 and 1, the
+    experiment, genesis, a client of the edge, the trainer's outcome, validator 1's proposal, keys 0–3."""
+    edge, _, _, _, root = env
+    first = _validator(env, 0, dataset_root=dataset_root)
+    leaving = _validator(env, 1, cls, dataset_root=dataset_root)
+    spec, genesis = _genesis(env, [first, leaving])
+    trainer = _trainer(env, "trainer")
     reader = EdgeClient(edge.url)
     for client in (trainer, reader):
         request.addfinalizer(client.close)
@@ -229,6 +230,20 @@ def test_a_proposal_left_by_a_validator_a_revision_retired_holds_up_nothing(
         reader.network(), 1_000, validator_keys=(keys[0].public_key, keys[3].public_key), heads={spec.key: genesis}
     )
     reader.submit_revision(SignedNetworkRevision.of(change, [keys[1], keys[2]]))
+    return first, leaving, spec, genesis, reader, outcome, left, keys
+
+
+@pytest.mark.slow
+def test_a_proposal_left_by_a_validator_a_revision_retired_holds_up_nothing(
+    quorum_env: Env, dataset_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """A revision replaces validators while a window was being closed: the proposal a retired validator
+    left on the handover head stays listed, never to be certified. The validators of the revised network
+    pass it over (a validator that raised on it would stop validating every experiment) and certify the
+    window between them."""
+    first, leaving, spec, genesis, reader, outcome, left, keys = _proposed_then_retired(
+        quorum_env, ByzantineValidator, dataset_root, request
+    )
     joining = _validator(quorum_env, 3, dataset_root=dataset_root)  # given the first manifest: follows the chain
     for validator in (first, leaving, joining):
         validator._follow_network()
@@ -246,22 +261,9 @@ def test_a_head_a_retired_validator_proposed_is_taken_over_by_validators_the_rev
     """A revision retires a validator whose honest proposal waits for an attestation: a validator that
     attests it as the revision lands is told the head can never be certified (409, not a failed round),
     and the validators of the revised network certify that same head as their own proposal."""
-    edge, _, _, _, root = quorum_env
-    first = _validator(quorum_env, 0, dataset_root=dataset_root)
-    leaving = _validator(quorum_env, 1, EagerValidator, dataset_root=dataset_root)
-    spec, genesis = _genesis(quorum_env, [first, leaving])
-    trainer = _trainer(quorum_env, "trainer")
-    reader = EdgeClient(edge.url)
-    for client in (trainer, reader):
-        request.addfinalizer(client.close)
-    outcome = trainer.train_window_once(trainer.experiment(*BASELINE.parts))
-    leaving.poll(spec)
-    [left] = reader.proposals(spec.key, genesis.head_id)
-    keys = [NodeIdentity.load_or_create(root / f"validator-{i}" / "identity.key") for i in range(4)]
-    change = NetworkRevision.of(
-        reader.network(), 1_000, validator_keys=(keys[0].public_key, keys[3].public_key), heads={spec.key: genesis}
+    first, leaving, spec, genesis, _, outcome, left, keys = _proposed_then_retired(
+        quorum_env, EagerValidator, dataset_root, request
     )
-    reader.submit_revision(SignedNetworkRevision.of(change, [keys[1], keys[2]]))
     first.poll(spec)  # not following the revision yet: attests the head, which the edge refuses with the reason
     assert first.state.decisions[left.head_id].attestation is not None and first.state.decisions[left.head_id].published
     with pytest.raises(EdgeRequestError) as refused:
