@@ -391,6 +391,8 @@ class Validator:
         # experiment -> when its open window may close without activity: the newcomers' grace and the
         # deadline (this validator's turn)
         self._due: dict[str, tuple[float, ...]] = {}
+        # experiment -> when it is polled again and its back-off: its edge served what did not verify (``run``)
+        self._held: dict[str, tuple[float, Backoff]] = {}
         # experiment -> (open window's head, seconds after it opened when only newcomers' leases were out)
         self._ready: dict[str, tuple[HeadId, float]] = {}
         self._evidence: dict[str, LeaseEvidence] = {}  # experiment -> its lease evidence
@@ -1348,7 +1350,8 @@ class Validator:
         wakes it at once, an open window's deadline when it comes first, ``config.idle_s`` at most.
         The activity token is taken before each round reads anything, so no event goes unseen. An edge
         that is unavailable, or serves what the validators did not sign (another network's terms, a head
-        without a quorum), is asked again after a back-off, never followed and never a reason to stop."""
+        without a quorum), is asked again after a back-off, never followed and never a reason to stop;
+        what does not verify in one experiment holds only that one (``_poll_unless_held``)."""
         backoff = Backoff()
         since: str | None = None
         signed = False  # once the edge answered (took the signature or refused it)
@@ -1370,11 +1373,10 @@ class Validator:
                     if specs is not None
                     else [s for s in self.network.experiments if s.model.name in self.learners]
                 )
-                for spec in validated:
-                    self.poll(spec)
-                for spec in validated:  # after every head is published: what only its own window needs,
+                polled = [spec for spec in validated if self._poll_unless_held(spec)]
+                for spec in polled:  # after every head is published: what only its own window needs,
                     self.warm(spec)
-                for spec in validated:  # then what decides nothing
+                for spec in polled:  # then what decides nothing
                     self.evaluate(spec)
                 backoff.reset()
             except (httpx.TransportError, EdgeRequestError) as exc:
@@ -1386,9 +1388,28 @@ class Validator:
                 log.warning("edge not trusted (%s); asking again in %.1f s", exc, delay_s)
                 stop.wait(delay_s)
 
+    def _poll_unless_held(self, spec: ExperimentSpec) -> bool:
+        """``poll`` ``spec`` unless it is held; whether it was polled. A ``SignatureError`` (its head or
+        orders are not what its validators signed) holds this experiment alone, after a back-off of its
+        own, so that the others go on being validated meanwhile."""
+        now = self.clock.monotonic_s()
+        until, backoff = self._held.get(spec.key, (now, Backoff()))
+        if until > now:
+            return False
+        try:
+            self.poll(spec)
+        except SignatureError as exc:
+            delay_s = backoff.next_delay_s()
+            self._held[spec.key] = (now + delay_s, backoff)
+            log.warning("%s: the edge serves what was not signed (%s); held for %.1f s", spec.key, exc, delay_s)
+            return False
+        self._held.pop(spec.key, None)
+        return True
+
     def _idle_s(self) -> float:
         """How long to wait for activity: until the next grace or deadline of an open window (none when
-        one passed since the poll that set it), ``idle_s`` at most (past its deadline, a window that did
-        not close waits for activity: a lease or a candidate)."""
+        one passed since the poll that set it) or the end of an experiment's hold, ``idle_s`` at most
+        (past its deadline, a window that did not close waits for activity: a lease or a candidate)."""
         now = self.clock.monotonic_s()
-        return min([self.config.idle_s, *(max(t - now, 0.0) for due in self._due.values() for t in due)])
+        due = [t for times in self._due.values() for t in times] + [until for until, _ in self._held.values()]
+        return min([self.config.idle_s, *(max(t - now, 0.0) for t in due)])

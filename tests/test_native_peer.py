@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -1203,6 +1205,48 @@ def test_a_validator_that_finds_its_edge_untrusted_waits_and_goes_on(
     validator.edge.activity = untrusted_once  # type: ignore[method-assign]
     validator.run([spec], stop)
     assert len(calls) == 2 and "edge not trusted" in caplog.text
+
+
+def test_a_head_that_does_not_verify_in_one_experiment_holds_only_that_one(
+    network_env: tuple[BackgroundEdge, Validator, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One experiment whose head does not verify is held, after a back-off of its own (0.5 s, then
+    doubling); the validator goes on validating the others meanwhile (a failed round held them all)."""
+    _, fixture_validator, _ = network_env
+    validator = Validator(
+        fixture_validator.learners,
+        fixture_validator.network,
+        fixture_validator.storage,
+        fixture_validator.edge.url,
+        fixture_validator.datasets_dir,
+        ValidatorConfig(idle_s=0.05),
+    )
+    stop, polled, refused_at = threading.Event(), Counter[str](), list[float]()
+    poll = validator.poll
+
+    def untrusted_baseline(spec: ExperimentSpec) -> None:
+        polled[str(spec.key)] += 1
+        if spec.key == BASELINE:
+            refused_at.append(time.monotonic())
+            raise SignatureError("head is not signed by a validator of this network")
+        poll(spec)
+        if polled[str(LOW_LR)] == 6:
+            stop.set()
+
+    validator.poll = untrusted_baseline  # type: ignore[method-assign]
+    bound = threading.Timer(60.0, stop.set)  # the checks below fail if this is what stopped the loop
+    bound.start()
+    try:
+        validator.run(None, stop)
+        genesis = validator.edge.current_head(LOW_LR)
+    finally:
+        bound.cancel()
+        validator.close()
+    assert polled[str(LOW_LR)] == 6 > polled[str(BASELINE)] >= 1  # the other experiment validated on
+    gaps = [later - earlier for earlier, later in itertools.pairwise(refused_at)]
+    assert all(gap >= 0.5 * 2**i - 0.01 for i, gap in enumerate(gaps)), gaps  # asked again once its hold ended
+    assert f"{BASELINE}: the edge serves what was not signed" in caplog.text
+    assert genesis is not None  # and has its genesis
 
 
 def test_a_validator_reads_the_network_again_only_when_its_edges_activity_names_another_key(
