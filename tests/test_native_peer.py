@@ -1207,20 +1207,26 @@ def test_a_validator_that_finds_its_edge_untrusted_waits_and_goes_on(
     assert len(calls) == 2 and "edge not trusted" in caplog.text
 
 
+def _quick_to_wake(validator: Validator) -> Validator:
+    """Another validator of ``validator``'s network, storage and edge that waits 0.05 s at most for
+    activity between rounds (the caller closes it)."""
+    return Validator(
+        validator.learners,
+        validator.network,
+        validator.storage,
+        validator.edge.url,
+        validator.datasets_dir,
+        ValidatorConfig(idle_s=0.05),
+    )
+
+
 def test_a_head_that_does_not_verify_in_one_experiment_holds_only_that_one(
     network_env: tuple[BackgroundEdge, Validator, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     """One experiment whose head does not verify is held, after a back-off of its own (0.5 s, then
     doubling); the validator goes on validating the others meanwhile (a failed round held them all)."""
     _, fixture_validator, _ = network_env
-    validator = Validator(
-        fixture_validator.learners,
-        fixture_validator.network,
-        fixture_validator.storage,
-        fixture_validator.edge.url,
-        fixture_validator.datasets_dir,
-        ValidatorConfig(idle_s=0.05),
-    )
+    validator = _quick_to_wake(fixture_validator)
     stop, polled, refused_at = threading.Event(), Counter[str](), list[float]()
     poll = validator.poll
 
@@ -1257,14 +1263,7 @@ def test_a_validator_reads_the_network_again_only_when_its_edges_activity_names_
     _, fixture_validator, _ = network_env
     spec = fixture_validator.network.experiment(BASELINE)
     fixture_validator.ensure_genesis(spec)
-    validator = Validator(
-        fixture_validator.learners,
-        fixture_validator.network,
-        fixture_validator.storage,
-        fixture_validator.edge.url,
-        fixture_validator.datasets_dir,
-        ValidatorConfig(idle_s=0.05),
-    )
+    validator = _quick_to_wake(fixture_validator)
     stop, events = threading.Event(), []
     activity, network = validator.edge.activity, validator.edge.network
 
